@@ -1,0 +1,291 @@
+"""Checking a data dir without changing it: every batch, every index entry, every checkpoint.
+
+What is checked, per partition: each batch's length, magic, CRC-32C and records; offsets
+increasing within and across segments; nothing after the last whole batch (a torn tail); every
+offset-index entry is (a batch's last offset, that batch's position); time-index entries have
+increasing timestamps, non-decreasing offsets inside the segment, and timestamps that the batches
+up to them reach; index files have a whole number of entries. Per log dir: checkpoints parse and
+agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`).
+
+A log dir in use by another process (its `.lock` held) is checked as a reader sees it: the last
+segment of each partition may end in a batch being written and may have preallocated indexes,
+so neither is reported there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from engine.checkpoint import (
+    CLEAN_SHUTDOWN_FILE,
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    CheckpointError,
+    read_offset_checkpoint,
+)
+from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE
+from engine.naming import LOG_SUFFIX, parse_partition_dir, parse_segment_file_name
+from engine.records import BatchHeader, check_batch, decode_records
+from engine.segment import LogSegment
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    problems: list[Problem] = field(default_factory=list)
+    partitions: int = 0
+    segments: int = 0
+    batches: int = 0
+    records: int = 0
+    bytes: int = 0
+    in_use_by: dict[Path, int | None] = field(default_factory=dict)
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+
+def log_dir_in_use(log_dir: Path) -> tuple[bool, int | None]:
+    """Whether another process holds the log dir's `.lock`, and its PID when known."""
+    path = log_dir / ".lock"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False, None
+    try:
+        request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0) + bytes(4)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, request)
+        lock_type, _w, _s, _l, pid = struct.unpack_from("@hhqqi", answer)
+        return lock_type != fcntl.F_UNLCK, (pid or None)
+    except OSError:
+        return False, None
+    finally:
+        os.close(fd)
+
+
+def check_log_dirs(log_dirs: list[Path], progress: Callable[[int], None] | None = None) -> CheckReport:
+    """Check every log dir; `progress` is told the bytes of each segment as it is done."""
+    report = CheckReport()
+    for log_dir in log_dirs:
+        if not log_dir.is_dir():
+            report.problems.append(Problem(log_dir, "no such directory"))
+            continue
+        in_use, pid = log_dir_in_use(log_dir)
+        if in_use:
+            report.in_use_by[log_dir] = pid
+        _check_log_dir(log_dir, in_use, report, progress)
+    return report
+
+
+def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: Callable[[int], None] | None) -> None:
+    checkpoints = {}
+    for name in (
+        RECOVERY_POINT_CHECKPOINT,
+        LOG_START_OFFSET_CHECKPOINT,
+        REPLICATION_OFFSET_CHECKPOINT,
+        CLEANER_OFFSET_CHECKPOINT,
+    ):
+        try:
+            checkpoints[name] = read_offset_checkpoint(log_dir / name)
+        except CheckpointError as error:
+            report.problems.append(Problem(log_dir / name, str(error).split(": ", 1)[-1]))
+            checkpoints[name] = {}
+    clean = (log_dir / CLEAN_SHUTDOWN_FILE).exists()
+    with os.scandir(log_dir) as entries:
+        names = sorted(entry.name for entry in entries if entry.is_dir())
+    for name in names:
+        parsed = parse_partition_dir(name)
+        if parsed is None:
+            continue
+        report.partitions += 1
+        end = _check_partition(log_dir / name, in_use or not clean, in_use, report, progress)
+        recovery_point = checkpoints[RECOVERY_POINT_CHECKPOINT].get(parsed)
+        if recovery_point is not None and end is not None and recovery_point > end:
+            report.problems.append(
+                Problem(
+                    log_dir / RECOVERY_POINT_CHECKPOINT,
+                    f"recovery point {recovery_point} of {name} is past its log end offset {end}",
+                )
+            )
+
+
+def _check_partition(
+    directory: Path, maybe_active: bool, in_use: bool, report: CheckReport, progress: Callable[[int], None] | None
+) -> int | None:
+    bases = []
+    for name in sorted(os.listdir(directory)):
+        parsed = parse_segment_file_name(name)
+        if parsed is None:
+            continue
+        base, kind, extra = parsed
+        if extra:
+            report.problems.append(Problem(directory / name, f"leftover {extra} file of interrupted work"))
+        elif kind == LOG_SUFFIX:
+            bases.append(base)
+    previous_end = None
+    for slot, base in enumerate(bases):
+        last = slot == len(bases) - 1
+        segment = LogSegment(
+            directory, base, index_interval_bytes=4096, max_index_bytes=10 * 1024 * 1024, writable=False, created_ms=0
+        )
+        try:
+            end = _check_segment(
+                segment,
+                previous_end,
+                tolerate_tail=last and in_use,
+                preallocated_ok=last and maybe_active,
+                report=report,
+            )
+        finally:
+            segment.close_handlers()
+        if progress is not None:
+            progress(segment.size)
+        previous_end = end if end is not None else previous_end
+    return previous_end
+
+
+def _check_segment(
+    segment: LogSegment, previous_end: int | None, *, tolerate_tail: bool, preallocated_ok: bool, report: CheckReport
+) -> int | None:
+    path = segment.log_path
+    report.segments += 1
+    report.bytes += segment.size
+    if previous_end is not None and segment.base_offset < previous_end:
+        report.problems.append(
+            Problem(
+                path, f"base offset {segment.base_offset} is below the previous segment's end offset {previous_end}"
+            )
+        )
+    batches: list[BatchHeader] = []
+    valid_bytes = 0
+    next_offset = segment.base_offset if previous_end is None else max(segment.base_offset, previous_end)
+    for header, batch in segment.iter_batches(0):
+        reason = check_batch(header, batch)
+        if reason is None and header.base_offset < next_offset and batches:
+            reason = f"offset {header.base_offset} is not above the previous batch's last offset {next_offset - 1}"
+        if reason is None and not segment.can_convert_to_relative_offset(header.last_offset):
+            reason = f"last offset {header.last_offset} does not fit relative to base offset {segment.base_offset}"
+        if reason is None:
+            try:
+                records = decode_records(header, batch, include_control=True)
+                if len(records) != header.records_count:
+                    reason = f"holds {len(records)} records, header says {header.records_count}"
+                report.records += 0 if header.is_control else len(records)
+            except Exception as error:
+                reason = f"undecodable records: {error}"
+        if reason is not None:
+            report.problems.append(Problem(path, f"invalid batch at position {header.position}: {reason}"))
+            break
+        batches.append(header)
+        report.batches += 1
+        valid_bytes = header.next_position
+        next_offset = header.next_offset
+    tail = segment.size - valid_bytes
+    if tail > 0 and not tolerate_tail and not any(p.path == path for p in report.problems):
+        report.problems.append(Problem(path, f"{tail} bytes after the last whole batch (position {valid_bytes})"))
+    _check_offset_index(segment, batches, preallocated_ok, report)
+    _check_time_index(segment, batches, preallocated_ok, report)
+    return next_offset if batches else previous_end
+
+
+def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckReport) -> np.ndarray | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        report.problems.append(Problem(path, "index file is missing"))
+        return None
+    if len(raw) % dtype.itemsize:
+        if preallocated_ok:
+            raw = raw[: len(raw) - len(raw) % dtype.itemsize]
+        else:
+            report.problems.append(
+                Problem(path, f"{len(raw)} bytes is not a whole number of {dtype.itemsize}-byte entries")
+            )
+            return None
+    entries = np.frombuffer(raw, dtype=dtype)
+    if preallocated_ok and len(entries) > 1:
+        # A live or crashed active segment's index is preallocated: zero slots follow the entries
+        # (Kafka's dump stops at the first slot that repeats the base offset).
+        zero = np.flatnonzero(entries["relative_offset"][1:] == 0)
+        if len(zero):
+            entries = entries[: zero[0] + 1]
+            if len(entries) == 1 and not entries.tobytes().strip(b"\0"):
+                entries = entries[:0]
+    return entries
+
+
+def _check_offset_index(
+    segment: LogSegment, batches: list[BatchHeader], preallocated_ok: bool, report: CheckReport
+) -> None:
+    path = segment.offset_index_path
+    entries = _entries(path, OFFSET_INDEX_DTYPE, preallocated_ok, report)
+    if entries is None or len(entries) == 0:
+        return
+    by_position = {header.position: header for header in batches}
+    previous = -1
+    for relative, position in entries.tolist():
+        offset = segment.base_offset + relative
+        header = by_position.get(position)
+        if relative <= previous:
+            report.problems.append(Problem(path, f"entry ({offset}, {position}) is not above the previous entry"))
+            return
+        if header is None:
+            report.problems.append(Problem(path, f"entry ({offset}, {position}) does not point at a batch"))
+            return
+        if header.last_offset != offset:
+            report.problems.append(
+                Problem(
+                    path, f"entry ({offset}, {position}) points at a batch whose last offset is {header.last_offset}"
+                )
+            )
+            return
+        previous = relative
+
+
+def _check_time_index(
+    segment: LogSegment, batches: list[BatchHeader], preallocated_ok: bool, report: CheckReport
+) -> None:
+    path = segment.time_index_path
+    entries = _entries(path, TIME_INDEX_DTYPE, preallocated_ok, report)
+    if entries is None or len(entries) == 0:
+        return
+    last_offsets = np.array([h.last_offset for h in batches], dtype=np.int64)
+    running_max = (
+        np.maximum.accumulate(np.array([h.max_timestamp for h in batches], dtype=np.int64))
+        if batches
+        else np.empty(0, np.int64)
+    )
+    previous_ts, previous_offset = None, segment.base_offset
+    for timestamp, relative in entries.tolist():
+        offset = segment.base_offset + relative
+        if previous_ts is not None and timestamp <= previous_ts:
+            report.problems.append(Problem(path, f"timestamp {timestamp} at offset {offset} does not increase"))
+            return
+        if offset < previous_offset:
+            report.problems.append(Problem(path, f"offset {offset} goes backwards"))
+            return
+        slot = int(np.searchsorted(last_offsets, offset, side="left"))
+        if slot >= len(last_offsets):
+            report.problems.append(Problem(path, f"entry ({timestamp}, {offset}) lies past the segment's last batch"))
+            return
+        if timestamp > running_max[slot]:
+            report.problems.append(Problem(path, f"entry ({timestamp}, {offset}) is later than any record up to it"))
+            return
+        previous_ts, previous_offset = timestamp, offset

@@ -1,0 +1,129 @@
+"""Kafka's small text files: offset checkpoints, the leader-epoch checkpoint, partition.metadata.
+
+Offset checkpoints (`recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`,
+`replication-offset-checkpoint`, `cleaner-offset-checkpoint`, one of each per log dir):
+
+    0                      version
+    2                      number of entries
+    orders 0 1234          topic partition offset
+    orders 1 98
+
+`leader-epoch-checkpoint` (per partition) has the same frame with `epoch start_offset` lines;
+`partition.metadata` is `version: 0` and `topic_id: <base64 uuid>` lines.
+
+Writes are atomic as Kafka makes them: a `.tmp` file written and fsynced, renamed over the old
+one, the directory fsynced. A crash leaves the old file or the new, never a mix; a leftover
+`.tmp` is ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from engine.errors import EngineError
+
+CURRENT_VERSION = 0
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
+CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+PARTITION_METADATA = "partition.metadata"
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+
+TopicPartition = tuple[str, int]
+
+
+class CheckpointError(EngineError):
+    """A checkpoint file that cannot be read."""
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text`, durably: tmp file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_frame(path: Path, fields: int) -> list[list[str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read: {error.strerror}") from None
+    lines = text.splitlines()
+    if not lines:
+        return []  # a brand-new empty file reads as no entries (Kafka does the same)
+    try:
+        version = int(lines[0])
+        if version != CURRENT_VERSION:
+            raise CheckpointError(f"{path}: unrecognised checkpoint version {version} (expected {CURRENT_VERSION})")
+        count = int(lines[1])
+    except (ValueError, IndexError):
+        raise CheckpointError(f"{path}: malformed checkpoint header") from None
+    entries = [line.split() for line in lines[2:] if line.strip()]
+    if len(entries) != count or any(len(entry) != fields for entry in entries):
+        raise CheckpointError(f"{path}: expected {count} entries of {fields} fields, found {len(entries)} lines")
+    return entries
+
+
+def read_offset_checkpoint(path: Path) -> dict[TopicPartition, int]:
+    """Entries of an offset checkpoint; {} when the file is missing or empty."""
+    out = {}
+    for topic, partition, offset in _read_frame(path, 3):
+        try:
+            out[(topic, int(partition))] = int(offset)
+        except ValueError:
+            raise CheckpointError(f"{path}: malformed entry {topic} {partition} {offset}") from None
+    return out
+
+
+def write_offset_checkpoint(path: Path, offsets: Mapping[TopicPartition, int]) -> None:
+    lines = [str(CURRENT_VERSION), str(len(offsets))]
+    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
+    write_atomically(path, "\n".join(lines) + "\n")
+
+
+def read_leader_epochs(path: Path) -> list[tuple[int, int]]:
+    """(epoch, start offset) entries of a leader-epoch checkpoint."""
+    try:
+        return [(int(epoch), int(start)) for epoch, start in _read_frame(path, 2)]
+    except ValueError:
+        raise CheckpointError(f"{path}: malformed leader epoch entry") from None
+
+
+def write_leader_epochs(path: Path, entries: list[tuple[int, int]]) -> None:
+    lines = [str(CURRENT_VERSION), str(len(entries))] + [f"{epoch} {start}" for epoch, start in entries]
+    write_atomically(path, "\n".join(lines) + "\n")
+
+
+def write_partition_metadata(path: Path, topic_id: str) -> None:
+    write_atomically(path, f"version: 0\ntopic_id: {topic_id}\n")
+
+
+def read_partition_metadata(path: Path) -> str | None:
+    """The topic id of a `partition.metadata` file, or None when absent."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "topic_id":
+            return value.strip()
+    return None

@@ -1,0 +1,318 @@
+"""Kafka's configuration: broker properties, per-topic overrides, names, defaults, precedence.
+
+A broker setting (`log.segment.bytes`, `log.retention.hours`, …) gives every topic its default;
+a topic override uses the topic-level name (`segment.bytes`, `retention.ms`, …) and wins. Where
+Kafka has several broker names for one setting the most precise wins:
+`log.roll.ms` > `log.roll.hours`, `log.retention.ms` > `log.retention.minutes` >
+`log.retention.hours`, `log.roll.jitter.ms` > `log.roll.jitter.hours`. Values come from a
+`server.properties` file and repeatable `--override key=value`, the latter winning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.compression import CompressionType
+from engine.errors import ConfigError
+from engine.records import TimestampType
+
+LONG_MAX = 2**63 - 1
+_HOUR_MS = 3_600_000
+
+
+def _parse_int(text: str) -> int:
+    value = int(text.strip())
+    if not -(2**63) <= value <= LONG_MAX:
+        raise ValueError("out of the range of a 64-bit integer")
+    return value
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return lowered == "true"
+
+
+def _parse_policy(text: str) -> tuple[str, ...]:
+    policies = tuple(sorted({part.strip().lower() for part in text.split(",") if part.strip()}))
+    if not policies or any(p not in ("delete", "compact") for p in policies):
+        raise ValueError("expected delete, compact or both (comma-separated)")
+    return policies
+
+
+def _parse_ratio(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("expected a number between 0 and 1")
+    return value
+
+
+def _parse_timestamp_type(text: str) -> str:
+    TimestampType.from_config(text.strip())
+    return text.strip()
+
+
+def _parse_compression(text: str) -> str:
+    name = text.strip().lower()
+    if name != "producer":
+        CompressionType.from_name(name)
+    return name
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """One topic-level setting: its parser, lower bound, default and broker names (most
+    precise first, each with the factor that turns its unit into the topic's)."""
+
+    parse: Callable[[str], Any]
+    default: Any
+    broker_names: tuple[tuple[str, int], ...] = ()
+    minimum: int | None = None
+
+
+# Topic-level name → how to read it. Defaults are Kafka's.
+TOPIC_SETTINGS: dict[str, _Setting] = {
+    "segment.bytes": _Setting(_parse_int, 1024**3, (("log.segment.bytes", 1),), minimum=14),
+    "segment.ms": _Setting(_parse_int, 168 * _HOUR_MS, (("log.roll.ms", 1), ("log.roll.hours", _HOUR_MS)), minimum=1),
+    "segment.jitter.ms": _Setting(
+        _parse_int, 0, (("log.roll.jitter.ms", 1), ("log.roll.jitter.hours", _HOUR_MS)), minimum=0
+    ),
+    "segment.index.bytes": _Setting(_parse_int, 10 * 1024 * 1024, (("log.index.size.max.bytes", 1),), minimum=4),
+    "index.interval.bytes": _Setting(_parse_int, 4096, (("log.index.interval.bytes", 1),), minimum=0),
+    "flush.messages": _Setting(_parse_int, LONG_MAX, (("log.flush.interval.messages", 1),), minimum=1),
+    "flush.ms": _Setting(
+        _parse_int, LONG_MAX, (("log.flush.interval.ms", 1), ("log.flush.scheduler.interval.ms", 1)), minimum=0
+    ),
+    "retention.ms": _Setting(
+        _parse_int,
+        168 * _HOUR_MS,
+        (("log.retention.ms", 1), ("log.retention.minutes", 60_000), ("log.retention.hours", _HOUR_MS)),
+        minimum=-1,
+    ),
+    "retention.bytes": _Setting(_parse_int, -1, (("log.retention.bytes", 1),)),
+    "cleanup.policy": _Setting(_parse_policy, ("delete",), (("log.cleanup.policy", 1),)),
+    "max.message.bytes": _Setting(_parse_int, 1048588, (("message.max.bytes", 1),), minimum=0),
+    "file.delete.delay.ms": _Setting(_parse_int, 60_000, (("log.segment.delete.delay.ms", 1),), minimum=0),
+    "delete.retention.ms": _Setting(_parse_int, 86_400_000, (("log.cleaner.delete.retention.ms", 1),), minimum=0),
+    "min.compaction.lag.ms": _Setting(_parse_int, 0, (("log.cleaner.min.compaction.lag.ms", 1),), minimum=0),
+    "max.compaction.lag.ms": _Setting(_parse_int, LONG_MAX, (("log.cleaner.max.compaction.lag.ms", 1),), minimum=1),
+    "min.cleanable.dirty.ratio": _Setting(_parse_ratio, 0.5, (("log.cleaner.min.cleanable.ratio", 1),)),
+    "message.timestamp.type": _Setting(_parse_timestamp_type, "CreateTime", (("log.message.timestamp.type", 1),)),
+    "compression.type": _Setting(_parse_compression, "producer", (("compression.type", 1),)),
+    "preallocate": _Setting(_parse_bool, False, (("log.preallocate", 1),)),
+}
+
+# Broker-only settings this engine uses, with Kafka's defaults.
+BROKER_SETTINGS: dict[str, _Setting] = {
+    "num.partitions": _Setting(_parse_int, 1, minimum=1),
+    "auto.create.topics.enable": _Setting(_parse_bool, True),
+    "log.retention.check.interval.ms": _Setting(_parse_int, 300_000, minimum=1),
+    "log.cleaner.enable": _Setting(_parse_bool, True),
+    "log.cleaner.dedupe.buffer.size": _Setting(_parse_int, 128 * 1024 * 1024, minimum=1),
+    "log.cleaner.backoff.ms": _Setting(_parse_int, 15_000, minimum=0),
+    "log.flush.offset.checkpoint.interval.ms": _Setting(_parse_int, 60_000, minimum=0),
+    "log.flush.start.offset.checkpoint.interval.ms": _Setting(_parse_int, 60_000, minimum=0),
+    "log.flush.scheduler.interval.ms": _Setting(_parse_int, LONG_MAX, minimum=0),
+}
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """A topic's effective settings (Kafka's LogConfig), snake_case of the topic-level names."""
+
+    segment_bytes: int
+    segment_ms: int
+    segment_jitter_ms: int
+    segment_index_bytes: int
+    index_interval_bytes: int
+    flush_messages: int
+    flush_ms: int
+    retention_ms: int
+    retention_bytes: int
+    cleanup_policy: tuple[str, ...]
+    max_message_bytes: int
+    file_delete_delay_ms: int
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+    min_cleanable_dirty_ratio: float
+    message_timestamp_type: str
+    compression_type: str
+    preallocate: bool
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.cleanup_policy
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType.from_config(self.message_timestamp_type)
+
+    def as_properties(self) -> dict[str, str]:
+        """The settings under their Kafka topic-level names, as strings."""
+        out = {}
+        for name in TOPIC_SETTINGS:
+            value = getattr(self, _field(name))
+            if isinstance(value, tuple):
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = str(value).lower()
+            out[name] = str(value)
+        return out
+
+
+def _field(name: str) -> str:
+    return name.replace(".", "_")
+
+
+def _convert(setting: _Setting, key: str, text: str, source: str) -> Any:
+    try:
+        value = setting.parse(text)
+    except (ValueError, Exception) as error:
+        raise ConfigError(f"{source}: invalid value {text!r} for {key}: {error}") from None
+    if setting.minimum is not None and isinstance(value, int) and value < setting.minimum:
+        raise ConfigError(f"{source}: {key}={text} is below the minimum of {setting.minimum}")
+    return value
+
+
+def read_properties(path: Path) -> dict[str, tuple[str, str]]:
+    """Parse a Java properties file: key → (value, "path:line"). Handles `=`, `:` or blank
+    separators, `#`/`!` comments and backslash line continuations."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+    out: dict[str, tuple[str, str]] = {}
+    logical = ""
+    start_line = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip() if not logical else raw.lstrip()
+        if not logical:
+            start_line = number
+            if not line or line[0] in "#!":
+                continue
+        if re.search(r"(?<!\\)(\\\\)*\\$", line):
+            logical += line[:-1]
+            continue
+        logical += line
+        match = re.match(r"((?:\\.|[^=:\s])+)\s*[=:\s]\s*(.*)$", logical)
+        if match is None:
+            key, value = logical, ""
+        else:
+            key, value = match.group(1), match.group(2)
+        out[key.replace("\\", "")] = (value, f"{path}:{start_line}")
+        logical = ""
+    return out
+
+
+def parse_override(text: str, source: str = "--override") -> tuple[str, str]:
+    """`key=value` → (key, value); ConfigError naming the argument otherwise."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"{source} {text!r}: expected key=value")
+    return key.strip(), value.strip()
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Broker-level settings: log dirs, broker-only settings and the topic defaults."""
+
+    log_dirs: tuple[Path, ...]
+    num_partitions: int
+    auto_create_topics_enable: bool
+    log_retention_check_interval_ms: int
+    log_cleaner_enable: bool
+    log_cleaner_dedupe_buffer_size: int
+    log_cleaner_backoff_ms: int
+    log_flush_offset_checkpoint_interval_ms: int
+    log_flush_start_offset_checkpoint_interval_ms: int
+    log_flush_scheduler_interval_ms: int
+    topic_defaults: LogConfig
+    source: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls,
+        properties_file: Path | None = None,
+        overrides: Iterable[str] = (),
+        log_dirs: Iterable[Path] | None = None,
+    ) -> BrokerConfig:
+        """Settings from an optional `server.properties`, then `--override key=value` items,
+        then explicit `log_dirs` (a command's DATADIR argument), each winning over the last."""
+        raw: dict[str, tuple[str, str]] = {}
+        if properties_file is not None:
+            raw.update(read_properties(properties_file))
+        for item in overrides:
+            key, value = parse_override(item)
+            raw[key] = (value, f"--override {key}")
+        return cls.from_raw(raw, log_dirs)
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, tuple[str, str]], log_dirs: Iterable[Path] | None = None) -> BrokerConfig:
+        values: dict[str, Any] = {}
+        for key, setting in BROKER_SETTINGS.items():
+            if key in raw:
+                text, source = raw[key]
+                values[_field(key)] = _convert(setting, key, text, source)
+            else:
+                values[_field(key)] = setting.default
+        topic_values: dict[str, Any] = {}
+        for name, setting in TOPIC_SETTINGS.items():
+            topic_values[_field(name)] = setting.default
+            for broker_name, factor in setting.broker_names:
+                if broker_name in raw:
+                    text, source = raw[broker_name]
+                    value = _convert(setting, broker_name, text, source)
+                    topic_values[_field(name)] = value * factor if factor != 1 and value >= 0 else value
+                    break
+        if log_dirs is not None:
+            dirs = tuple(Path(d) for d in log_dirs)
+        else:
+            text, _ = raw.get("log.dirs", raw.get("log.dir", ("/tmp/kafka-logs", "default")))
+            dirs = tuple(Path(part.strip()) for part in text.split(",") if part.strip())
+        if not dirs:
+            raise ConfigError("log.dirs names no directory")
+        return cls(
+            log_dirs=dirs,
+            topic_defaults=LogConfig(**topic_values),
+            source={key: source for key, (_, source) in raw.items()},
+            **values,
+        )
+
+    def log_config(self, overrides: Mapping[str, str] | None = None, source: str = "topic config") -> LogConfig:
+        """A topic's effective config: the defaults with its overrides (topic-level names)."""
+        if not overrides:
+            return self.topic_defaults
+        return apply_topic_overrides(self.topic_defaults, overrides, source)
+
+
+def apply_topic_overrides(base: LogConfig, overrides: Mapping[str, str], source: str = "topic config") -> LogConfig:
+    """`base` with topic-level `overrides`; ConfigError for unknown names or bad values."""
+    changes: dict[str, Any] = {}
+    for key, text in overrides.items():
+        setting = TOPIC_SETTINGS.get(key)
+        if setting is None:
+            raise ConfigError(f"{source}: unknown topic config {key!r}")
+        changes[_field(key)] = _convert(setting, key, str(text), source)
+    return dataclasses.replace(base, **changes)
+
+
+def validate_topic_overrides(overrides: Mapping[str, str], source: str = "topic config") -> dict[str, str]:
+    """Check overrides without a base; returns them normalised to strings."""
+    normalised = {key: str(value).strip() for key, value in overrides.items()}
+    for key, text in normalised.items():
+        setting = TOPIC_SETTINGS.get(key)
+        if setting is None:
+            raise ConfigError(f"{source}: unknown topic config {key!r}")
+        _convert(setting, key, text, source)
+    return normalised

@@ -1,0 +1,275 @@
+"""Records as people read and write them: Kafka's console producer and consumer formats, the
+JSON Lines record format, and timestamps given as text.
+
+Text (kafka-console-consumer's DefaultMessageFormatter): the enabled fields in this order, each
+followed by `key.separator` (default tab) when another field follows, then `line.separator`:
+
+    CreateTime:<ms>  Partition:<p>  Offset:<o>  <headers k:v,k:v | NO_HEADERS>  <key>  <value>
+
+null keys, values and header values print as `null.literal` (default `null`).
+
+Lines in (kafka-console-producer's LineMessageReader): each line is one record's value; with
+`parse.key=true` the text before the first `key.separator` is the key; a key or value equal to
+`null.marker` (when set) is null.
+
+JSON Lines, one object per record:
+
+    {"topic":"t","partition":0,"offset":12,"timestamp":1763800000000,"timestampType":"CreateTime",
+     "key":"k","value":"v","headers":[{"key":"h","value":"x"}]}
+
+bytes are a JSON string when they are UTF-8, `null` when null, else `{"base64":"..."}`. On input
+topic/partition/offset/timestampType are ignored and timestamp is optional.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from engine.errors import InvalidRecordError, TimestampParseError
+from engine.records import Header, Record
+
+
+def parse_timestamp(text: str) -> int:
+    """Epoch milliseconds, or ISO-8601 (`2026-11-22T10:00:00Z`, `2026-11-22T10:00:00.5+01:00`,
+    `2026-11-22`); a time without a zone is UTC. Raises TimestampParseError."""
+    stripped = text.strip()
+    if stripped.lstrip("-").isdigit():
+        return int(stripped)
+    try:
+        moment = datetime.fromisoformat(stripped)
+    except ValueError:
+        raise TimestampParseError(
+            f"timestamp {text!r} is neither epoch milliseconds nor ISO-8601 (e.g. 2026-11-22T10:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def format_timestamp_iso(timestamp_ms: int) -> str:
+    """`2026-11-22T10:00:00.123Z` for a timestamp in milliseconds."""
+    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{timestamp_ms % 1000:03d}Z"
+
+
+def _flag(properties: Mapping[str, str], name: str, default: bool = False) -> bool:
+    value = properties.get(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise InvalidRecordError(f"property {name}={value!r}: expected true or false")
+    return lowered == "true"
+
+
+def _unescape(text: str) -> str:
+    """`\\t`, `\\n` and friends as typed on a command line."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+@dataclass(frozen=True)
+class TextFormat:
+    """kafka-console-consumer's output options."""
+
+    print_timestamp: bool = False
+    print_partition: bool = False
+    print_offset: bool = False
+    print_headers: bool = False
+    print_key: bool = False
+    print_value: bool = True
+    key_separator: bytes = b"\t"
+    line_separator: bytes = b"\n"
+    headers_separator: bytes = b","
+    null_literal: bytes = b"null"
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, str]) -> TextFormat:
+        """Options from console-consumer property names (`print.key`, `key.separator`, …)."""
+        known = {
+            "print.timestamp",
+            "print.partition",
+            "print.offset",
+            "print.headers",
+            "print.key",
+            "print.value",
+            "key.separator",
+            "line.separator",
+            "headers.separator",
+            "null.literal",
+        }
+        unknown = sorted(set(properties) - known)
+        if unknown:
+            raise InvalidRecordError(f"unknown formatter property {unknown[0]!r}")
+
+        def text(name: str, default: bytes) -> bytes:
+            value = properties.get(name)
+            return default if value is None else _unescape(value).encode("utf-8")
+
+        return cls(
+            print_timestamp=_flag(properties, "print.timestamp"),
+            print_partition=_flag(properties, "print.partition"),
+            print_offset=_flag(properties, "print.offset"),
+            print_headers=_flag(properties, "print.headers"),
+            print_key=_flag(properties, "print.key"),
+            print_value=_flag(properties, "print.value", True),
+            key_separator=text("key.separator", b"\t"),
+            line_separator=text("line.separator", b"\n"),
+            headers_separator=text("headers.separator", b","),
+            null_literal=text("null.literal", b"null"),
+        )
+
+    def render(self, record: Record, partition: int) -> bytes:
+        """One record as the console consumer prints it, line separator included."""
+        fields: list[bytes] = []
+        if self.print_timestamp:
+            fields.append(f"{record.timestamp_type.display_name}:{record.timestamp}".encode())
+        if self.print_partition:
+            fields.append(f"Partition:{partition}".encode())
+        if self.print_offset:
+            fields.append(f"Offset:{record.offset}".encode())
+        if self.print_headers:
+            if record.headers:
+                fields.append(
+                    self.headers_separator.join(
+                        key.encode("utf-8", "surrogateescape") + b":" + (self.null_literal if value is None else value)
+                        for key, value in record.headers
+                    )
+                )
+            else:
+                fields.append(b"NO_HEADERS")
+        if self.print_key:
+            fields.append(self.null_literal if record.key is None else record.key)
+        if self.print_value:
+            fields.append(self.null_literal if record.value is None else record.value)
+        return self.key_separator.join(fields) + self.line_separator
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    """kafka-console-producer's input options."""
+
+    parse_key: bool = False
+    key_separator: bytes = b"\t"
+    null_marker: bytes | None = None
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, str]) -> LineFormat:
+        unknown = sorted(set(properties) - {"parse.key", "key.separator", "null.marker"})
+        if unknown:
+            raise InvalidRecordError(f"unknown producer property {unknown[0]!r}")
+        separator = _unescape(properties.get("key.separator", "\t")).encode("utf-8")
+        if not separator:
+            raise InvalidRecordError("property key.separator must not be empty")
+        marker = properties.get("null.marker")
+        return cls(
+            parse_key=_flag(properties, "parse.key"),
+            key_separator=separator,
+            null_marker=None if marker is None else _unescape(marker).encode("utf-8"),
+        )
+
+    def parse(self, line: bytes, where: str) -> tuple[bytes | None, bytes | None]:
+        """A line (without its newline) → (key, value); InvalidRecordError naming `where` when
+        `parse.key` is on and the separator is missing."""
+        key: bytes | None = None
+        value: bytes | None = line
+        if self.parse_key:
+            key, separator, rest = line.partition(self.key_separator)
+            if not separator:
+                raise InvalidRecordError(f"{where}: no key separator {self.key_separator!r} in line {_preview(line)}")
+            value = rest
+            if self.null_marker is not None and key == self.null_marker:
+                key = None
+        if self.null_marker is not None and value == self.null_marker:
+            value = None
+        return key, value
+
+
+def _preview(line: bytes) -> str:
+    text = line[:60].decode("utf-8", "replace")
+    return repr(text + ("…" if len(line) > 60 else ""))
+
+
+def _bytes_to_json(data: bytes | None) -> object:
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def record_to_json(record: Record, topic: str, partition: int) -> str:
+    """The JSON Lines object of a record (no newline)."""
+    document = {
+        "topic": topic,
+        "partition": partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp,
+        "timestampType": record.timestamp_type.display_name,
+        "key": _bytes_to_json(record.key),
+        "value": _bytes_to_json(record.value),
+        "headers": [{"key": key, "value": _bytes_to_json(value)} for key, value in record.headers],
+    }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class JsonRecord:
+    """A record read from a JSON line, ready to append."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+    timestamp: int | None
+
+
+def _json_to_bytes(value: object, field: str, where: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, dict) and set(value) == {"base64"} and isinstance(value["base64"], str):
+        try:
+            return base64.b64decode(value["base64"], validate=True)
+        except ValueError:
+            raise InvalidRecordError(f"{where}: {field} has invalid base64") from None
+    raise InvalidRecordError(f'{where}: {field} must be a string, null or {{"base64": "..."}}')
+
+
+def record_from_json(line: bytes | str, where: str) -> JsonRecord:
+    """Parse one JSON line; InvalidRecordError naming `where` (and the column) when malformed."""
+    try:
+        document = json.loads(line)
+    except ValueError as error:
+        message = getattr(error, "msg", str(error))
+        column = getattr(error, "colno", None)
+        at = f", column {column}" if column else ""
+        raise InvalidRecordError(f"{where}{at}: malformed JSON: {message}") from None
+    if not isinstance(document, dict):
+        raise InvalidRecordError(f"{where}: expected a JSON object per line")
+    if "value" not in document:
+        raise InvalidRecordError(f'{where}: the record has no "value" field')
+    headers_doc = document.get("headers") or []
+    if not isinstance(headers_doc, list):
+        raise InvalidRecordError(f"{where}: headers must be a list")
+    headers: list[Header] = []
+    for slot, header in enumerate(headers_doc):
+        if not isinstance(header, dict) or not isinstance(header.get("key"), str):
+            raise InvalidRecordError(f'{where}: header {slot} must be {{"key": "...", "value": ...}}')
+        headers.append((header["key"], _json_to_bytes(header.get("value"), f"header {slot} value", where)))
+    timestamp = document.get("timestamp")
+    if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
+        if isinstance(timestamp, str):
+            timestamp = parse_timestamp(timestamp)
+        else:
+            raise InvalidRecordError(f"{where}: timestamp must be epoch milliseconds or an ISO-8601 string")
+    return JsonRecord(
+        key=_json_to_bytes(document.get("key"), "key", where),
+        value=_json_to_bytes(document["value"], "value", where),
+        headers=tuple(headers),
+        timestamp=timestamp,
+    )

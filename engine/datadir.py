@@ -1,0 +1,349 @@
+"""A data dir: one or more Kafka log dirs (`log.dirs`) and the partitions in them (Kafka's
+LogManager, for one broker).
+
+Each log dir holds `<topic>-<partition>/` dirs and, at its root, Kafka's files:
+
+    .lock                               held (POSIX record lock) by the process that writes
+    .kafka_cleanshutdown                present only after a clean close
+    recovery-point-offset-checkpoint    offset checkpoints, see engine.checkpoint
+    log-start-offset-checkpoint         (only partitions whose start is above their first segment)
+    replication-offset-checkpoint       high watermarks
+    cleaner-offset-checkpoint
+    .seglogfs-topic-configs.json        per-topic config overrides (first log dir only)
+
+Kafka keeps topic overrides in its metadata, not in log dirs; the JSON file is the one file
+seglogfs adds, a dot file that a broker reading the dir ignores.
+
+Opening for writing takes every `.lock` (a second writer gets LogDirLockedError naming the
+holder), then loads partitions, recovering them after an unclean stop. Opening read-only takes no
+lock and writes nothing: it reads what a writer has made durable so far, whole batches only.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import struct
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from engine.checkpoint import (
+    CLEAN_SHUTDOWN_FILE,
+    LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    CheckpointError,
+    fsync_dir,
+    read_offset_checkpoint,
+    read_partition_metadata,
+    write_atomically,
+    write_offset_checkpoint,
+)
+from engine.config import BrokerConfig, LogConfig, validate_topic_overrides
+from engine.errors import (
+    ConfigError,
+    EngineError,
+    LogDirLockedError,
+    ReadOnlyError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from engine.log import PartitionLog
+from engine.naming import parse_partition_dir, partition_dir_name, validate_topic
+
+LOCK_FILE = ".lock"
+TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
+TopicPartition = tuple[str, int]
+_LOCKED_HERE: set[str] = set()
+
+
+def new_topic_id() -> str:
+    """A topic id as Kafka prints one: 16 random bytes, URL-safe base64, no padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
+
+
+def _lock_holder(fd: int) -> int | None:
+    """PID holding a conflicting POSIX lock on `fd`, if the kernel will tell."""
+    request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0) + bytes(4)
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, request)
+    except OSError:
+        return None
+    _type, _whence, _start, _len, pid = struct.unpack_from("@hhqqi", answer)
+    return pid or None
+
+
+def _describe_pid(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"process {pid}"
+    return f"process {pid} ({cmdline[:120]})"
+
+
+class DataDir:
+    """The partitions of one broker's log dirs. Not thread-safe for topic creation; each
+    partition's own operations follow PartitionLog's rules."""
+
+    def __init__(self, config: BrokerConfig, *, writable: bool, now_ms: int) -> None:
+        """Use `DataDir.open`."""
+        self.config = config
+        self.writable = writable
+        self._lock_fds: list[tuple[str, int]] = []
+        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._topic_overrides: dict[str, dict[str, str]] = {}
+        self._clean_shutdown: dict[Path, bool] = {}
+        self._recover_all = False
+        self._closed = False
+
+    @classmethod
+    def open(cls, config: BrokerConfig, *, read_only: bool = False, recover_all: bool = False, now_ms: int) -> DataDir:
+        """Open every log dir (creating missing ones when writable) and load its partitions.
+        `recover_all` checks and repairs every segment, whatever the last stop was (repair)."""
+        data_dir = cls(config, writable=not read_only, now_ms=now_ms)
+        data_dir._recover_all = recover_all and not read_only
+        try:
+            data_dir._open(now_ms)
+        except BaseException:
+            data_dir._release_locks()
+            raise
+        return data_dir
+
+    def _open(self, now_ms: int) -> None:
+        for log_dir in self.config.log_dirs:
+            if self.writable:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                self._take_lock(log_dir)
+            elif not log_dir.is_dir():
+                raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")
+        self._topic_overrides = self._read_topic_overrides()
+        for log_dir in self.config.log_dirs:
+            self._load_log_dir(log_dir, now_ms)
+
+    def _take_lock(self, log_dir: Path) -> None:
+        # POSIX record locks, as Kafka's FileChannel.tryLock takes, so that seglogfs and a broker
+        # exclude each other. They are per process, hence the table for this process's own opens.
+        path = log_dir / LOCK_FILE
+        key = os.path.realpath(path)
+        if key in _LOCKED_HERE:
+            raise LogDirLockedError(f"{log_dir}: data dir is already open in this process (lock file {path})")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            who = _describe_pid(holder) if holder else "another process"
+            raise LogDirLockedError(f"{log_dir}: data dir is in use by {who} (lock file {path})") from None
+        _LOCKED_HERE.add(key)
+        self._lock_fds.append((key, fd))
+
+    def _release_locks(self) -> None:
+        for key, fd in self._lock_fds:
+            os.close(fd)  # closing the descriptor drops the POSIX lock
+            _LOCKED_HERE.discard(key)
+        self._lock_fds = []
+
+    def _load_log_dir(self, log_dir: Path, now_ms: int) -> None:
+        marker = log_dir / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        self._clean_shutdown[log_dir] = clean
+        try:
+            recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
+            start_offsets = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
+        except CheckpointError:
+            if self.writable:
+                # Kafka treats an unreadable checkpoint as "recover everything".
+                recovery_points, start_offsets, clean = {}, {}, False
+            else:
+                recovery_points, start_offsets = {}, {}
+        if self._recover_all:
+            recovery_points, clean = {}, False
+        with os.scandir(log_dir) as entries:
+            partition_dirs = sorted(entry.name for entry in entries if entry.is_dir())
+        for name in partition_dirs:
+            parsed = parse_partition_dir(name)
+            if parsed is None:
+                continue
+            topic, partition = parsed
+            if (topic, partition) in self._logs:
+                raise EngineError(f"{log_dir / name}: partition {topic}-{partition} is in two log dirs")
+            self._logs[(topic, partition)] = PartitionLog.open(
+                log_dir / name,
+                topic,
+                partition,
+                self.topic_config(topic),
+                writable=self.writable,
+                clean_shutdown=clean,
+                recovery_point=recovery_points.get((topic, partition), 0),
+                log_start_offset=start_offsets.get((topic, partition), 0),
+                now_ms=now_ms,
+            )
+        if self.writable and marker.exists():
+            # From now on the dir is in use: a crash must not look like a clean stop.
+            marker.unlink()
+            fsync_dir(log_dir)
+
+    def was_clean_shutdown(self, log_dir: Path) -> bool:
+        return self._clean_shutdown.get(log_dir, False)
+
+    # -- topic configs ---------------------------------------------------------------------------
+    @property
+    def _topic_configs_path(self) -> Path:
+        return self.config.log_dirs[0] / TOPIC_CONFIGS_FILE
+
+    def _read_topic_overrides(self) -> dict[str, dict[str, str]]:
+        path = self._topic_configs_path
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{path}: unreadable topic configs: {error}") from None
+        topics = document.get("topics", {}) if isinstance(document, dict) else None
+        if not isinstance(topics, dict):
+            raise ConfigError(f"{path}: expected an object with a 'topics' object")
+        return {
+            topic: validate_topic_overrides(overrides, f"{path} topic {topic}") for topic, overrides in topics.items()
+        }
+
+    def _write_topic_overrides(self) -> None:
+        document = {
+            "version": 1,
+            "topics": {t: dict(sorted(o.items())) for t, o in sorted(self._topic_overrides.items()) if o},
+        }
+        write_atomically(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
+
+    def topic_overrides(self, topic: str) -> dict[str, str]:
+        return dict(self._topic_overrides.get(topic, {}))
+
+    def topic_config(self, topic: str) -> LogConfig:
+        overrides = self._topic_overrides.get(topic)
+        return self.config.log_config(overrides, f"config of topic {topic}")
+
+    # -- topics and partitions ------------------------------------------------------------------
+    def topics(self) -> dict[str, list[int]]:
+        """Topic → its partitions, sorted."""
+        out: dict[str, list[int]] = {}
+        for topic, partition in sorted(self._logs):
+            out.setdefault(topic, []).append(partition)
+        return out
+
+    def partitions(self) -> Iterator[PartitionLog]:
+        for key in sorted(self._logs):
+            yield self._logs[key]
+
+    def partition(self, topic: str, partition: int) -> PartitionLog:
+        log = self._logs.get((topic, partition))
+        if log is None:
+            if any(t == topic for t, _ in self._logs):
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition}")
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return log
+
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise ReadOnlyError("the data dir is open read-only")
+
+    def create_topic(
+        self, topic: str, partitions: int | None = None, overrides: Mapping[str, str] | None = None, *, now_ms: int
+    ) -> list[PartitionLog]:
+        """Create `topic` with `partitions` (default `num.partitions`) and config overrides."""
+        self._check_writable()
+        validate_topic(topic)
+        if any(t == topic for t, _ in self._logs):
+            raise TopicExistsError(f"topic {topic!r} exists already")
+        count = self.config.num_partitions if partitions is None else partitions
+        if count < 1:
+            raise ConfigError(f"topic {topic!r}: partition count must be at least 1, not {count}")
+        checked = validate_topic_overrides(overrides or {}, f"config of topic {topic}")
+        if checked:
+            self._topic_overrides[topic] = checked
+            self._write_topic_overrides()
+        config = self.topic_config(topic)
+        topic_id = new_topic_id()
+        created = []
+        for partition in range(count):
+            directory = self._least_loaded_log_dir() / partition_dir_name(topic, partition)
+            log = PartitionLog.create(directory, topic, partition, config, topic_id=topic_id, now_ms=now_ms)
+            self._logs[(topic, partition)] = log
+            created.append(log)
+        for log_dir in self.config.log_dirs:
+            fsync_dir(log_dir)
+        return created
+
+    def partition_for_append(self, topic: str, partition: int | None, *, now_ms: int) -> list[PartitionLog]:
+        """The partitions of `topic` to produce to, creating the topic with `num.partitions` when
+        it is unknown and `auto.create.topics.enable` holds (as a broker does on produce)."""
+        if not any(t == topic for t, _ in self._logs):
+            if not self.config.auto_create_topics_enable:
+                raise UnknownTopicOrPartitionError(f"unknown topic {topic!r} (auto.create.topics.enable=false)")
+            self.create_topic(topic, now_ms=now_ms)
+        if partition is not None:
+            return [self.partition(topic, partition)]
+        return [self._logs[(topic, p)] for p in self.topics()[topic]]
+
+    def _least_loaded_log_dir(self) -> Path:
+        counts = dict.fromkeys(self.config.log_dirs, 0)
+        for log in self._logs.values():
+            counts[log.directory.parent] = counts.get(log.directory.parent, 0) + 1
+        return min(self.config.log_dirs, key=lambda d: counts[d])
+
+    # -- checkpoints and closing -------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Write the root checkpoints of every log dir from the partitions' offsets now."""
+        self._check_writable()
+        for log_dir in self.config.log_dirs:
+            logs = [log for log in self._logs.values() if log.directory.parent == log_dir]
+            write_offset_checkpoint(
+                log_dir / RECOVERY_POINT_CHECKPOINT, {(log.topic, log.partition): log.recovery_point for log in logs}
+            )
+            write_offset_checkpoint(
+                log_dir / REPLICATION_OFFSET_CHECKPOINT,
+                {(log.topic, log.partition): log.high_watermark for log in logs},
+            )
+            write_offset_checkpoint(
+                log_dir / LOG_START_OFFSET_CHECKPOINT,
+                {
+                    (log.topic, log.partition): log.log_start_offset
+                    for log in logs
+                    if log.log_start_offset > log.segments[0].base_offset
+                },
+            )
+
+    def flush(self) -> None:
+        """fsync every partition and write the checkpoints."""
+        self._check_writable()
+        for log in self._logs.values():
+            log.flush()
+        self.checkpoint()
+
+    def close(self) -> None:
+        """Flush, close every partition, write the checkpoints and `.kafka_cleanshutdown`, and
+        release the locks: the state Kafka leaves after a clean shutdown. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for log in self._logs.values():
+                log.close()
+            if self.writable:
+                self.checkpoint()
+                for log_dir in self.config.log_dirs:
+                    write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
+        finally:
+            self._release_locks()
+
+    def __enter__(self) -> DataDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def topic_id_of(log: PartitionLog) -> str | None:
+    return read_partition_metadata(log.directory / PARTITION_METADATA)

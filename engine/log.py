@@ -1,0 +1,570 @@
+"""One partition's log: segments, offsets, appends, reads, rolls, flushes (Kafka's UnifiedLog
+and LocalLog, for a single replica).
+
+Offsets: the log start offset (first offset readable), the log end offset (next offset to be
+written), the high watermark (with one replica, the log end offset once an append returns) and
+the recovery point (every offset below it is flushed to disk).
+
+Thread safety: appends, rolls, flushes and truncation take the partition's lock. Readers take no
+lock: they work on a snapshot of the segment map and read each segment up to the size it had
+when they looked, so they only ever see whole batches.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    PARTITION_METADATA,
+    write_leader_epochs,
+    write_partition_metadata,
+)
+from engine.compression import CompressionType
+from engine.config import LogConfig
+from engine.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    OffsetOutOfRangeError,
+    ReadOnlyError,
+    RecordTooLargeError,
+)
+from engine.loader import load_partition, segment_for
+from engine.records import (
+    NO_PRODUCER,
+    BatchHeader,
+    Header,
+    ProducerState,
+    Record,
+    TimestampType,
+    build_batch,
+    check_batch,
+    decode_records,
+    iter_batch_headers,
+    set_log_append_time,
+)
+from engine.segment import FetchSlice, LogSegment, RollParams, TimestampAndOffset
+from engine.segments import LogSegments
+
+LEADER_EPOCH = 0  # a single replica is leader of epoch 0 for its whole life
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append stored."""
+
+    first_offset: int
+    last_offset: int
+    records: int
+    batches: int
+    bytes: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """A read: raw batches plus the log's offsets when it was made."""
+
+    data: bytes
+    segment_base_offset: int | None
+    position: int | None
+    log_start_offset: int
+    high_watermark: int
+
+
+class PartitionLog:
+    """One partition dir. Create with `PartitionLog.open` or `PartitionLog.create`."""
+
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        *,
+        writable: bool,
+        segments: list[LogSegment],
+        log_start_offset: int,
+        log_end_offset: int,
+        recovery_point: int,
+        now_ms: int,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self.writable = writable
+        self.lock = threading.RLock()
+        self._segments = LogSegments(segments)
+        self._log_start_offset = log_start_offset
+        self._log_end_offset = log_end_offset
+        self._recovery_point = recovery_point
+        self._rng = rng or random.Random()
+        self._unflushed_records = 0
+        self._last_flush_ms = now_ms
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.topic}-{self.partition}, {self._log_start_offset}..{self._log_end_offset})"
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        *,
+        writable: bool,
+        clean_shutdown: bool,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        now_ms: int,
+    ) -> PartitionLog:
+        """Load an existing partition dir (recovering it when `writable` and not cleanly shut)."""
+        loaded = load_partition(
+            directory,
+            config,
+            writable=writable,
+            clean_shutdown=clean_shutdown,
+            recovery_point=recovery_point,
+            log_start_offset=log_start_offset,
+            now_ms=now_ms,
+        )
+        return cls(
+            directory,
+            topic,
+            partition,
+            config,
+            writable=writable,
+            segments=loaded.segments,
+            log_start_offset=loaded.log_start_offset,
+            log_end_offset=loaded.log_end_offset,
+            recovery_point=loaded.recovery_point,
+            now_ms=now_ms,
+        )
+
+    @classmethod
+    def create(
+        cls, directory: Path, topic: str, partition: int, config: LogConfig, *, topic_id: str, now_ms: int
+    ) -> PartitionLog:
+        """Make a new partition dir with an empty segment, `partition.metadata` and a
+        leader-epoch checkpoint, as a Kafka broker leaves a new partition."""
+        directory.mkdir(parents=False, exist_ok=False)
+        write_partition_metadata(directory / PARTITION_METADATA, topic_id)
+        write_leader_epochs(directory / LEADER_EPOCH_CHECKPOINT, [(LEADER_EPOCH, 0)])
+        return cls.open(directory, topic, partition, config, writable=True, clean_shutdown=True, now_ms=now_ms)
+
+    # -- offsets --------------------------------------------------------------------------------
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        return self._segments.snapshot()
+
+    @property
+    def active_segment(self) -> LogSegment:
+        segment = self._segments.last
+        assert segment is not None, "a log always has an active segment"
+        return segment
+
+    def size_in_bytes(self) -> int:
+        return self._segments.size_in_bytes()
+
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise ReadOnlyError(f"{self.directory}: partition is open read-only")
+
+    # -- appending -------------------------------------------------------------------------------
+    def append_records(
+        self,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Sequence[Header]] | None = None,
+        timestamps: Sequence[int] | np.ndarray | int | None = None,
+        now_ms: int,
+        compression: CompressionType | None = None,
+        producer: ProducerState = NO_PRODUCER,
+    ) -> AppendInfo:
+        """Append records as batches of at most `max.message.bytes`, offsets assigned from the
+        log end offset. All records are stored or none (on error the log is cut back).
+
+        Timestamps default to `now_ms` (CreateTime); topics with LogAppendTime get `now_ms`.
+        Raises RecordTooLargeError for a record that alone exceeds `max.message.bytes`,
+        InvalidRecordError for a null key on a compacted topic."""
+        self._check_writable()
+        n = len(values)
+        if n == 0:
+            raise InvalidRecordError(f"{self.topic}-{self.partition}: nothing to append")
+        if self.config.compact and (keys is None or any(key is None for key in keys)):
+            slot = 0 if keys is None else next(i for i, key in enumerate(keys) if key is None)
+            raise InvalidRecordError(
+                f"{self.topic}-{self.partition}: compacted topic refuses record {slot}, which has no key"
+            )
+        ts = np.full(n, now_ms, dtype=np.int64) if timestamps is None else timestamps
+        codec = compression if compression is not None else self._topic_compression()
+        with self.lock:
+            chunks = self._split_for_size(values, keys, headers)
+            start = self._log_end_offset
+            batches = []
+            offset = start
+            for lo, hi in chunks:
+                batch = build_batch(
+                    values[lo:hi],
+                    keys=None if keys is None else keys[lo:hi],
+                    headers=None if headers is None else headers[lo:hi],
+                    timestamps=ts if isinstance(ts, int) else ts[lo:hi],
+                    base_offset=offset,
+                    compression=codec,
+                    producer=producer,
+                    partition_leader_epoch=LEADER_EPOCH,
+                )
+                if len(batch) > self.config.max_message_bytes:
+                    if hi - lo == 1:
+                        raise RecordTooLargeError(
+                            f"{self.topic}-{self.partition}: record {lo} makes a batch of {len(batch)} bytes, "
+                            f"over max.message.bytes={self.config.max_message_bytes}"
+                        )
+                    raise AssertionError("split produced an oversized batch")
+                batches.append(batch)
+                offset += hi - lo
+            return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
+
+    def _topic_compression(self) -> CompressionType:
+        name = self.config.compression_type
+        return CompressionType.NONE if name == "producer" else CompressionType.from_name(name)
+
+    def _split_for_size(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[Sequence[Header]] | None,
+    ) -> list[tuple[int, int]]:
+        """Ranges of records whose uncompressed batch stays within `max.message.bytes`
+        (estimated generously per record: its bytes plus 32 bytes of varints and headers)."""
+        limit = self.config.max_message_bytes - 61
+        sizes = np.fromiter((len(v) if v is not None else 0 for v in values), np.int64, len(values)) + 32
+        if keys is not None:
+            sizes += np.fromiter((len(k) if k is not None else 0 for k in keys), np.int64, len(values))
+        if headers is not None:
+            sizes += np.fromiter(
+                (sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, len(values)
+            )
+        if int(sizes.sum()) <= limit:
+            return [(0, len(values))]
+        ranges = []
+        lo = 0
+        total = 0
+        for i, size in enumerate(sizes.tolist()):
+            if total + size > limit and i > lo:
+                ranges.append((lo, i))
+                lo, total = i, 0
+            total += size
+        ranges.append((lo, len(values)))
+        return ranges
+
+    def append_batches(self, data: bytes, *, assign_offsets: bool, now_ms: int) -> AppendInfo:
+        """Append encoded v2 batches. With `assign_offsets` (a producer) offsets are rewritten
+        from the log end offset; without (restore, replication) each batch must start above the
+        previous one and at or above the log end offset. Each batch is checked (CRC, size,
+        keys on compacted topics) before anything is written."""
+        self._check_writable()
+        with self.lock:
+            return self._append_batches_locked(data, assign_offsets=assign_offsets, now_ms=now_ms)
+
+    def _validate_input(self, data: bytearray, assign_offsets: bool) -> list[BatchHeader]:
+        headers = list(iter_batch_headers(data))
+        consumed = headers[-1].next_position if headers else 0
+        where = f"{self.topic}-{self.partition}"
+        if consumed != len(data) or not headers:
+            raise CorruptRecordError(f"<input to {where}>", consumed, "incomplete record batch")
+        expected = self._log_end_offset
+        for header in headers:
+            batch = memoryview(data)[header.position : header.next_position]
+            reason = check_batch(header, batch)
+            if reason is not None:
+                raise CorruptRecordError(f"<input to {where}>", header.position, reason)
+            if header.size_in_bytes > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"{where}: batch of {header.size_in_bytes} bytes is over max.message.bytes="
+                    f"{self.config.max_message_bytes}"
+                )
+            if header.size_in_bytes > self.config.segment_bytes:
+                raise RecordTooLargeError(
+                    f"{where}: batch of {header.size_in_bytes} bytes is over segment.bytes={self.config.segment_bytes}"
+                )
+            if not assign_offsets and header.base_offset < expected:
+                raise InvalidRecordError(
+                    f"{where}: batch at offset {header.base_offset} is below the expected offset {expected}"
+                )
+            if self.config.compact and not header.is_control:
+                for slot, record in enumerate(decode_records(header, batch)):
+                    if record.key is None:
+                        raise InvalidRecordError(f"{where}: compacted topic refuses record {slot}, which has no key")
+            expected = (expected + header.last_offset_delta + 1) if assign_offsets else header.next_offset
+        return headers
+
+    def _append_batches_locked(self, data: bytes, *, assign_offsets: bool, now_ms: int) -> AppendInfo:
+        buffer = bytearray(data)
+        headers = self._validate_input(buffer, assign_offsets)
+        log_append_time = self.config.timestamp_type is TimestampType.LOG_APPEND_TIME
+        offset = self._log_end_offset
+        for header in headers:
+            batch = memoryview(buffer)[header.position : header.next_position]
+            if assign_offsets:
+                batch[0:8] = offset.to_bytes(8, "big", signed=True)
+                offset += header.last_offset_delta + 1
+            batch[12:16] = LEADER_EPOCH.to_bytes(4, "big", signed=True)
+            if log_append_time and not header.is_control:
+                set_log_append_time(batch, now_ms)  # type: ignore[arg-type]
+        if assign_offsets or log_append_time:
+            headers = list(iter_batch_headers(buffer))
+        start_end = self._log_end_offset
+        try:
+            for header in headers:
+                self._append_one(bytes(buffer[header.position : header.next_position]), header, now_ms)
+        except BaseException:
+            if self.log_end_offset > start_end:
+                self._truncate_to_locked(start_end, now_ms)
+            raise
+        self._unflushed_records += sum(h.records_count for h in headers)
+        self._maybe_flush_locked(now_ms)
+        return AppendInfo(
+            first_offset=headers[0].base_offset,
+            last_offset=headers[-1].last_offset,
+            records=sum(h.records_count for h in headers),
+            batches=len(headers),
+            bytes=len(buffer),
+            max_timestamp=max(h.max_timestamp for h in headers),
+        )
+
+    def _append_one(self, batch: bytes, header: BatchHeader, now_ms: int) -> None:
+        segment = self._maybe_roll(len(batch), header, now_ms)
+        relative = BatchHeader.parse(batch, 0, 0)
+        segment.append(batch, [relative])
+        self._log_end_offset = header.next_offset
+
+    def _maybe_roll(self, messages_bytes: int, header: BatchHeader, now_ms: int) -> LogSegment:
+        segment = self.active_segment
+        params = RollParams(
+            max_segment_bytes=self.config.segment_bytes,
+            max_segment_ms=self.config.segment_ms,
+            messages_bytes=messages_bytes,
+            max_timestamp_in_messages=header.max_timestamp,
+            max_offset_in_messages=header.last_offset,
+            now_ms=now_ms,
+        )
+        if segment.should_roll(params):
+            return self._roll_locked(header.base_offset, now_ms)
+        return segment
+
+    def roll(self, now_ms: int, expected_next_offset: int | None = None) -> LogSegment:
+        """Start a new active segment at max(expected, log end offset). Rolling an empty active
+        segment returns it unchanged (Kafka re-creates it in place)."""
+        self._check_writable()
+        with self.lock:
+            return self._roll_locked(expected_next_offset or self._log_end_offset, now_ms)
+
+    def _roll_locked(self, expected_next_offset: int, now_ms: int) -> LogSegment:
+        new_base = max(expected_next_offset, self._log_end_offset)
+        active = self.active_segment
+        if active.base_offset == new_base and active.size == 0:
+            return active
+        active.on_become_inactive()
+        # Rolling flushes what came before (Kafka schedules this flush right after a roll).
+        active.flush()
+        if self._recovery_point < active.base_offset:
+            for segment in self._segments.from_offset(self._recovery_point):
+                if segment is not active:
+                    segment.flush()
+        self._recovery_point = max(self._recovery_point, new_base)
+        segment = segment_for(self.directory, new_base, self.config, writable=True, now_ms=now_ms)
+        if self.config.segment_jitter_ms > 0:
+            segment.roll_jitter_ms = self._rng.randrange(min(self.config.segment_jitter_ms, self.config.segment_ms))
+        segment.make_active()
+        self._segments.add(segment)
+        return segment
+
+    # -- durability ------------------------------------------------------------------------------
+    def flush(self) -> None:
+        """fsync every segment holding unflushed data; the recovery point becomes the log end."""
+        with self.lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        for segment in self._segments.from_offset(self._recovery_point):
+            segment.flush()
+        self._recovery_point = self._log_end_offset
+        self._unflushed_records = 0
+
+    def maybe_flush(self, now_ms: int) -> None:
+        """Flush when `flush.messages` records or `flush.ms` have passed since the last flush."""
+        with self.lock:
+            self._maybe_flush_locked(now_ms)
+
+    def _maybe_flush_locked(self, now_ms: int) -> None:
+        if self._unflushed_records == 0:
+            self._last_flush_ms = now_ms
+            return
+        if (
+            self._unflushed_records >= self.config.flush_messages
+            or now_ms - self._last_flush_ms >= self.config.flush_ms
+        ):
+            self._flush_locked()
+            self._last_flush_ms = now_ms
+
+    # -- reading ---------------------------------------------------------------------------------
+    def _check_offset(self, offset: int, what: str) -> None:
+        if offset < self._log_start_offset or offset > self._log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"{what} of {self.topic}-{self.partition}", offset, self._log_start_offset, self._log_end_offset
+            )
+
+    def read(
+        self, start_offset: int, max_bytes: int, *, min_one_message: bool = True, max_offset: int | None = None
+    ) -> FetchResult:
+        """Raw batches from the first one holding an offset ≥ `start_offset` (Kafka's fetch):
+        at most `max_bytes` unless the first batch alone is larger and `min_one_message`.
+        Reading at the log end offset gives no data; outside [start, end] raises
+        OffsetOutOfRangeError. `max_offset` bounds the read (exclusive), by batch."""
+        self._check_offset(start_offset, "read")
+        end = self._log_end_offset if max_offset is None else min(max_offset, self._log_end_offset)
+        for segment in self._segments.from_offset(start_offset):
+            if start_offset >= end:
+                break
+            limit = None
+            upper = segment.translate_offset(end) if end < self._log_end_offset else None
+            if upper is not None:
+                limit = upper.position
+            found: FetchSlice | None = segment.read(start_offset, max_bytes, limit, min_one_message)
+            if found is not None:
+                return FetchResult(found.data, found.segment_base_offset, found.position, self._log_start_offset, end)
+        return FetchResult(b"", None, None, self._log_start_offset, end)
+
+    def batches(
+        self, start_offset: int, end_offset: int | None = None
+    ) -> Iterator[tuple[LogSegment, BatchHeader, memoryview]]:
+        """Every whole, CRC-checked batch holding offsets in [start, end), in order, across
+        segments. Raises CorruptRecordError (path, position) on a batch that fails its check."""
+        stop = self._log_end_offset if end_offset is None else end_offset
+        for segment in self._segments.from_offset(start_offset):
+            if segment.base_offset >= stop:
+                return
+            size = segment.refresh_size()
+            first = segment.translate_offset(start_offset) if start_offset > segment.base_offset else None
+            position = first.position if first is not None else 0
+            if start_offset > segment.base_offset and first is None:
+                continue
+            for header, batch in segment.iter_batches(position, size):
+                if header.last_offset < start_offset:
+                    continue
+                if header.base_offset >= stop:
+                    return
+                reason = check_batch(header, batch)
+                if reason is not None:
+                    raise CorruptRecordError(segment.log_path, header.position, reason)
+                yield segment, header, batch
+
+    def records(self, start_offset: int, end_offset: int | None = None) -> Iterator[Record]:
+        """User records with offsets in [start, end), skipping control batches."""
+        stop = self._log_end_offset if end_offset is None else end_offset
+        for segment, header, batch in self.batches(start_offset, stop):
+            if header.is_control:
+                continue
+            try:
+                records = decode_records(header, batch)
+            except Exception as error:  # a codec or varint error inside a batch whose CRC held
+                raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
+            for record in records:
+                if start_offset <= record.offset < stop:
+                    yield record
+
+    def offset_for_timestamp(self, timestamp: int) -> TimestampAndOffset | None:
+        """The first record with timestamp ≥ `timestamp` (Kafka's ListOffsets by time): the first
+        segment whose largest timestamp reaches it, then that segment's time index, offset
+        index and a scan. None when every record is older."""
+        for segment in self._segments.snapshot():
+            if segment.largest_timestamp >= timestamp and segment.size > 0:
+                found = segment.find_offset_by_timestamp(timestamp, self._log_start_offset)
+                if found is not None:
+                    return found
+        return None
+
+    # -- truncation -------------------------------------------------------------------------------
+    def truncate_to(self, offset: int, now_ms: int) -> None:
+        """Remove every batch from the one holding `offset` on (Kafka truncates whole batches);
+        a no-op at or past the log end offset."""
+        self._check_writable()
+        with self.lock:
+            self._truncate_to_locked(offset, now_ms)
+
+    def _truncate_to_locked(self, offset: int, now_ms: int) -> None:
+        if offset >= self._log_end_offset:
+            return
+        if offset < self.segments[0].base_offset:
+            self._truncate_fully_locked(offset, now_ms)
+            return
+        for segment in reversed(self._segments.snapshot()):
+            if segment.base_offset > offset:
+                self._segments.remove(segment.base_offset)
+                segment.delete_files()
+        active = self.active_segment
+        active.truncate_to(offset, now_ms)
+        active.make_active()
+        self._log_end_offset = active.read_next_offset()
+        self._recovery_point = min(self._recovery_point, self._log_end_offset)
+        self._log_start_offset = min(self._log_start_offset, self._log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
+        """Drop every segment and start empty at `offset`."""
+        self._check_writable()
+        with self.lock:
+            self._truncate_fully_locked(offset, now_ms)
+
+    def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
+        for segment in self._segments.snapshot():
+            self._segments.remove(segment.base_offset)
+            segment.delete_files()
+        segment = segment_for(self.directory, offset, self.config, writable=True, now_ms=now_ms)
+        segment.make_active()
+        self._segments.add(segment)
+        self._log_start_offset = self._log_end_offset = offset
+        self._recovery_point = offset
+
+    # -- closing ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Flush and close every segment; indexes are left trimmed, as after Kafka's clean
+        shutdown. Safe to call twice."""
+        with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.writable:
+                self._flush_locked()
+                for segment in self._segments.snapshot():
+                    segment.close()
+            else:
+                for segment in self._segments.snapshot():
+                    segment.close_handlers()

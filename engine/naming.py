@@ -1,0 +1,86 @@
+"""File and directory names of a Kafka log dir.
+
+    <log.dir>/<topic>-<partition>/<base offset, 20 digits>.log|.index|.timeindex|.txnindex|.snapshot
+
+Files being replaced carry one more suffix: `.cleaned` (the cleaner's output, not yet trusted),
+`.swap` (output ready to replace the originals), `.deleted` (waiting for
+`file.delete.delay.ms`). A partition dir being deleted is `<topic>-<partition>.<uuid>-delete`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from engine.errors import InvalidTopicError
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
+SNAPSHOT_SUFFIX = ".snapshot"
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+INDEX_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
+_SEGMENT_NAME = re.compile(r"(\d{20})(\.[a-z]+)((?:\.[a-z]+)?)")
+_DELETED_PARTITION_DIR = re.compile(r".*\.[0-9a-f]{32}-(delete|future|stray)$")
+
+
+def filename_prefix_from_offset(offset: int) -> str:
+    """Kafka's segment file stem: the base offset zero-padded to 20 digits."""
+    return f"{offset:020d}"
+
+
+def log_file(directory: Path, base_offset: int, suffix: str = "") -> Path:
+    return directory / f"{filename_prefix_from_offset(base_offset)}{LOG_SUFFIX}{suffix}"
+
+
+def offset_index_file(directory: Path, base_offset: int, suffix: str = "") -> Path:
+    return directory / f"{filename_prefix_from_offset(base_offset)}{INDEX_SUFFIX}{suffix}"
+
+
+def time_index_file(directory: Path, base_offset: int, suffix: str = "") -> Path:
+    return directory / f"{filename_prefix_from_offset(base_offset)}{TIME_INDEX_SUFFIX}{suffix}"
+
+
+def parse_segment_file_name(name: str) -> tuple[int, str, str] | None:
+    """`00000000000000000042.log.swap` → (42, ".log", ".swap"); None for anything else."""
+    match = _SEGMENT_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return int(match.group(1)), match.group(2), match.group(3)
+
+
+def validate_topic(topic: str) -> None:
+    """Raise InvalidTopicError for a name Kafka refuses."""
+    if not topic:
+        raise InvalidTopicError("topic name is empty")
+    if topic in (".", ".."):
+        raise InvalidTopicError(f"topic name {topic!r} is not allowed")
+    if len(topic) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(f"topic name is {len(topic)} characters long (at most {MAX_TOPIC_NAME_LENGTH})")
+    if not _LEGAL_TOPIC.fullmatch(topic):
+        raise InvalidTopicError(
+            f"topic name {topic!r} has characters other than ASCII letters, digits, '.', '_' and '-'"
+        )
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    return f"{topic}-{partition}"
+
+
+def parse_partition_dir(name: str) -> tuple[str, int] | None:
+    """`orders-3` → ("orders", 3); None for dirs that are not live partitions (deleted, future,
+    stray, or not of the topic-partition form)."""
+    if _DELETED_PARTITION_DIR.match(name):
+        return None
+    topic, dash, partition = name.rpartition("-")
+    if not dash or not topic or not partition.isdigit():
+        return None
+    if not _LEGAL_TOPIC.fullmatch(topic):
+        return None
+    return topic, int(partition)

@@ -1,0 +1,524 @@
+"""Kafka record batches, magic 2 (v2): the unit of every `.log` file.
+
+Byte layout of a batch (all integers big-endian), as `BATCH_HEADER_DTYPE` spells it:
+
+    offset  size  field
+     0       8    base_offset            first offset of the batch
+     8       4    batch_length           bytes after this field (whole batch = 12 + batch_length)
+    12       4    partition_leader_epoch
+    16       1    magic                  2 (0 and 1 are the legacy message formats)
+    17       4    crc                    CRC-32C of every byte from `attributes` to the end
+    21       2    attributes             bits 0-2 codec, 3 timestamp type (1 = LogAppendTime),
+                                         4 transactional, 5 control, 6 delete horizon set
+    23       4    last_offset_delta      last offset = base_offset + last_offset_delta
+    27       8    base_timestamp         first timestamp (or the delete horizon, bit 6)
+    35       8    max_timestamp
+    43       8    producer_id            -1 when none
+    51       2    producer_epoch
+    53       4    base_sequence
+    57       4    records_count
+    61       ...  records, compressed as a whole when the codec is not none
+
+A record inside the records section (varints are zig-zag, see `engine.varint`):
+
+    length varint | attributes int8 (unused, 0) | timestamp_delta varlong | offset_delta varint |
+    key_length varint (-1 = null) | key | value_length varint (-1 = null) | value |
+    header_count varint | (header_key_length varint | header_key utf-8 |
+                           header_value_length varint (-1 = null) | header_value)*
+
+Batch-level work (offsets, lengths, CRC) reads only the 61-byte header; record-level work decodes
+the records section. Control batches carry transaction markers, never user records: readers of
+user records skip them.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, cast
+
+import crc32c
+import numpy as np
+
+from engine import varint
+from engine.compression import CompressionType, compress, decompress
+
+BATCH_HEADER_DTYPE = np.dtype(
+    [
+        ("base_offset", ">i8"),
+        ("batch_length", ">i4"),
+        ("partition_leader_epoch", ">i4"),
+        ("magic", "i1"),
+        ("crc", ">u4"),
+        ("attributes", ">i2"),
+        ("last_offset_delta", ">i4"),
+        ("base_timestamp", ">i8"),
+        ("max_timestamp", ">i8"),
+        ("producer_id", ">i8"),
+        ("producer_epoch", ">i2"),
+        ("base_sequence", ">i4"),
+        ("records_count", ">i4"),
+    ]
+)
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+assert _HEADER.size == BATCH_HEADER_DTYPE.itemsize == 61
+
+BATCH_OVERHEAD_BYTES = _HEADER.size
+# Bytes before the length field counts: base_offset (8) + batch_length (4). Kafka calls this
+# LOG_OVERHEAD; it is the same for legacy messages, whose magic byte also sits at offset 16.
+LOG_OVERHEAD_BYTES = 12
+MAGIC_OFFSET = 16
+CRC_START = 21  # the CRC covers attributes .. end
+CURRENT_MAGIC = 2
+NO_TIMESTAMP = -1
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+_CODEC_MASK = 0x07
+_TIMESTAMP_TYPE_BIT = 0x08
+_TRANSACTIONAL_BIT = 0x10
+_CONTROL_BIT = 0x20
+_DELETE_HORIZON_BIT = 0x40
+
+
+class TimestampType(enum.IntEnum):
+    """Kafka's timestamp types; the names are what consumers print."""
+
+    NO_TIMESTAMP_TYPE = -1
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+    @property
+    def display_name(self) -> str:
+        return {-1: "NoTimestampType", 0: "CreateTime", 1: "LogAppendTime"}[int(self)]
+
+    @classmethod
+    def from_config(cls, name: str) -> TimestampType:
+        """`message.timestamp.type` value → type (`CreateTime` or `LogAppendTime`)."""
+        for member in (cls.CREATE_TIME, cls.LOG_APPEND_TIME):
+            if member.display_name == name:
+                return member
+        raise ValueError(f"expected CreateTime or LogAppendTime, got {name!r}")
+
+
+class ControlType(enum.IntEnum):
+    """Transaction marker types held in the key of a control record."""
+
+    ABORT = 0
+    COMMIT = 1
+
+
+Header = tuple[str, bytes | None]
+
+
+class Record(NamedTuple):
+    """One user record as read back. A NamedTuple rather than a dataclass: readers create
+    millions of these, and a tuple is several times cheaper to build. Immutable all the same."""
+
+    offset: int
+    timestamp: int
+    timestamp_type: TimestampType
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[Header, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The 61 fixed bytes of a v2 batch, parsed; `position` is where the batch starts in its
+    file (or buffer). Reading it never touches the records section."""
+
+    position: int
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @classmethod
+    def parse(cls, buf: bytes | bytearray | memoryview, offset: int = 0, position: int | None = None) -> BatchHeader:
+        """Parse the header at `offset` of `buf`, which must hold at least 61 bytes there.
+        `position` is the batch's place in its file (default: `offset`)."""
+        return cls(offset if position is None else position, *_HEADER.unpack_from(buf, offset))
+
+    @property
+    def size_in_bytes(self) -> int:
+        return LOG_OVERHEAD_BYTES + self.batch_length
+
+    @property
+    def next_position(self) -> int:
+        return self.position + self.size_in_bytes
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def compression(self) -> CompressionType:
+        return CompressionType(self.attributes & _CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        if self.attributes & _TIMESTAMP_TYPE_BIT:
+            return TimestampType.LOG_APPEND_TIME
+        return TimestampType.CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL_BIT)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        return bool(self.attributes & _DELETE_HORIZON_BIT)
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        return self.base_timestamp if self.has_delete_horizon else None
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self.last_offset_delta) & 0x7FFF_FFFF
+
+
+def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+    """CRC-32C of a whole batch's covered bytes (attributes to end)."""
+    return int(crc32c.crc32c(memoryview(batch)[CRC_START:]))
+
+
+def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview) -> str | None:
+    """Validate one whole batch (the header already parsed from `batch`'s first bytes).
+
+    Returns None when valid, else the reason, worded for an error message. Checks what Kafka's
+    `ensureValid` and the log loader check: magic, length, record count, CRC."""
+    if header.magic != CURRENT_MAGIC:
+        return f"unsupported magic {header.magic}"
+    if header.batch_length < BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES:
+        return f"batch length {header.batch_length} is shorter than a batch header"
+    if len(batch) != header.size_in_bytes:
+        return f"batch of {header.size_in_bytes} bytes is cut short at {len(batch)} bytes"
+    if header.last_offset_delta < 0 or header.records_count < 0:
+        return "negative last offset delta or record count"
+    if header.attributes & _CODEC_MASK > CompressionType.ZSTD:
+        return f"unknown compression codec id {header.attributes & _CODEC_MASK}"
+    actual = compute_crc(batch)
+    if actual != header.crc:
+        return f"CRC-32C mismatch (stored {header.crc}, computed {actual})"
+    return None
+
+
+def _decode_headers(buf: bytes, position: int) -> tuple[tuple[Header, ...], int]:
+    count, position = varint.decode(buf, position)
+    if count < 0:
+        raise ValueError(f"negative header count {count}")
+    headers = []
+    for _ in range(count):
+        key_length, position = varint.decode(buf, position)
+        if key_length < 0:
+            raise ValueError("null header key")
+        key = buf[position : position + key_length].decode("utf-8", "surrogateescape")
+        position += key_length
+        value_length, position = varint.decode(buf, position)
+        value = None
+        if value_length >= 0:
+            value = buf[position : position + value_length]
+            position += value_length
+        headers.append((key, value))
+    return tuple(headers), position
+
+
+def records_section(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes:
+    """The uncompressed records section of a whole batch."""
+    return decompress(header.compression, memoryview(batch)[BATCH_OVERHEAD_BYTES:])
+
+
+def decode_records(
+    header: BatchHeader, batch: bytes | bytearray | memoryview, *, include_control: bool = False
+) -> list[Record]:
+    """Decode every record of a valid batch (the CRC already checked by the caller).
+
+    Control batches yield no records unless `include_control`. For LogAppendTime batches every
+    record's timestamp is the batch's max timestamp, as Kafka's consumers report it. Raises
+    ValueError (or a codec error) when the records section is malformed."""
+    if header.is_control and not include_control:
+        return []
+    buf = records_section(header, batch)
+    base_offset = header.base_offset
+    base_timestamp = header.base_timestamp
+    timestamp_type = header.timestamp_type
+    log_append_time = header.max_timestamp if timestamp_type is TimestampType.LOG_APPEND_TIME else None
+    decode = varint.decode
+    records: list[Record] = []
+    append = records.append
+    position = 0
+    end = len(buf)
+    for _ in range(header.records_count):
+        length, position = decode(buf, position)
+        record_end = position + length
+        if length < 0 or record_end > end:
+            raise ValueError(f"record length {length} runs past the records section")
+        position += 1  # record attributes: unused
+        timestamp_delta, position = decode(buf, position)
+        offset_delta, position = decode(buf, position)
+        key_length, position = decode(buf, position)
+        key = None
+        if key_length >= 0:
+            key = buf[position : position + key_length]
+            position += key_length
+        value_length, position = decode(buf, position)
+        value = None
+        if value_length >= 0:
+            value = buf[position : position + value_length]
+            position += value_length
+        if buf[position] == 0:  # no headers: the common case, one byte
+            headers: tuple[Header, ...] = ()
+            position += 1
+        else:
+            headers, position = _decode_headers(buf, position)
+        if position != record_end:
+            raise ValueError(f"record at offset delta {offset_delta} has {record_end - position} stray bytes")
+        timestamp = log_append_time if log_append_time is not None else base_timestamp + timestamp_delta
+        append(Record(base_offset + offset_delta, timestamp, timestamp_type, key, value, headers))
+    if position != end:
+        raise ValueError(f"{end - position} bytes follow the last record of the batch")
+    return records
+
+
+def control_type(record: Record) -> ControlType | None:
+    """The marker type of a control record (key = int16 version, int16 type), or None."""
+    if record.key is None or len(record.key) < 4:
+        return None
+    _version, kind = struct.unpack_from(">hh", record.key)
+    try:
+        return ControlType(kind)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerState:
+    """Producer fields a batch carries for idempotence and transactions."""
+
+    producer_id: int = NO_PRODUCER_ID
+    producer_epoch: int = NO_PRODUCER_EPOCH
+    base_sequence: int = NO_SEQUENCE
+    is_transactional: bool = False
+
+
+NO_PRODUCER = ProducerState()
+
+
+def _encode_header_blob(headers: Sequence[Header]) -> bytes:
+    parts = [varint.encode(len(headers))]
+    for key, value in headers:
+        key_bytes = key.encode("utf-8", "surrogateescape")
+        parts.append(varint.encode(len(key_bytes)))
+        parts.append(key_bytes)
+        if value is None:
+            parts.append(varint.encode(-1))
+        else:
+            parts.append(varint.encode(len(value)))
+            parts.append(bytes(value))
+    return b"".join(parts)
+
+
+def _lengths(blobs: Sequence[bytes | None] | None, n: int) -> np.ndarray:
+    if blobs is None:
+        return np.full(n, -1, dtype=np.int64)
+    if None not in blobs:
+        return np.fromiter(map(len, blobs), dtype=np.int64, count=n)  # type: ignore[arg-type]
+    return np.fromiter((-1 if blob is None else len(blob) for blob in blobs), dtype=np.int64, count=n)
+
+
+def build_batch(
+    values: Sequence[bytes | None],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    headers: Sequence[Sequence[Header]] | None = None,
+    timestamps: Sequence[int] | np.ndarray | int,
+    base_offset: int = 0,
+    compression: CompressionType = CompressionType.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    producer: ProducerState = NO_PRODUCER,
+    is_control: bool = False,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    offset_deltas: Sequence[int] | np.ndarray | None = None,
+) -> bytes:
+    """Encode records into one v2 batch, CRC included.
+
+    `timestamps` is one int for all records or one per record. `offset_deltas` defaults to
+    0..n-1; a restore or a compacted copy passes the original gaps. Per-record fields are encoded
+    column-wise with numpy: only the final interleaving of fixed-size prefixes with the key and
+    value bytes is done per record, by `bytes.join`. Raises ValueError for an empty batch."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("a record batch holds at least one record")
+    if isinstance(timestamps, int):
+        ts = np.full(n, timestamps, dtype=np.int64)
+    else:
+        ts = np.asarray(timestamps, dtype=np.int64)
+        if ts.shape != (n,):
+            raise ValueError(f"{len(ts)} timestamps for {n} records")
+    deltas = np.arange(n, dtype=np.int64) if offset_deltas is None else np.asarray(offset_deltas, dtype=np.int64)
+    base_timestamp = int(ts[0])
+    max_timestamp = int(ts.max())
+
+    value_lengths = _lengths(values, n)
+    key_lengths = _lengths(keys, n)
+    header_blobs = None if headers is None or not any(headers) else [_encode_header_blob(h) for h in headers]
+    header_lengths = (
+        np.ones(n, dtype=np.int64) if header_blobs is None else np.fromiter(map(len, header_blobs), np.int64, n)
+    )
+
+    ts_table, ts_sizes = varint.encode_many(ts - base_timestamp)
+    od_table, od_sizes = varint.encode_many(deltas)
+    kl_table, kl_sizes = varint.encode_many(key_lengths)
+    vl_table, vl_sizes = varint.encode_many(value_lengths)
+    body_lengths = (
+        1
+        + ts_sizes
+        + od_sizes
+        + kl_sizes
+        + np.maximum(key_lengths, 0)
+        + vl_sizes
+        + np.maximum(value_lengths, 0)
+        + header_lengths
+    )
+    len_table, len_sizes = varint.encode_many(body_lengths)
+
+    # Each record is: prefix (length, attributes, timestamp delta, offset delta, key length),
+    # key, value length, value, headers. Without keys and headers everything between two values
+    # is fixed-size per record, so it is built in one table and interleaved with the values.
+    simple = keys is None and header_blobs is None
+    columns = [
+        (len_table, len_sizes),
+        (np.zeros((n, 1), np.uint8), np.ones(n, np.int64)),
+        (ts_table, ts_sizes),
+        (od_table, od_sizes),
+        (kl_table, kl_sizes),
+    ]
+    if simple:
+        # The previous record's empty header count (one zero byte) opens every separator but the first.
+        lead = np.zeros((n, 1), np.uint8)
+        lead_sizes = np.ones(n, np.int64)
+        lead_sizes[0] = 0
+        columns = [(lead, lead_sizes), *columns, (vl_table, vl_sizes)]
+    if simple and value_lengths.min() == value_lengths.max() >= 0 and _uniform(columns):
+        # Every record has the same layout (fixed-size values, same-size varints): lay the
+        # prefixes and values side by side as rows of one table, no per-record work at all.
+        present = cast(Sequence[bytes], values)
+        table = np.hstack([t[:, : int(s[-1])] for t, s in columns[1:]])
+        payload = np.frombuffer(b"".join(present), np.uint8).reshape(n, -1)
+        body = np.hstack([table, payload, np.zeros((n, 1), np.uint8)]).tobytes()
+    elif simple:
+        prefixes = _ragged_rows(columns)
+        pieces: list[bytes] = [b""] * (2 * n + 1)
+        pieces[0::2] = [*prefixes, b"\x00"]
+        pieces[1::2] = [value or b"" for value in values] if value_lengths.min() < 0 else cast(Sequence[bytes], values)
+        body = b"".join(pieces)
+    else:
+        prefixes = _ragged_rows(columns)
+        value_prefixes = _ragged_rows([(vl_table, vl_sizes)])
+        blobs = header_blobs if header_blobs is not None else [b"\x00"] * n
+        key_list = keys if keys is not None else [None] * n
+        parts: list[bytes] = []
+        extend = parts.extend
+        for prefix, key, value_prefix, value, blob in zip(
+            prefixes, key_list, value_prefixes, values, blobs, strict=False
+        ):
+            extend((prefix, key or b"", value_prefix, value or b"", blob))
+        body = b"".join(parts)
+
+    records = body if compression is CompressionType.NONE else compress(compression, body)
+    attributes = int(compression)
+    if timestamp_type is TimestampType.LOG_APPEND_TIME:
+        attributes |= _TIMESTAMP_TYPE_BIT
+    if producer.is_transactional:
+        attributes |= _TRANSACTIONAL_BIT
+    if is_control:
+        attributes |= _CONTROL_BIT
+    last_offset_delta = int(deltas[-1])
+    header = bytearray(
+        _HEADER.pack(
+            base_offset,
+            BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES + len(records),
+            partition_leader_epoch,
+            CURRENT_MAGIC,
+            0,
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer.producer_id,
+            producer.producer_epoch,
+            producer.base_sequence,
+            n,
+        )
+    )
+    crc = crc32c.crc32c(records, crc32c.crc32c(memoryview(header)[CRC_START:]))
+    struct.pack_into(">I", header, 17, crc)
+    return bytes(header) + records
+
+
+def _uniform(columns: list[tuple[np.ndarray, np.ndarray]]) -> bool:
+    """Whether every column's varints have one size for all rows (the lead column aside)."""
+    return all(int(sizes.min()) == int(sizes.max()) for _, sizes in columns[1:])
+
+
+def _ragged_rows(columns: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
+    """Concatenate, per row, the first `sizes[i]` bytes of each column's row i; returns one bytes
+    object per row. Done as one boolean-mask compaction of the side-by-side tables."""
+    table = np.hstack([t for t, _ in columns])
+    keep = np.hstack([np.arange(t.shape[1])[None, :] < s[:, None] for t, s in columns])
+    flat = table[keep].tobytes()
+    ends = np.cumsum(keep.sum(axis=1)).tolist()
+    starts = [0, *ends[:-1]]
+    return [flat[a:b] for a, b in zip(starts, ends, strict=False)]
+
+
+def set_base_offset(batch: bytearray, base_offset: int) -> None:
+    """Rewrite a batch's base offset in place. The CRC does not cover it, so it stays valid."""
+    struct.pack_into(">q", batch, 0, base_offset)
+
+
+def set_log_append_time(batch: bytearray, timestamp_ms: int) -> None:
+    """Stamp a batch as LogAppendTime with max timestamp `timestamp_ms` and refresh its CRC, as
+    the broker does for topics with `message.timestamp.type=LogAppendTime`."""
+    (attributes,) = struct.unpack_from(">h", batch, 21)
+    struct.pack_into(">h", batch, 21, attributes | _TIMESTAMP_TYPE_BIT)
+    struct.pack_into(">q", batch, 35, timestamp_ms)
+    struct.pack_into(">I", batch, 17, compute_crc(batch))
+
+
+def iter_batch_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> Iterator[BatchHeader]:
+    """Headers of the complete batches in `buf` from `start`, stopping at the first incomplete
+    one. Validates nothing but the length fields; callers decide what to check."""
+    end = len(buf)
+    position = start
+    while position + BATCH_OVERHEAD_BYTES <= end:
+        header = BatchHeader.parse(buf, position)
+        if header.batch_length < 0 or header.next_position > end:
+            return
+        yield header
+        position = header.next_position

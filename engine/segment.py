@@ -1,0 +1,541 @@
+"""One log segment: a `.log` file of record batches and its two sparse indexes.
+
+The `.log` file is a plain sequence of v2 batches (see `engine.records`), the base offset in the
+file name. The segment appends whole batches and keeps Kafka's index rules:
+
+* an offset-index entry (batch last offset, batch start position) and a time-index entry
+  (max timestamp so far, the last offset of the batch that holds it) are added for a batch when
+  more than `index.interval.bytes` were appended since the last entry — so the first batch of a
+  segment is never indexed;
+* a time-index entry is only added when its timestamp is above the last one;
+* when the segment stops being active (roll, close) a last time-index entry (segment max
+  timestamp, its offset) is added and both indexes are trimmed to their entries.
+
+Crash behaviour: batches are written with one `os.write` each and become durable on `flush`;
+after a crash the tail of the active segment may be torn and its preallocated indexes hold stale
+entries. `recover` re-reads every batch, checks it, rebuilds both indexes and truncates the log at
+the first invalid batch.
+
+Thread safety: one writer at a time (the partition's lock). Readers may call the read methods
+concurrently with appends: they read with `os.pread` up to a size they were given or read once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError
+from engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset
+from engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
+from engine.records import BATCH_OVERHEAD_BYTES, LOG_OVERHEAD_BYTES, BatchHeader, check_batch, decode_records
+
+_READ_CHUNK_BYTES = 4 * 1024 * 1024
+_MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RollParams:
+    """What `should_roll` weighs for an incoming append (Kafka's RollParams)."""
+
+    max_segment_bytes: int
+    max_segment_ms: int
+    messages_bytes: int
+    max_timestamp_in_messages: int
+    max_offset_in_messages: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSlice:
+    """Bytes read from a segment: whole batches from `position`, possibly ending in a partial
+    one when the read was bounded by size (as Kafka's FileRecords slices are)."""
+
+    segment_base_offset: int
+    position: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampAndOffset:
+    """The answer to an offset-for-timestamp look-up: the first record at or after a time."""
+
+    timestamp: int
+    offset: int
+    leader_epoch: int | None
+
+
+class LogSegment:
+    """A segment's files and its in-memory bookkeeping. See the module docstring."""
+
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        max_index_bytes: int,
+        writable: bool,
+        created_ms: int,
+        roll_jitter_ms: int = 0,
+        file_suffix: str = "",
+    ) -> None:
+        """Open or (when writable) create the segment with this base offset in `directory`.
+        Index files are opened lazily, on first use."""
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.max_index_bytes = max_index_bytes
+        self.writable = writable
+        self.created_ms = created_ms
+        self.roll_jitter_ms = roll_jitter_ms
+        self.file_suffix = file_suffix
+        self.log_path = log_file(directory, base_offset, file_suffix)
+        flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
+        self._fd = os.open(self.log_path, flags | os.O_CLOEXEC, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        self._offset_index: OffsetIndex | None = None
+        self._time_index: TimeIndex | None = None
+        self._active = False
+        self._max_timestamp_so_far: TimestampOffset | None = None
+        self._rolling_based_timestamp: int | None = None
+        self._bytes_since_last_index_entry = 0
+        self.deleted = False
+
+    def __repr__(self) -> str:
+        return f"LogSegment({self.log_path}, size={self._size})"
+
+    # -- files --------------------------------------------------------------------------------
+    @property
+    def offset_index_path(self) -> Path:
+        return offset_index_file(self.directory, self.base_offset, self.file_suffix)
+
+    @property
+    def time_index_path(self) -> Path:
+        return time_index_file(self.directory, self.base_offset, self.file_suffix)
+
+    @property
+    def size(self) -> int:
+        """Bytes of batches in the `.log` file."""
+        return self._size
+
+    def refresh_size(self) -> int:
+        """Re-read the file size (a read-only view of a log that another process appends to)."""
+        if not self.writable:
+            self._size = os.fstat(self._fd).st_size
+        return self._size
+
+    def _open_indexes(self) -> None:
+        offset_path, time_path = self.offset_index_path, self.time_index_path
+        usable = self.writable or (offset_path.exists() and time_path.exists())
+        if usable:
+            try:
+                offset_index = OffsetIndex(offset_path, self.base_offset, self.max_index_bytes, writable=self.writable)
+                time_index = TimeIndex(time_path, self.base_offset, self.max_index_bytes, writable=self.writable)
+                self._offset_index, self._time_index = offset_index, time_index
+                offset_index.sanity_check(self._size)
+                time_index.sanity_check()
+                if self._active:
+                    offset_index.resize(self.max_index_bytes)
+                    time_index.resize(self.max_index_bytes)
+                return
+            except (CorruptIndexError, OSError):
+                if self.writable:
+                    self.recover()
+                    return
+                self._close_indexes()
+        # Read-only and no usable index files: build the indexes in memory from the log.
+        self._offset_index = OffsetIndex(None, self.base_offset, self.max_index_bytes, writable=True)
+        self._time_index = TimeIndex(None, self.base_offset, self.max_index_bytes, writable=True)
+        self._rebuild_indexes(truncate=False)
+
+    def _close_indexes(self) -> None:
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.close()
+        self._offset_index = self._time_index = None
+
+    @property
+    def offset_index(self) -> OffsetIndex:
+        if self._offset_index is None:
+            self._open_indexes()
+        assert self._offset_index is not None
+        return self._offset_index
+
+    @property
+    def time_index(self) -> TimeIndex:
+        if self._time_index is None:
+            self._open_indexes()
+        assert self._time_index is not None
+        return self._time_index
+
+    @property
+    def indexes_loaded(self) -> bool:
+        return self._offset_index is not None
+
+    def make_active(self) -> None:
+        """This segment takes appends from now on: its indexes get their preallocated size."""
+        self._active = True
+        if self._offset_index is not None and self._time_index is not None:
+            self._offset_index.resize(self.max_index_bytes)
+            self._time_index.resize(self.max_index_bytes)
+
+    # -- reading ------------------------------------------------------------------------------
+    def pread(self, position: int, length: int) -> bytes:
+        return os.pread(self._fd, length, position)
+
+    def iter_batches(
+        self, start_position: int = 0, end_position: int | None = None
+    ) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """Whole batches (header, bytes) from `start_position` up to `end_position` (default:
+        the size now). Stops at a batch that is cut short or whose length is impossible; checks
+        nothing else. Reads in large chunks, so a scan costs about one read of the file."""
+        end = self._size if end_position is None else end_position
+        position = start_position
+        while position + BATCH_OVERHEAD_BYTES <= end:
+            view = memoryview(os.pread(self._fd, min(_READ_CHUNK_BYTES, end - position), position))
+            if len(view) < BATCH_OVERHEAD_BYTES:
+                return
+            offset = 0
+            while offset + BATCH_OVERHEAD_BYTES <= len(view):
+                header = BatchHeader.parse(view, offset, position + offset)
+                size = header.size_in_bytes
+                if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+                    return
+                if offset + size > len(view):
+                    break
+                yield header, view[offset : offset + size]
+                offset += size
+            if offset == 0:
+                # A single batch larger than the chunk: read it whole.
+                header = BatchHeader.parse(view, 0, position)
+                whole = memoryview(os.pread(self._fd, header.size_in_bytes, position))
+                if len(whole) < header.size_in_bytes:
+                    return
+                yield header, whole
+                offset = header.size_in_bytes
+            position += offset
+
+    def iter_headers(self, start_position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
+        for header, _ in self.iter_batches(start_position, end_position):
+            yield header
+
+    def translate_offset(self, offset: int, start_position: int = 0) -> BatchHeader | None:
+        """The first batch whose last offset is ≥ `offset`, searching from the index entry at or
+        below it (never before `start_position`); None when the segment has no such batch."""
+        position = max(start_position, self.offset_index.lookup(offset).position)
+        for header in self._iter_headers_only(position):
+            if header.last_offset >= offset:
+                return header
+        return None
+
+    def _iter_headers_only(self, position: int, end_position: int | None = None) -> Iterator[BatchHeader]:
+        """Batch headers from `position`, reading 61 bytes per batch rather than whole batches:
+        what a seek through a segment needs."""
+        end = self._size if end_position is None else end_position
+        while position + BATCH_OVERHEAD_BYTES <= end:
+            raw = os.pread(self._fd, BATCH_OVERHEAD_BYTES, position)
+            if len(raw) < BATCH_OVERHEAD_BYTES:
+                return
+            header = BatchHeader.parse(raw, 0, position)
+            if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+                return
+            yield header
+            position = header.next_position
+
+    def read(
+        self, start_offset: int, max_bytes: int, max_position: int | None = None, min_one_message: bool = False
+    ) -> FetchSlice | None:
+        """Bytes from the first batch holding an offset ≥ `start_offset`, at most `max_bytes`
+        (or the whole first batch when `min_one_message`), never past `max_position`.
+
+        None when no batch in the segment reaches `start_offset` (Kafka returns null then, not an
+        empty result); an empty slice when the first batch does not fit and not min_one_message."""
+        limit = self._size if max_position is None else min(max_position, self._size)
+        header = self.translate_offset(start_offset)
+        if header is None or header.position >= limit:
+            return None
+        wanted = max(max_bytes, header.size_in_bytes) if min_one_message else max_bytes
+        length = min(limit - header.position, wanted)
+        data = os.pread(self._fd, length, header.position) if length > 0 else b""
+        return FetchSlice(self.base_offset, header.position, data)
+
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> TimestampAndOffset | None:
+        """The first record with timestamp ≥ `timestamp` and offset ≥ `starting_offset`, found as
+        Kafka does: time index → offset index → scan of batches, opening only the first batch
+        whose max timestamp reaches the target. None when no record qualifies."""
+        entry = self.time_index.lookup(timestamp)
+        position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
+        for header, batch in self.iter_batches(position):
+            if header.max_timestamp < timestamp or header.last_offset < starting_offset:
+                continue
+            reason = check_batch(header, batch)
+            if reason is not None:
+                raise CorruptRecordError(self.log_path, header.position, reason)
+            for record in decode_records(header, batch, include_control=True):
+                if record.timestamp >= timestamp and record.offset >= starting_offset:
+                    epoch = header.partition_leader_epoch
+                    return TimestampAndOffset(record.timestamp, record.offset, epoch if epoch >= 0 else None)
+        return None
+
+    # -- timestamps -----------------------------------------------------------------------------
+    def _load_max_timestamp(self) -> TimestampOffset:
+        """(max timestamp, its offset) over the segment: the time index's last entry, then a scan
+        of the batches after the offset it points at (Kafka's loadLargestTimestamp)."""
+        last = self.time_index.last_entry()
+        best = last
+        position = self.offset_index.lookup(last.offset).position
+        for header in self._iter_headers_only(position):
+            if header.max_timestamp > best.timestamp:
+                best = TimestampOffset(header.max_timestamp, header.last_offset)
+        return best
+
+    @property
+    def max_timestamp_so_far(self) -> TimestampOffset:
+        if self._max_timestamp_so_far is None:
+            self._max_timestamp_so_far = self._load_max_timestamp()
+        return self._max_timestamp_so_far
+
+    @property
+    def largest_timestamp(self) -> int:
+        """The segment's largest record timestamp; the file's mtime when it holds none (Kafka
+        uses the same stand-in for retention)."""
+        timestamp = self.max_timestamp_so_far.timestamp
+        if timestamp >= 0:
+            return timestamp
+        return int(os.fstat(self._fd).st_mtime * 1000)
+
+    def first_batch_timestamp(self) -> int:
+        """Max timestamp of the first batch (what time-based rolling measures from);
+        2^63-1 for an empty segment."""
+        for header in self._iter_headers_only(0):
+            return header.max_timestamp
+        return 2**63 - 1
+
+    def time_waited_for_roll(self, now_ms: int, message_timestamp: int) -> int:
+        if self._rolling_based_timestamp is None and self._size > 0:
+            self._rolling_based_timestamp = self.first_batch_timestamp()
+        if self._rolling_based_timestamp is not None and self._rolling_based_timestamp >= 0:
+            return message_timestamp - self._rolling_based_timestamp
+        return now_ms - self.created_ms
+
+    def should_roll(self, params: RollParams) -> bool:
+        """Kafka's four roll rules for an append of `params.messages_bytes` bytes."""
+        reached_roll_ms = (
+            self.time_waited_for_roll(params.now_ms, params.max_timestamp_in_messages)
+            > params.max_segment_ms - self.roll_jitter_ms
+        )
+        return (
+            self._size > params.max_segment_bytes - params.messages_bytes
+            or (self._size > 0 and reached_roll_ms)
+            or self.offset_index.is_full
+            or self.time_index.is_full
+            or not self.can_convert_to_relative_offset(params.max_offset_in_messages)
+        )
+
+    def can_convert_to_relative_offset(self, offset: int) -> bool:
+        return 0 <= offset - self.base_offset <= _INT32_MAX
+
+    # -- writing ------------------------------------------------------------------------------
+    def append(self, data: bytes, headers: list[BatchHeader]) -> None:
+        """Append whole, valid batches (`headers` parsed from `data`, positions relative to it)
+        and index them by Kafka's rules. Raises OffsetOverflowError, writing nothing, when the
+        last offset does not fit relative to the base offset."""
+        if not data:
+            return
+        largest_offset = headers[-1].last_offset
+        if not self.can_convert_to_relative_offset(largest_offset) or headers[0].base_offset < self.base_offset:
+            raise OffsetOverflowError(
+                f"{self.log_path}: offsets {headers[0].base_offset}..{largest_offset} do not fit "
+                f"relative to base offset {self.base_offset}"
+            )
+        physical_position = self._size
+        if physical_position == 0:
+            self._rolling_based_timestamp = headers[0].max_timestamp
+        _write_all(self._fd, data, physical_position)
+        self._size += len(data)
+        offset_index, time_index = self.offset_index, self.time_index
+        max_so_far = self.max_timestamp_so_far
+        for header in headers:
+            if header.max_timestamp > max_so_far.timestamp:
+                max_so_far = TimestampOffset(header.max_timestamp, header.last_offset)
+            if self._bytes_since_last_index_entry > self.index_interval_bytes:
+                offset_index.append(header.last_offset, physical_position)
+                time_index.maybe_append(max_so_far.timestamp, max_so_far.offset)
+                self._bytes_since_last_index_entry = 0
+            physical_position += header.size_in_bytes
+            self._bytes_since_last_index_entry += header.size_in_bytes
+        self._max_timestamp_so_far = max_so_far
+
+    def _rebuild_indexes(self, *, truncate: bool) -> int:
+        """Re-read every batch, check it and rebuild both indexes; with `truncate`, cut the log
+        at the first invalid batch. Returns the number of invalid bytes found at the end."""
+        offset_index, time_index = self.offset_index_unchecked, self.time_index_unchecked
+        offset_index.truncate()
+        time_index.truncate()
+        max_so_far = TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        valid_bytes = 0
+        last_index_entry = 0
+        previous_last_offset = self.base_offset - 1
+        for header, batch in self.iter_batches(0):
+            if header.position != valid_bytes:
+                break
+            if check_batch(header, batch) is not None:
+                break
+            if header.base_offset <= previous_last_offset or not self.can_convert_to_relative_offset(
+                header.last_offset
+            ):
+                break
+            if header.max_timestamp > max_so_far.timestamp:
+                max_so_far = TimestampOffset(header.max_timestamp, header.last_offset)
+            if valid_bytes - last_index_entry > self.index_interval_bytes:
+                if offset_index.is_full or time_index.is_full:
+                    offset_index.resize(offset_index.file_length + self.max_index_bytes)
+                    time_index.resize(time_index.file_length + self.max_index_bytes)
+                offset_index.append(header.last_offset, valid_bytes)
+                time_index.maybe_append(max_so_far.timestamp, max_so_far.offset)
+                last_index_entry = valid_bytes
+            valid_bytes += header.size_in_bytes
+            previous_last_offset = header.last_offset
+        truncated = self._size - valid_bytes
+        if truncate and truncated > 0:
+            os.ftruncate(self._fd, valid_bytes)
+        if truncate or truncated == 0:
+            self._size = valid_bytes
+        if max_so_far.timestamp != NO_TIMESTAMP:
+            time_index.maybe_append(max_so_far.timestamp, max_so_far.offset, skip_full_check=True)
+        if not self._active:
+            offset_index.trim_to_valid_size()
+            time_index.trim_to_valid_size()
+        self._max_timestamp_so_far = max_so_far
+        self._bytes_since_last_index_entry = valid_bytes - last_index_entry
+        self._rolling_based_timestamp = None
+        return truncated
+
+    @property
+    def offset_index_unchecked(self) -> OffsetIndex:
+        if self._offset_index is None:
+            self._offset_index = OffsetIndex(
+                self.offset_index_path, self.base_offset, self.max_index_bytes, writable=self.writable
+            )
+        return self._offset_index
+
+    @property
+    def time_index_unchecked(self) -> TimeIndex:
+        if self._time_index is None:
+            self._time_index = TimeIndex(
+                self.time_index_path, self.base_offset, self.max_index_bytes, writable=self.writable
+            )
+        return self._time_index
+
+    def recover(self) -> int:
+        """Validate every batch, rebuild both indexes from the log and truncate the log at the
+        first invalid batch (bad CRC, length, magic, or offsets that go backwards or overflow).
+        Returns the number of bytes truncated. Writable segments only."""
+        return self._rebuild_indexes(truncate=True)
+
+    def truncate_to(self, offset: int, now_ms: int) -> int:
+        """Remove every batch from the one holding `offset` on, and every index entry at or above
+        it; returns the bytes removed. The segment becomes writable-active sized."""
+        header = self.translate_offset(offset)
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        self.offset_index.resize(self.max_index_bytes)
+        self.time_index.resize(self.max_index_bytes)
+        if header is None:
+            return 0
+        removed = self._size - header.position
+        os.ftruncate(self._fd, header.position)
+        self._size = header.position
+        if self._size == 0:
+            self.created_ms = now_ms
+            self._rolling_based_timestamp = None
+        self._bytes_since_last_index_entry = 0
+        self._max_timestamp_so_far = None
+        return removed
+
+    def read_next_offset(self) -> int:
+        """The offset after the segment's last batch (its base offset when empty): a scan from
+        the last index entry."""
+        next_offset = self.base_offset
+        for header in self._iter_headers_only(self.offset_index.last_entry().position):
+            next_offset = header.next_offset
+        return next_offset
+
+    def read_next_offset_by_scan(self) -> int:
+        """Like read_next_offset, without the index (for files whose index is not trusted)."""
+        next_offset = self.base_offset
+        for header in self._iter_headers_only(0):
+            next_offset = header.next_offset
+        return next_offset
+
+    def flush(self) -> None:
+        """Make appended batches and index entries durable."""
+        os.fsync(self._fd)
+        if self._offset_index is not None:
+            self._offset_index.flush()
+        if self._time_index is not None:
+            self._time_index.flush()
+
+    def on_become_inactive(self) -> None:
+        """Roll: add the closing time-index entry and trim both indexes to their entries."""
+        self._active = False
+        max_so_far = self.max_timestamp_so_far
+        if max_so_far.timestamp != NO_TIMESTAMP:
+            self.time_index.maybe_append(max_so_far.timestamp, max_so_far.offset, skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+
+    def close(self) -> None:
+        """Flush and release the files; writable segments get the closing time-index entry and
+        trimmed indexes (the state Kafka leaves after a clean shutdown). Safe to call twice."""
+        if self._fd < 0:
+            return
+        if self.writable and not self.deleted and (self._active or self.indexes_loaded):
+            # Sealed segments whose indexes were never opened are left as they are on disk.
+            self.on_become_inactive()
+            os.fsync(self._fd)
+        self._close_indexes()
+        os.close(self._fd)
+        self._fd = -1
+
+    def close_handlers(self) -> None:
+        """Release the files without touching them (a read-only reader, or a deleted segment)."""
+        if self._fd < 0:
+            return
+        self._close_indexes()
+        os.close(self._fd)
+        self._fd = -1
+
+    def change_file_suffixes(self, old_suffix: str, new_suffix: str) -> None:
+        """Rename the segment's files from one suffix to another (`.deleted`, `.swap`, …)."""
+        for path in (self.log_path, self.offset_index_path, self.time_index_path):
+            if path.name.endswith(old_suffix) or not old_suffix:
+                target = path.with_name(path.name[: len(path.name) - len(old_suffix)] + new_suffix)
+                if path.exists():
+                    os.replace(path, target)
+        self.file_suffix = self.file_suffix[: len(self.file_suffix) - len(old_suffix)] + new_suffix
+        self.log_path = log_file(self.directory, self.base_offset, self.file_suffix)
+
+    def mark_deleted(self) -> None:
+        """Rename to `.deleted` (Kafka's asynchronous delete); open readers keep reading."""
+        self.deleted = True
+        self._close_indexes()
+        self.change_file_suffixes("", DELETED_SUFFIX)
+
+    def delete_files(self) -> None:
+        """Remove the segment's files for good."""
+        self.close_handlers()
+        for path in (self.log_path, self.offset_index_path, self.time_index_path):
+            path.unlink(missing_ok=True)
+
+
+def _write_all(fd: int, data: bytes, position: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        view = view[written:]
+        position += written

@@ -1,0 +1,76 @@
+"""Zig-zag varints (protobuf style), the integer encoding inside v2 records.
+
+A value v is zig-zag mapped to an unsigned integer, `(v << 1) ^ (v >> 63)`, so small negative
+numbers stay short, then written seven bits a byte, least significant group first, the high bit
+of each byte set when another byte follows. Kafka uses 32-bit varints for lengths and offset
+deltas and 64-bit varlongs for timestamp deltas; both share this encoding.
+
+Scalar functions serve the rare paths (headers, control records); `encode_many` encodes whole
+columns with numpy for the batch encoder.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+MAX_VARLONG_BYTES = 10
+
+
+def encode(value: int) -> bytes:
+    """Zig-zag varint bytes of a signed 64-bit value."""
+    zigzag = ((value << 1) ^ (value >> 63)) & 0xFFFF_FFFF_FFFF_FFFF
+    out = bytearray()
+    while zigzag >= 0x80:
+        out.append((zigzag & 0x7F) | 0x80)
+        zigzag >>= 7
+    out.append(zigzag)
+    return bytes(out)
+
+
+def decode(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
+    """Read one varint at `position`: returns (value, position after it).
+
+    Raises ValueError when the varint runs past the buffer or over ten bytes."""
+    result = 0
+    shift = 0
+    end = len(buf)
+    while True:
+        if position >= end:
+            raise ValueError("varint runs past the end of the buffer")
+        byte = buf[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (result >> 1) ^ -(result & 1), position
+        shift += 7
+        if shift >= 7 * MAX_VARLONG_BYTES:
+            raise ValueError("varint longer than ten bytes")
+
+
+def encode_many(
+    values: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Encode a column of signed values at once.
+
+    Returns (table, sizes): `table` is n×w bytes (w the longest varint's size), row i holding
+    value i's varint in its first `sizes[i]` bytes (the rest is to be masked out by the caller)."""
+    signed = values.astype(np.int64, copy=False)
+    zigzag = ((signed << 1) ^ (signed >> 63)).view(np.uint64)
+    if len(zigzag) == 0:
+        return np.zeros((0, 1), np.uint8), np.zeros(0, np.int64)
+    # Only as many columns as the largest value needs: usually one or two.
+    width = 1
+    largest = int(zigzag.max())
+    while width < MAX_VARLONG_BYTES and largest >= 1 << (7 * width):
+        width += 1
+    sizes = np.ones(len(zigzag), dtype=np.int64)
+    for group in range(1, width):
+        sizes += zigzag >= np.uint64(1 << (7 * group))
+    if width == 1:
+        return zigzag.astype(np.uint8)[:, None], sizes
+    shifts = np.arange(0, 7 * width, 7, dtype=np.uint64)
+    groups = (zigzag[:, None] >> shifts[None, :]) & np.uint64(0x7F)
+    continued = np.arange(width)[None, :] < (sizes[:, None] - 1)
+    table = (groups | (continued.astype(np.uint64) << np.uint64(7))).astype(np.uint8)
+    return table, sizes

@@ -1,0 +1,1 @@
+"""The `seglogfs` command line and mount helpers. Nothing imports this package."""

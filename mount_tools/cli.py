@@ -1,0 +1,325 @@
+"""The `seglogfs` command line.
+
+Every command takes `-c server.properties` and repeatable `--override key=value` (Kafka's config
+names), and a DATADIR: one log dir, or several separated by commas, like `log.dirs`.
+
+Exit codes:
+    0  success
+    1  the data or the input is bad (corrupt, out of range, malformed, too large, …)
+    2  the command line is wrong
+    3  the data dir is locked by another process
+    4  `check` found problems (after `--repair`: problems it could not repair)
+Errors are one line on stderr, `seglogfs: <what and where>`, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from engine import BrokerConfig, DataDir, EngineError, LogDirLockedError, PartitionLog
+from engine.check import check_log_dirs
+from engine.console import LineFormat, TextFormat, parse_timestamp, record_from_json, record_to_json
+from engine.errors import ConfigError, InvalidRecordError, OffsetOutOfRangeError
+from engine.partitioner import RoundRobin, partition_for_key
+from mount_tools import dump
+from mount_tools.progress import Progress
+
+EXIT_OK = 0
+EXIT_DATA = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+EXIT_CHECK_FAILED = 4
+
+_PRODUCE_CHUNK_BYTES = 1 << 20
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class UsageError(Exception):
+    """A command line that parses but does not make sense."""
+
+
+def _properties(items: Sequence[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--property {item!r}: expected key=value")
+        out[key.strip()] = value
+    return out
+
+
+def _broker_config(args: argparse.Namespace) -> BrokerConfig:
+    dirs = [Path(part) for part in args.datadir.split(",") if part]
+    if not dirs:
+        raise UsageError("DATADIR names no directory")
+    return BrokerConfig.load(args.config, args.override or (), log_dirs=dirs)
+
+
+# -- produce --------------------------------------------------------------------------------------
+def _lines(stream: BinaryIO) -> Iterator[list[bytes]]:
+    """Complete lines of `stream`, a chunk at a time; a last line without newline ends it."""
+    pending = b""
+    while True:
+        chunk = stream.read1(_PRODUCE_CHUNK_BYTES) if hasattr(stream, "read1") else stream.read(_PRODUCE_CHUNK_BYTES)
+        if not chunk:
+            if pending:
+                yield [pending.removesuffix(b"\r")]
+            return
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        if lines:
+            yield lines
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    config = _broker_config(args)
+    properties = _properties(args.property)
+    line_format = LineFormat.from_properties(properties) if args.format == "text" else None
+    if args.format == "jsonl" and properties:
+        raise UsageError("--property applies to --format text only")
+    stored = 0
+    with DataDir.open(config, now_ms=now_ms()) as data_dir:
+        logs = data_dir.partition_for_append(args.topic, args.partition, now_ms=now_ms())
+        round_robin = RoundRobin()
+        line_number = 0
+        for lines in _lines(sys.stdin.buffer):
+            per_partition: dict[int, tuple[list, list, list, list]] = {}
+            error: EngineError | None = None
+            null_partition = round_robin.next(len(logs))
+            for line in lines:
+                line_number += 1
+                where = f"stdin line {line_number}"
+                try:
+                    if line_format is not None:
+                        key, value = line_format.parse(line, where)
+                        headers: tuple = ()
+                        timestamp = None
+                    else:
+                        if not line.strip():
+                            continue
+                        parsed = record_from_json(line, where)
+                        key, value, headers, timestamp = parsed.key, parsed.value, parsed.headers, parsed.timestamp
+                except EngineError as bad:
+                    error = bad
+                    break
+                slot = (
+                    0 if len(logs) == 1 else (partition_for_key(key, len(logs)) if key is not None else null_partition)
+                )
+                columns = per_partition.setdefault(slot, ([], [], [], []))
+                columns[0].append(value)
+                columns[1].append(key)
+                columns[2].append(headers)
+                columns[3].append(timestamp)
+            for slot, (values, keys, headers_list, timestamps) in per_partition.items():
+                stored += _append(logs[slot], values, keys, headers_list, timestamps)
+            if error is not None:
+                raise error
+        for log in logs:
+            log.flush()
+    if args.verbose:
+        print(f"seglogfs: stored {stored} records in topic {args.topic}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _append(log: PartitionLog, values: list, keys: list, headers: list, timestamps: list) -> int:
+    if not values:
+        return 0
+    now = now_ms()
+    stamps = [now if t is None else t for t in timestamps]
+    log.append_records(
+        values,
+        keys=None if all(k is None for k in keys) else keys,
+        headers=headers if any(headers) else None,
+        timestamps=stamps,
+        now_ms=now,
+    )
+    return len(values)
+
+
+# -- consume --------------------------------------------------------------------------------------
+def _start_offset(args: argparse.Namespace, log: PartitionLog) -> int:
+    if args.from_beginning:
+        return log.log_start_offset
+    if args.offset is not None:
+        if args.offset in ("earliest", "latest"):
+            return log.log_start_offset if args.offset == "earliest" else log.log_end_offset
+        try:
+            offset = int(args.offset)
+        except ValueError:
+            raise UsageError(f"--offset {args.offset!r}: expected a number, earliest or latest") from None
+        if offset < log.log_start_offset or offset > log.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"--offset of {log.topic}-{log.partition}", offset, log.log_start_offset, log.log_end_offset
+            )
+        return offset
+    if args.timestamp is not None:
+        found = log.offset_for_timestamp(parse_timestamp(args.timestamp))
+        return found.offset if found is not None else log.log_end_offset
+    return log.log_end_offset  # Kafka's default: only records that arrive from now on
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    config = _broker_config(args)
+    properties = _properties(args.property)
+    text_format = TextFormat.from_properties(properties) if args.format == "text" else None
+    if sum(x is not None and x is not False for x in (args.from_beginning or None, args.offset, args.timestamp)) > 1:
+        raise UsageError("give one of --from-beginning, --offset and --timestamp")
+    if args.timestamp is not None:
+        parse_timestamp(args.timestamp)  # fail before opening anything
+    count = 0
+    out = sys.stdout.buffer
+    with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
+        if args.partition is not None:
+            logs = [data_dir.partition(args.topic, args.partition)]
+        else:
+            logs = [data_dir.partition(args.topic, p) for p in data_dir.topics().get(args.topic, [])]
+            if not logs:
+                data_dir.partition(args.topic, 0)  # raises the unknown-topic error
+            if args.offset is not None and len(logs) > 1:
+                raise UsageError(f"--offset needs --partition: topic {args.topic!r} has {len(logs)} partitions")
+        try:
+            for log in logs:
+                start = _start_offset(args, log)
+                for record in log.records(start):
+                    if args.max_messages is not None and count >= args.max_messages:
+                        break
+                    if text_format is not None:
+                        out.write(text_format.render(record, log.partition))
+                    else:
+                        out.write(record_to_json(record, log.topic, log.partition).encode("utf-8") + b"\n")
+                    count += 1
+            out.flush()
+        except BrokenPipeError:
+            _quiet_broken_pipe()
+            return EXIT_OK
+    print(f"Processed a total of {count} messages", file=sys.stderr)
+    return EXIT_OK
+
+
+def _quiet_broken_pipe() -> None:
+    # The reader went away (`| head`): stop quietly, as a Unix tool does.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+# -- check ----------------------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _broker_config(args)
+    dirs = list(config.log_dirs)
+    total = sum(p.stat().st_size for d in dirs if d.is_dir() for p in d.glob("*/*.log"))
+    with Progress("checking", total) as progress:
+        report = check_log_dirs(dirs, progress.advance)
+    for log_dir, pid in report.in_use_by.items():
+        holder = f"process {pid}" if pid else "another process"
+        print(f"seglogfs: {log_dir} is in use by {holder}: checked as a reader sees it", file=sys.stderr)
+    for problem in report.problems:
+        print(problem)
+    if report.problems and args.repair:
+        if report.in_use_by:
+            print("seglogfs: not repairing a data dir that another process holds", file=sys.stderr)
+            return EXIT_LOCKED
+        with DataDir.open(config, recover_all=True, now_ms=now_ms()):
+            pass
+        print(f"repaired: recovered every segment ({len(report.problems)} problems found before)")
+        with Progress("re-checking", total) as progress:
+            report = check_log_dirs(dirs, progress.advance)
+        for problem in report.problems:
+            print(f"still: {problem}")
+    summary = (
+        f"{report.partitions} partitions, {report.segments} segments, {report.batches} batches, "
+        f"{report.records} records, {report.bytes} bytes: "
+        + ("clean" if report.clean else f"{len(report.problems)} problems")
+    )
+    print(summary)
+    return EXIT_OK if report.clean else EXIT_CHECK_FAILED
+
+
+# -- entry point ----------------------------------------------------------------------------------
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("datadir", metavar="DATADIR", help="log dir, or several separated by commas (log.dirs)")
+    parser.add_argument("-c", "--config", type=Path, metavar="server.properties", help="broker properties file")
+    parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a config setting (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seglogfs",
+        description="Partitioned logs in Apache Kafka's on-disk format.",
+        epilog="Exit codes: 0 ok, 1 bad data or input, 2 bad command line, 3 data dir locked, 4 check found problems.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    produce = commands.add_parser("produce", help="append stdin lines as records (kafka-console-producer)")
+    _add_common(produce)
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--partition", type=int)
+    produce.add_argument("--format", choices=("text", "jsonl"), default="text")
+    produce.add_argument(
+        "--property", action="append", metavar="KEY=VALUE", help="parse.key, key.separator, null.marker"
+    )
+    produce.add_argument("-v", "--verbose", action="store_true", help="say how many records were stored")
+    produce.set_defaults(handler=cmd_produce)
+
+    consume = commands.add_parser("consume", help="print records (kafka-console-consumer)")
+    _add_common(consume)
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--partition", type=int)
+    consume.add_argument("--from-beginning", action="store_true")
+    consume.add_argument("--offset", help="offset to start from (needs --partition), earliest or latest")
+    consume.add_argument("--timestamp", help="start at the first record at or after this time (epoch ms or ISO-8601)")
+    consume.add_argument("--max-messages", type=int)
+    consume.add_argument("--format", choices=("text", "jsonl"), default="text")
+    consume.add_argument(
+        "--property",
+        action="append",
+        metavar="KEY=VALUE",
+        help="print.key, print.offset, print.timestamp, print.partition, print.headers, "
+        "key.separator, line.separator, null.literal",
+    )
+    consume.set_defaults(handler=cmd_consume)
+
+    dump_parser = commands.add_parser("dump", help="print segment, index and time index files (kafka-dump-log)")
+    dump.add_arguments(dump_parser)
+    dump_parser.set_defaults(handler=dump.cmd_dump)
+
+    check = commands.add_parser("check", help="verify every batch, index and checkpoint")
+    _add_common(check)
+    check.add_argument("--repair", action="store_true", help="recover every segment: cut torn tails, rebuild indexes")
+    check.set_defaults(handler=cmd_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except UsageError as error:
+        print(f"seglogfs: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except LogDirLockedError as error:
+        print(f"seglogfs: {error}", file=sys.stderr)
+        return EXIT_LOCKED
+    except (ConfigError, InvalidRecordError, EngineError) as error:
+        print(f"seglogfs: {error}", file=sys.stderr)
+        return EXIT_DATA
+    except OSError as error:
+        where = f" {error.filename}" if error.filename else ""
+        print(f"seglogfs:{where}: {error.strerror or error}", file=sys.stderr)
+        return EXIT_DATA
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
