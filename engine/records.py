@@ -305,6 +305,21 @@ def decode_records(
     return records
 
 
+def offset_of_max_timestamp(header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+    """The offset a time-index entry gives for a batch's max timestamp, as Kafka 3.x brokers
+    write it: the first record carrying the max for an uncompressed batch, the last offset for a
+    compressed one (the broker does not decompress to look). Broker data (`fixtures/kafka`) shows
+    both. Decodes only an uncompressed batch whose timestamps are not all equal."""
+    if header.compression is not CompressionType.NONE or header.records_count <= 1:
+        return header.last_offset
+    if header.base_timestamp == header.max_timestamp or header.timestamp_type is TimestampType.LOG_APPEND_TIME:
+        return header.base_offset  # the first record already carries the max
+    for record in decode_records(header, batch, include_control=True):
+        if record.timestamp == header.max_timestamp:
+            return record.offset
+    return header.last_offset
+
+
 def control_type(record: Record) -> ControlType | None:
     """The marker type of a control record (key = int16 version, int16 type), or None."""
     if record.key is None or len(record.key) < 4:

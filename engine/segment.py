@@ -4,9 +4,9 @@ The `.log` file is a plain sequence of v2 batches (see `engine.records`), the ba
 file name. The segment appends whole batches and keeps Kafka's index rules:
 
 * an offset-index entry (batch last offset, batch start position) and a time-index entry
-  (max timestamp so far, the last offset of the batch that holds it) are added for a batch when
-  more than `index.interval.bytes` were appended since the last entry — so the first batch of a
-  segment is never indexed;
+  (max timestamp so far, the offset that holds it: see `offset_of_max_timestamp`) are added for a
+  batch when more than `index.interval.bytes` were appended since the last entry — so the first
+  batch of a segment is never indexed;
 * a time-index entry is only added when its timestamp is above the last one;
 * when the segment stops being active (roll, close) a last time-index entry (segment max
   timestamp, its offset) is added and both indexes are trimmed to their entries.
@@ -30,7 +30,14 @@ from pathlib import Path
 from engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError
 from engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset
 from engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
-from engine.records import BATCH_OVERHEAD_BYTES, LOG_OVERHEAD_BYTES, BatchHeader, check_batch, decode_records
+from engine.records import (
+    BATCH_OVERHEAD_BYTES,
+    LOG_OVERHEAD_BYTES,
+    BatchHeader,
+    check_batch,
+    decode_records,
+    offset_of_max_timestamp,
+)
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
 _MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
@@ -359,9 +366,11 @@ class LogSegment:
         self._size += len(data)
         offset_index, time_index = self.offset_index, self.time_index
         max_so_far = self.max_timestamp_so_far
+        view = memoryview(data)
         for header in headers:
             if header.max_timestamp > max_so_far.timestamp:
-                max_so_far = TimestampOffset(header.max_timestamp, header.last_offset)
+                batch = view[header.position : header.next_position]
+                max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
             if self._bytes_since_last_index_entry > self.index_interval_bytes:
                 offset_index.append(header.last_offset, physical_position)
                 time_index.maybe_append(max_so_far.timestamp, max_so_far.offset)
@@ -390,7 +399,7 @@ class LogSegment:
             ):
                 break
             if header.max_timestamp > max_so_far.timestamp:
-                max_so_far = TimestampOffset(header.max_timestamp, header.last_offset)
+                max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
             if valid_bytes - last_index_entry > self.index_interval_bytes:
                 if offset_index.is_full or time_index.is_full:
                     offset_index.resize(offset_index.file_length + self.max_index_bytes)

@@ -1,0 +1,64 @@
+"""Shared test fixtures: temporary data dirs, configs, the broker fixtures, a strict log check."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine import BrokerConfig, DataDir
+from engine.check import check_log_dirs
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+KAFKA_FIXTURES = SHARED / "fixtures" / "kafka"
+NOW_MS = 1_763_800_000_000  # 2025-11-22T08:26:40Z: a fixed "now" for deterministic tests
+
+
+def kafka_fixtures() -> Path:
+    """The real broker data dirs; their absence is an error, never a skip."""
+    if not (KAFKA_FIXTURES / "INDEX_EXACT.txt").exists():
+        raise RuntimeError(f"broker fixtures not found at {KAFKA_FIXTURES} (shared/ must sit beside the repo)")
+    return KAFKA_FIXTURES
+
+
+def broker_config(log_dir: Path, **overrides: object) -> BrokerConfig:
+    """A BrokerConfig for `log_dir` with broker-level overrides given as keyword arguments,
+    underscores for dots: `broker_config(d, log_segment_bytes=1024)`."""
+    items = [f"{key.replace('_', '.')}={value}" for key, value in overrides.items()]
+    return BrokerConfig.load(overrides=items, log_dirs=[log_dir])
+
+
+def assert_log_dir_valid(log_dir: Path) -> None:
+    """What `seglogfs check` reports must be nothing."""
+    report = check_log_dirs([log_dir])
+    assert report.clean, "\n".join(str(p) for p in report.problems)
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "logs"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def data_dir(log_dir: Path) -> Iterator[DataDir]:
+    """A writable data dir with small segments; checked for validity after the test."""
+    opened = DataDir.open(broker_config(log_dir, log_segment_bytes=4096, log_index_interval_bytes=128), now_ms=NOW_MS)
+    yield opened
+    opened.close()
+    assert_log_dir_valid(log_dir)
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_unexpected_warnings(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """A test fails on a WARNING (or worse) it did not expect to be logged."""
+    caplog.set_level(logging.WARNING)
+    yield
+    unexpected = [
+        r for r in caplog.get_records("call") if r.levelno >= logging.WARNING and not getattr(r, "expected", False)
+    ]
+    assert not unexpected, f"unexpected log warnings: {[r.getMessage() for r in unexpected]}"

@@ -1,0 +1,533 @@
+"""The partition log and its loader: Kafka's log-level cases A, D and E (KAFKA_CASES.md)."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from engine import (
+    BrokerConfig,
+    DataDir,
+    InvalidRecordError,
+    OffsetOutOfRangeError,
+    PartitionLog,
+    RecordTooLargeError,
+)
+from engine.config import LogConfig, apply_topic_overrides
+from engine.records import BatchHeader, build_batch
+from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
+
+
+def make_log(directory: Path, **topic_overrides: object) -> PartitionLog:
+    config = apply_topic_overrides(
+        BrokerConfig.load(log_dirs=[directory.parent]).topic_defaults,
+        {key.replace("_", "."): str(value) for key, value in topic_overrides.items()},
+    )
+    return PartitionLog.create(directory, "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
+
+
+def reopen(log: PartitionLog, *, clean: bool, recovery_point: int | None = None) -> PartitionLog:
+    directory, config = log.directory, log.config
+    point = log.recovery_point if recovery_point is None else recovery_point
+    if clean:
+        log.close()
+    else:
+        for segment in log.segments:  # drop the handles without the clean-close work
+            segment.close_handlers()
+    return PartitionLog.open(
+        directory, "t", 0, config, writable=True, clean_shutdown=clean, recovery_point=point, now_ms=NOW_MS
+    )
+
+
+@pytest.fixture
+def part_dir(log_dir: Path) -> Path:
+    return log_dir / "t-0"
+
+
+def values_of(log: PartitionLog, start: int = 0) -> list[bytes | None]:
+    return [record.value for record in log.records(start)]
+
+
+# -- A. append and read ---------------------------------------------------------------------------
+def test_sequential_single_record_appends_read_back_one_by_one(part_dir: Path) -> None:
+    # Case 9: tiny segments, every offset readable with a 1-byte read (min one message).
+    log = make_log(part_dir, segment_bytes=71)
+    for i in range(50):
+        log.append_records([str(i).encode()], now_ms=NOW_MS + i)
+    assert len(log.segments) > 10
+    for i in range(50):
+        fetched = log.read(i, 1)
+        header = BatchHeader.parse(fetched.data)
+        assert header.last_offset == i
+        (record,) = list(log.records(i, i + 1))
+        assert record.key is None and record.value == str(i).encode()
+    assert log.read(50, 1000).data == b""
+    log.close()
+
+
+def test_non_sequential_offsets_read_the_next_record(part_dir: Path) -> None:
+    # Case 10: a follower appends offsets 0..49 then 50, 57, ..., reads return the smallest offset ≥ i.
+    log = make_log(part_dir)
+    offsets = list(range(50)) + list(range(50, 200, 7))
+    for offset in offsets:
+        batch = build_batch([f"v{offset}".encode()], timestamps=NOW_MS, base_offset=offset)
+        log.append_batches(batch, assign_offsets=False, now_ms=NOW_MS)
+    for target in range(50, offsets[-1] + 1):
+        expected = next(o for o in offsets if o >= target)
+        for max_bytes in (1, 100, 100_000):
+            header = BatchHeader.parse(log.read(target, max_bytes).data)
+            assert header.base_offset == expected
+    log.close()
+
+
+def test_read_with_too_small_max_length(part_dir: Path) -> None:
+    # Case 11: max length 0 without min-one-message → nothing; 1 byte → exactly 1 byte.
+    log = make_log(part_dir)
+    log.append_records([b"hello"], now_ms=NOW_MS)
+    assert log.read(0, 0, min_one_message=False).data == b""
+    assert len(log.read(0, 1, min_one_message=False).data) == 1
+    log.close()
+
+
+def test_read_out_of_range(part_dir: Path) -> None:
+    # Case 13: log starting at 1024 with one record: 1025 reads nothing, 0 and 1026 are out of range.
+    log = make_log(part_dir)
+    log.truncate_fully_and_start_at(1024, NOW_MS)
+    log.append_records([b"only"], now_ms=NOW_MS)
+    assert log.read(1025, 1000).data == b""
+    for offset in (0, 1023, 1026):
+        with pytest.raises(OffsetOutOfRangeError, match=f"offset {offset} is out of range"):
+            log.read(offset, 1000)
+    log.close()
+
+
+def test_compressed_batches_are_read_whole(part_dir: Path) -> None:
+    # Case 14: reading any offset of a compressed batch returns the batch from its first record.
+    from engine.compression import CompressionType
+
+    log = make_log(part_dir)
+    log.append_records([b"a", b"b"], now_ms=NOW_MS, compression=CompressionType.GZIP)
+    log.append_records([b"c", b"d"], now_ms=NOW_MS, compression=CompressionType.GZIP)
+    for target, first in ((0, 0), (1, 0), (2, 2), (3, 2)):
+        assert BatchHeader.parse(log.read(target, 1000).data).base_offset == first
+    assert values_of(log, 1) == [b"b", b"c", b"d"]
+    log.close()
+
+
+def test_size_checks(part_dir: Path) -> None:
+    # Case 16: a batch above max.message.bytes or segment.bytes is refused, nothing stored.
+    log = make_log(part_dir, max_message_bytes=500, segment_bytes=400)
+    with pytest.raises(RecordTooLargeError, match="max.message.bytes=500"):
+        log.append_records([b"x" * 600], now_ms=NOW_MS)
+    with pytest.raises(RecordTooLargeError, match="segment.bytes=400"):
+        log.append_batches(build_batch([b"y" * 420], timestamps=NOW_MS), assign_offsets=True, now_ms=NOW_MS)
+    assert log.log_end_offset == 0 and log.size_in_bytes() == 0
+    log.append_records([b"small"], now_ms=NOW_MS)
+    assert values_of(log) == [b"small"]
+    log.close()
+
+
+def test_many_records_split_into_batches_within_max_message_bytes(part_dir: Path) -> None:
+    log = make_log(part_dir, max_message_bytes=1000)
+    info = log.append_records([b"%04d" % i * 10 for i in range(200)], now_ms=NOW_MS)
+    assert info.records == 200 and info.batches > 1
+    assert all(h.size_in_bytes <= 1000 for s in log.segments for h in s.iter_headers())
+    assert values_of(log) == [b"%04d" % i * 10 for i in range(200)]
+    log.close()
+
+
+def test_compacted_topic_refuses_records_without_key(part_dir: Path) -> None:
+    # Case 17: the error names the record's index; keyed batches pass.
+    log = make_log(part_dir, cleanup_policy="compact")
+    with pytest.raises(InvalidRecordError, match="record 1, which has no key"):
+        log.append_records([b"a", b"b"], keys=[b"k", None], now_ms=NOW_MS)
+    from engine.compression import CompressionType
+
+    unkeyed = build_batch([b"a"], timestamps=NOW_MS, compression=CompressionType.GZIP)
+    with pytest.raises(InvalidRecordError, match="record 0"):
+        log.append_batches(unkeyed, assign_offsets=True, now_ms=NOW_MS)
+    log.append_records([b"a", b"b"], keys=[b"k1", b"k2"], now_ms=NOW_MS)
+    assert log.log_end_offset == 2
+    log.close()
+
+
+def test_follower_append_below_log_end_is_refused(part_dir: Path) -> None:
+    # Case 18: offsets going backwards or starting below the log end offset.
+    log = make_log(part_dir)
+    log.append_records([b"a", b"b", b"c"], now_ms=NOW_MS)
+    with pytest.raises(InvalidRecordError, match="below the expected offset 3"):
+        log.append_batches(build_batch([b"x"], timestamps=NOW_MS, base_offset=1), assign_offsets=False, now_ms=NOW_MS)
+    two = build_batch([b"p"], timestamps=NOW_MS, base_offset=10) + build_batch([b"q"], timestamps=NOW_MS, base_offset=5)
+    with pytest.raises(InvalidRecordError, match="below the expected offset 11"):
+        log.append_batches(two, assign_offsets=False, now_ms=NOW_MS)
+    assert log.log_end_offset == 3
+    log.close()
+
+
+def test_corrupt_input_batch_is_refused_whole(part_dir: Path) -> None:
+    log = make_log(part_dir)
+    good = build_batch([b"fine"], timestamps=NOW_MS)
+    bad = bytearray(build_batch([b"broken"], timestamps=NOW_MS))
+    bad[-1] ^= 0xFF
+    with pytest.raises(Exception, match="CRC-32C mismatch"):
+        log.append_batches(good + bytes(bad), assign_offsets=True, now_ms=NOW_MS)
+    assert log.log_end_offset == 0
+    log.close()
+
+
+def test_reads_bounded_by_max_offset(part_dir: Path) -> None:
+    # Case 20: start < max returns records; start == max returns none.
+    log = make_log(part_dir)
+    for i in range(5):
+        log.append_records([bytes([65 + i])], now_ms=NOW_MS)
+    assert log.read(1, 10_000, max_offset=3).data != b""
+    assert values_of(log, 1)[:2] == [b"B", b"C"]
+    assert list(log.records(1, 3)) == list(log.records(1))[:2]
+    assert log.read(3, 10_000, max_offset=3).data == b""
+    log.close()
+
+
+# -- D. roll conditions ----------------------------------------------------------------------------
+def test_size_based_roll(part_dir: Path) -> None:
+    # Case 46: segment.bytes = 10 batches - 10 bytes → 11 appends make 2 segments.
+    batch_size = len(build_batch([b"0123456789"], timestamps=NOW_MS))
+    log = make_log(part_dir, segment_bytes=10 * batch_size - 10)
+    for _ in range(11):
+        log.append_records([b"0123456789"], now_ms=NOW_MS)
+    assert [s.base_offset for s in log.segments] == [0, 9]
+    log.close()
+
+
+def test_time_based_roll_uses_record_timestamps(part_dir: Path) -> None:
+    # Case 47: roll when (new batch max timestamp − first batch timestamp) > segment.ms.
+    hour = 3_600_000
+    log = make_log(part_dir, segment_ms=hour)
+    log.append_records([b"a"], timestamps=[NOW_MS], now_ms=NOW_MS)
+    log.append_records([b"b"], timestamps=[NOW_MS], now_ms=NOW_MS + 2 * hour)  # old timestamp: no roll
+    assert len(log.segments) == 1
+    log.append_records([b"c"], timestamps=[NOW_MS + hour + 1], now_ms=NOW_MS + 2 * hour)
+    assert [s.base_offset for s in log.segments] == [0, 2]
+    log.close()
+
+
+def test_empty_segment_never_rolls_for_age(part_dir: Path) -> None:
+    # Case 47/49: appending to an empty segment never rolls, however old it is.
+    log = make_log(part_dir, segment_ms=1)
+    log.append_records([b"a"], now_ms=NOW_MS + 10_000)
+    assert len(log.segments) == 1
+    log.close()
+
+
+def test_roll_jitter_shortens_each_segment_by_its_own_amount(part_dir: Path) -> None:
+    # Case 48: each segment rolls after segment.ms minus its jitter, never before.
+    hour = 3_600_000
+    log = make_log(part_dir, segment_ms=hour, segment_jitter_ms=hour // 3)
+    log._rng = random.Random(7)
+    log.append_records([b"a"], timestamps=[NOW_MS], now_ms=NOW_MS)
+    rolled = log.roll(NOW_MS)
+    jitter = rolled.roll_jitter_ms
+    assert 0 <= jitter < hour // 3
+    log.append_records([b"b"], timestamps=[NOW_MS], now_ms=NOW_MS)
+    log.append_records([b"c"], timestamps=[NOW_MS + hour - jitter], now_ms=NOW_MS)
+    assert len(log.segments) == 2
+    log.append_records([b"d"], timestamps=[NOW_MS + hour - jitter + 1], now_ms=NOW_MS)
+    assert len(log.segments) == 3
+    log.close()
+
+
+def test_full_index_rolls(part_dir: Path) -> None:
+    # An index with room for 3 entries (time index: 2, one slot reserved) forces rolls.
+    log = make_log(part_dir, segment_index_bytes=36, index_interval_bytes=1)
+    for i in range(20):
+        log.append_records([b"v%d" % i], timestamps=[NOW_MS + i], now_ms=NOW_MS)
+    assert len(log.segments) > 3
+    assert values_of(log) == [b"v%d" % i for i in range(20)]
+    log.close()
+
+
+def test_offset_overflow_rolls_to_a_new_base(part_dir: Path) -> None:
+    # Cases 31/49: offsets that do not fit relative to the base start a segment at the batch's first offset.
+    log = make_log(part_dir)
+    log.append_batches(build_batch([b"zero"], timestamps=NOW_MS, base_offset=0), assign_offsets=False, now_ms=NOW_MS)
+    far = build_batch([b"a", b"b", b"c"], timestamps=NOW_MS, base_offset=2**31 + 1)
+    log.append_batches(far, assign_offsets=False, now_ms=NOW_MS)
+    assert [s.base_offset for s in log.segments] == [0, 2**31 + 1]
+    reopened = reopen(log, clean=True)
+    assert reopened.log_end_offset == 2**31 + 4
+    assert [r.value for r in reopened.records(1)] == [b"a", b"b", b"c"]
+    reopened.close()
+
+
+def test_roll_of_empty_active_segment_returns_it(part_dir: Path) -> None:
+    # Case 51.
+    log = make_log(part_dir)
+    first = log.active_segment
+    assert log.roll(NOW_MS) is first and len(log.segments) == 1
+    log.append_records([b"x"], now_ms=NOW_MS)
+    assert log.roll(NOW_MS).base_offset == 1 == log.log_end_offset
+    log.close()
+
+
+def test_roll_flushes_and_moves_recovery_point(part_dir: Path) -> None:
+    # Case 15: after rolls the recovery point is at least the active segment's base.
+    log = make_log(part_dir, segment_bytes=100)
+    for i in range(30):
+        log.append_records([b"record-%d" % i], now_ms=NOW_MS)
+    assert log.recovery_point >= log.active_segment.base_offset > 0
+    log.close()
+
+
+# -- E. recovery and truncation ---------------------------------------------------------------------
+def test_corrupt_tail_of_log_and_index_is_cut(part_dir: Path) -> None:
+    # Case 56: garbage after valid data in .log and .index; unclean reopen keeps every record.
+    log = make_log(part_dir, index_interval_bytes=1)
+    for i in range(60):
+        log.append_records([b"value-%d" % i], keys=[b"k%d" % i], now_ms=NOW_MS + i)
+    before = [(r.offset, r.key, r.value, r.timestamp) for r in log.records(0)]
+    active = log.active_segment
+    log.flush()
+    for segment in log.segments:
+        segment.close_handlers()
+    with open(active.log_path, "ab") as handle:
+        handle.write(os.urandom(300))
+    with open(active.offset_index_path, "r+b") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.write(os.urandom(37))
+    reopened = PartitionLog.open(
+        part_dir, "t", 0, log.config, writable=True, clean_shutdown=False, recovery_point=50, now_ms=NOW_MS
+    )
+    assert reopened.log_end_offset == 60
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in reopened.records(0)] == before
+    reopened.close()
+    assert_log_dir_valid(part_dir.parent)
+
+
+@pytest.mark.parametrize("damage", ["delete", "two-spaces"])
+def test_index_rebuild(part_dir: Path, damage: str) -> None:
+    # Cases 57/58: indexes deleted or overwritten with 2 bytes are rebuilt on an unclean open.
+    log = make_log(part_dir, segment_bytes=600, index_interval_bytes=1)
+    for i in range(40):
+        log.append_records([b"value-%d" % i], timestamps=[NOW_MS + 10 * i], now_ms=NOW_MS)
+    log.close()
+    for path in list(part_dir.glob("*.index")) + list(part_dir.glob("*.timeindex")):
+        if damage == "delete":
+            path.unlink()
+        else:
+            path.write_bytes(b"  ")
+    reopened = PartitionLog.open(part_dir, "t", 0, log.config, writable=True, clean_shutdown=False, now_ms=NOW_MS)
+    assert all(s.offset_index.entries > 0 for s in reopened.segments[:-1])
+    assert values_of(reopened) == [b"value-%d" % i for i in range(40)]
+    assert reopened.offset_for_timestamp(NOW_MS).offset == 0
+    assert reopened.offset_for_timestamp(NOW_MS + 105).offset == 11
+    reopened.close()
+    assert_log_dir_valid(part_dir.parent)
+
+
+def test_bogus_index_files_and_deleted_leftovers_are_removed(part_dir: Path) -> None:
+    # Cases 59/60.
+    log = make_log(part_dir)
+    log.append_records([b"x"], now_ms=NOW_MS)
+    log.close()
+    (part_dir / "00000000000000000005.index").write_bytes(b"")
+    (part_dir / "00000000000000000005.timeindex").write_bytes(b"")
+    (part_dir / "00000000000000000007.log.deleted").write_bytes(b"old")
+    (part_dir / "00000000000000000007.index.deleted").write_bytes(b"")
+    reopened = PartitionLog.open(part_dir, "t", 0, log.config, writable=True, clean_shutdown=True, now_ms=NOW_MS)
+    names = sorted(p.name for p in part_dir.iterdir() if p.name[0].isdigit())
+    assert names == ["00000000000000000000.index", "00000000000000000000.log", "00000000000000000000.timeindex"]
+    reopened.close()
+
+
+def test_reopen_then_truncate(part_dir: Path) -> None:
+    # Case 61: the first segment holds offsets 0..3, later ones the rest.
+    log = make_log(part_dir, segment_bytes=300)
+    for i in range(20):
+        log.append_records([b"r%d" % i], now_ms=NOW_MS)
+    reopened = reopen(log, clean=True)
+    reopened.truncate_to(3, NOW_MS)
+    assert len(reopened.segments) == 1 and reopened.log_end_offset == 3
+    reopened.append_records([b"next"], now_ms=NOW_MS)
+    assert values_of(reopened) == [b"r0", b"r1", b"r2", b"next"]
+    reopened.close()
+
+
+def test_clean_shutdown_skips_recovery(part_dir: Path) -> None:
+    # Case 62: with the clean flag nothing is scanned (a torn tail would otherwise be cut).
+    log = make_log(part_dir)
+    log.append_records([b"a", b"b"], now_ms=NOW_MS)
+    log.close()
+    calls = []
+    from engine import segment as segment_module
+
+    original = segment_module.LogSegment.recover
+    segment_module.LogSegment.recover = lambda self: calls.append(self) or original(self)  # type: ignore[method-assign]
+    try:
+        reopened = PartitionLog.open(
+            part_dir, "t", 0, log.config, writable=True, clean_shutdown=True, recovery_point=0, now_ms=NOW_MS
+        )
+    finally:
+        segment_module.LogSegment.recover = original  # type: ignore[method-assign]
+    assert calls == [] and reopened.log_end_offset == 2
+    reopened.close()
+
+
+def test_recovery_point_survives_until_flush(part_dir: Path) -> None:
+    # Case 63.
+    log = make_log(part_dir)
+    for i in range(20):
+        log.append_records([b"%d" % i], now_ms=NOW_MS)
+    reopened = reopen(log, clean=False, recovery_point=10)
+    assert reopened.recovery_point == 10
+    reopened.flush()
+    assert reopened.recovery_point == 20
+    reopened.close()
+
+
+def test_log_end_below_start_after_reopen(part_dir: Path) -> None:
+    # Case 64: everything below the log start offset → one empty segment at the start.
+    log = make_log(part_dir, segment_bytes=100)
+    for i in range(6):
+        log.append_records([b"r%d" % i], now_ms=NOW_MS)
+    log.close()
+    reopened = PartitionLog.open(
+        part_dir, "t", 0, log.config, writable=True, clean_shutdown=True, log_start_offset=9, now_ms=NOW_MS
+    )
+    assert reopened.log_start_offset == reopened.log_end_offset == 9
+    assert [s.base_offset for s in reopened.segments] == [9]
+    reopened.close()
+
+
+def test_recover_with_empty_active_segment(part_dir: Path) -> None:
+    # Case 65: roll, unclean stop with an empty active segment without index files.
+    log = make_log(part_dir)
+    log.append_records([b"a", b"b"], now_ms=NOW_MS)
+    active = log.roll(NOW_MS)
+    log.flush()
+    for segment in log.segments:
+        segment.close_handlers()
+    active.offset_index_path.unlink(missing_ok=True)
+    active.time_index_path.unlink(missing_ok=True)
+    reopened = PartitionLog.open(
+        part_dir, "t", 0, log.config, writable=True, clean_shutdown=False, recovery_point=2, now_ms=NOW_MS
+    )
+    assert reopened.recovery_point == 2 and reopened.log_end_offset == 2
+    assert reopened.active_segment.time_index.entries == 0
+    assert reopened.active_segment.offset_index_path.exists()
+    reopened.close()
+
+
+def test_truncate_to(part_dir: Path) -> None:
+    # Case 71.
+    log = make_log(part_dir)
+    for i in range(10):
+        log.append_records([b"%d" % i], now_ms=NOW_MS)
+    size = log.size_in_bytes()
+    log.truncate_to(10, NOW_MS)
+    log.truncate_to(11, NOW_MS)
+    assert log.log_end_offset == 10 and log.size_in_bytes() == size
+    log.truncate_to(5, NOW_MS)
+    assert log.log_end_offset == 5 and log.size_in_bytes() < size
+    log.truncate_to(0, NOW_MS)
+    assert log.log_end_offset == 0 and log.size_in_bytes() == 0
+    log.truncate_fully_and_start_at(42, NOW_MS)
+    assert [s.base_offset for s in log.segments] == [42] and log.log_end_offset == 42
+    log.close()
+
+
+def test_truncate_across_segments(part_dir: Path) -> None:
+    # Case 72: 12 records, 3 per segment; truncate to 7 → 3 segments, active base 6, end 7.
+    size = len(build_batch([b"r00"], timestamps=NOW_MS))
+    log = make_log(part_dir, segment_bytes=3 * size)
+    for i in range(12):
+        log.append_records([b"r%02d" % i], now_ms=NOW_MS)
+    assert [s.base_offset for s in log.segments] == [0, 3, 6, 9]
+    log.truncate_to(7, NOW_MS)
+    assert [s.base_offset for s in log.segments] == [0, 3, 6] and log.log_end_offset == 7
+    log.append_records([b"seven"], now_ms=NOW_MS)
+    assert values_of(log, 6) == [b"r06", b"seven"]
+    log.close()
+
+
+def test_offset_for_timestamp_picks_first_record_at_or_after(part_dir: Path) -> None:
+    log = make_log(part_dir, segment_bytes=300, index_interval_bytes=1)
+    for i in range(30):
+        log.append_records([b"%d" % i], timestamps=[NOW_MS + 10 * i], now_ms=NOW_MS)
+    assert log.offset_for_timestamp(NOW_MS - 5).offset == 0
+    for i in range(30):
+        assert log.offset_for_timestamp(NOW_MS + 10 * i).offset == i
+        if i < 29:
+            assert log.offset_for_timestamp(NOW_MS + 10 * i + 1).offset == i + 1
+    assert log.offset_for_timestamp(NOW_MS + 1000) is None
+    log.close()
+
+
+# -- data dir, config --------------------------------------------------------------------------------
+def test_data_dir_creates_topics_and_survives_reopen(log_dir: Path) -> None:
+    config = broker_config(log_dir, num_partitions=3)
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("events", overrides={"segment.bytes": "2048"}, now_ms=NOW_MS)
+        assert data_dir.topics() == {"events": [0, 1, 2]}
+        assert data_dir.topic_config("events").segment_bytes == 2048
+        data_dir.partition("events", 1).append_records([b"x"], now_ms=NOW_MS)
+    assert (log_dir / ".kafka_cleanshutdown").exists()
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        assert not (log_dir / ".kafka_cleanshutdown").exists()
+        assert data_dir.topic_config("events").segment_bytes == 2048
+        assert data_dir.partition("events", 1).log_end_offset == 1
+    assert_log_dir_valid(log_dir)
+
+
+def test_config_precedence_follows_kafka() -> None:
+    config = BrokerConfig.load(overrides=["log.retention.hours=1", "log.retention.minutes=5"], log_dirs=[Path("/x")])
+    assert config.topic_defaults.retention_ms == 5 * 60_000
+    config = BrokerConfig.load(
+        overrides=["log.retention.ms=7", "log.retention.minutes=5", "log.roll.hours=2"], log_dirs=[Path("/x")]
+    )
+    assert config.topic_defaults.retention_ms == 7
+    assert config.topic_defaults.segment_ms == 2 * 3_600_000
+    defaults = LogConfig.__dataclass_fields__
+    assert "segment_bytes" in defaults
+    plain = BrokerConfig.load(log_dirs=[Path("/x")]).topic_defaults
+    assert (plain.segment_bytes, plain.index_interval_bytes, plain.segment_index_bytes) == (1 << 30, 4096, 10 << 20)
+    assert plain.retention_ms == 168 * 3_600_000 and plain.max_message_bytes == 1048588
+
+
+def test_server_properties_file_and_overrides(tmp_path: Path) -> None:
+    properties = tmp_path / "server.properties"
+    properties.write_text(
+        "# comment\nlog.dirs=/a,/b\nnum.partitions = 4\nlog.segment.bytes:2048\nlog.retention.hours=\\\n  2\n"
+    )
+    config = BrokerConfig.load(properties, ["num.partitions=6"])
+    assert config.log_dirs == (Path("/a"), Path("/b"))
+    assert config.num_partitions == 6
+    assert config.topic_defaults.segment_bytes == 2048
+    assert config.topic_defaults.retention_ms == 2 * 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("log.segment.bytes=lots", "--override log.segment.bytes: invalid value 'lots'"),
+        ("log.segment.bytes=10", "below the minimum of 14"),
+        ("log.cleanup.policy=shred", "expected delete, compact or both"),
+        ("novalue", "expected key=value"),
+    ],
+)
+def test_bad_config_names_key_and_source(override: str, message: str) -> None:
+    from engine import ConfigError
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        BrokerConfig.load(overrides=[override], log_dirs=[Path("/x")])
+
+
+def test_unknown_topic_config_is_refused(log_dir: Path) -> None:
+    from engine import ConfigError
+
+    with (
+        DataDir.open(broker_config(log_dir), now_ms=NOW_MS) as data_dir,
+        pytest.raises(ConfigError, match="unknown topic config 'segment.size'"),
+    ):
+        data_dir.create_topic("t", overrides={"segment.size": "1"}, now_ms=NOW_MS)

@@ -1,0 +1,171 @@
+"""The v2 batch codec against kafka-python's record classes, the independent oracle."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from engine import varint
+from engine.compression import CompressionType
+from engine.records import (
+    BatchHeader,
+    ControlType,
+    ProducerState,
+    TimestampType,
+    build_batch,
+    check_batch,
+    control_type,
+    decode_records,
+    set_log_append_time,
+)
+
+CODECS = list(CompressionType)
+
+
+def kafka_python_records(batch: bytes) -> tuple[DefaultRecordBatch, list[tuple]]:
+    parsed = DefaultRecordBatch(bytearray(batch))
+    assert parsed.validate_crc()  # kafka-python checks the CRC only before iterating
+    return parsed, [(r.offset, r.timestamp, r.key, r.value, [tuple(h) for h in r.headers]) for r in parsed]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.config_name)
+def test_batches_parse_with_kafka_python_with_valid_crc(codec: CompressionType) -> None:
+    values = [b"first", None, b"x" * 5000, "ünïcode".encode(), b""]
+    keys = [b"k1", None, b"k3", b"", b"k5"]
+    headers = [[("trace", b"abc")], [], [("a", None), ("b", b"")], [], [("h", b"\x00\xff")]]
+    timestamps = [1_700_000_000_000, 1_700_000_000_500, 1_699_999_999_000, 1_700_000_001_000, 1_700_000_000_000]
+    batch = build_batch(values, keys=keys, headers=headers, timestamps=timestamps, base_offset=1234, compression=codec)
+    parsed, records = kafka_python_records(batch)
+    assert parsed.compression_type == int(codec)
+    assert parsed.base_offset == 1234 and parsed.last_offset == 1238
+    assert parsed.max_timestamp == max(timestamps)
+    assert records == [
+        (1234 + i, timestamps[i], keys[i], values[i], [tuple(h) for h in headers[i]]) for i in range(len(values))
+    ]
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.config_name)
+def test_engine_decodes_what_kafka_python_encodes(codec: CompressionType) -> None:
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=int(codec),
+        is_transactional=False,
+        producer_id=7,
+        producer_epoch=1,
+        base_sequence=10,
+        batch_size=1 << 20,
+    )
+    expected = []
+    for i in range(50):
+        key = None if i % 7 == 0 else f"key-{i}".encode()
+        value = None if i % 11 == 0 else f"value-{i}".encode() * (i % 5 + 1)
+        headers = [("n", str(i).encode())] if i % 3 == 0 else []
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=key, value=value, headers=headers)
+        expected.append((i, 1_700_000_000_000 + i, key, value, tuple(headers)))
+    batch = bytes(builder.build())
+    header = BatchHeader.parse(batch)
+    assert check_batch(header, batch) is None
+    assert header.producer_id == 7 and header.producer_epoch == 1 and header.base_sequence == 10
+    assert header.last_sequence == 59
+    decoded = decode_records(header, batch)
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in decoded] == expected
+
+
+def test_uniform_and_ragged_paths_agree() -> None:
+    # Fixed-size values take the table path; one longer value forces the per-record path.
+    uniform = [b"abcd"] * 300
+    ragged = [b"abcd"] * 299 + [b"abcde"]
+    for values in (uniform, ragged):
+        batch = build_batch(values, timestamps=5)
+        parsed, records = kafka_python_records(batch)
+        assert [r[3] for r in records] == values
+
+
+def test_large_offset_and_timestamp_deltas_use_long_varints() -> None:
+    timestamps = [0, 2**40, 2**20]
+    batch = build_batch([b"a", b"b", b"c"], timestamps=timestamps, offset_deltas=[0, 5, 2**30])
+    parsed, records = kafka_python_records(batch)
+    assert [(r[0], r[1]) for r in records] == [(0, 0), (5, 2**40), (2**30, 2**20)]
+
+
+def test_producer_and_transaction_fields() -> None:
+    producer = ProducerState(producer_id=42, producer_epoch=3, base_sequence=100, is_transactional=True)
+    batch = build_batch([b"a", b"b"], timestamps=1, producer=producer, partition_leader_epoch=9)
+    parsed = DefaultRecordBatch(bytearray(batch))
+    assert (parsed.producer_id, parsed.producer_epoch, parsed.base_sequence) == (42, 3, 100)
+    assert parsed.is_transactional and not parsed.is_control_batch
+    header = BatchHeader.parse(batch)
+    assert header.partition_leader_epoch == 9 and header.is_transactional
+
+
+def test_control_batches_hold_no_user_records() -> None:
+    key = struct.pack(">hh", 0, ControlType.COMMIT)
+    value = struct.pack(">hi", 0, 5)
+    batch = build_batch(
+        [value], keys=[key], timestamps=1, is_control=True, producer=ProducerState(1, 0, -1, is_transactional=True)
+    )
+    header = BatchHeader.parse(batch)
+    assert header.is_control and check_batch(header, batch) is None
+    assert decode_records(header, batch) == []
+    (marker,) = decode_records(header, batch, include_control=True)
+    assert control_type(marker) is ControlType.COMMIT
+    assert DefaultRecordBatch(bytearray(batch)).is_control_batch
+
+
+def test_log_append_time_stamps_every_record_with_the_batch_time() -> None:
+    batch = bytearray(build_batch([b"a", b"b"], timestamps=[10, 20]))
+    set_log_append_time(batch, 99_000)
+    header = BatchHeader.parse(batch)
+    assert check_batch(header, batch) is None
+    assert header.timestamp_type is TimestampType.LOG_APPEND_TIME
+    assert [r.timestamp for r in decode_records(header, batch)] == [99_000, 99_000]
+    assert DefaultRecordBatch(batch).validate_crc()
+
+
+@pytest.mark.parametrize(
+    ("position", "reason"),
+    [(16, "unsupported magic"), (17, "CRC-32C mismatch"), (30, "CRC-32C mismatch"), (70, "CRC-32C mismatch")],
+)
+def test_check_batch_names_the_damage(position: int, reason: str) -> None:
+    batch = bytearray(build_batch([b"payload-bytes"] * 3, timestamps=1))
+    batch[position] ^= 0x01
+    header = BatchHeader.parse(batch)
+    found = check_batch(header, batch)
+    assert found is not None and reason in found
+
+
+def test_check_batch_detects_a_short_batch() -> None:
+    batch = build_batch([b"payload"], timestamps=1)
+    header = BatchHeader.parse(batch)
+    assert "cut short" in (check_batch(header, batch[:-1]) or "")
+
+
+@given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_varint_round_trip(value: int) -> None:
+    encoded = varint.encode(value)
+    assert varint.decode(encoded, 0) == (value, len(encoded))
+    table, sizes = varint.encode_many(__import__("numpy").array([value], dtype="int64"))
+    assert bytes(table[0, : sizes[0]]) == encoded
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.binary(max_size=40)), st.one_of(st.none(), st.binary(max_size=300))),
+        min_size=1,
+        max_size=40,
+    ),
+    st.sampled_from(CODECS),
+)
+def test_random_batches_round_trip_through_kafka_python(pairs: list, codec: CompressionType) -> None:
+    keys = [k for k, _ in pairs]
+    values = [v for _, v in pairs]
+    batch = build_batch(values, keys=keys, timestamps=list(range(len(pairs))), compression=codec, base_offset=3)
+    parsed, records = kafka_python_records(batch)
+    assert [(r[2], r[3]) for r in records] == pairs
+    header = BatchHeader.parse(batch)
+    assert [(r.key, r.value) for r in decode_records(header, batch)] == pairs
