@@ -310,8 +310,10 @@ class OffsetIndex(_MappedIndex):
         """Remove every entry with offset ≥ `offset`."""
         with self._lock:
             view = self._view()
-            relative = max(-1, min(offset - self.base_offset, _INT32_MAX))
-            keep = int(np.searchsorted(view["relative_offset"], np.int32(relative), side="left"))
+            relative = offset - self.base_offset
+            if relative > _INT32_MAX:
+                return  # every entry is below an offset past the relative range
+            keep = int(np.searchsorted(view["relative_offset"], np.int32(max(relative, -1)), side="left"))
             self._truncate_entries_locked(keep)
 
     def sanity_check(self, log_size_bytes: int | None = None) -> None:
@@ -406,8 +408,10 @@ class TimeIndex(_MappedIndex):
         """Remove every entry with offset ≥ `offset`."""
         with self._lock:
             view = self._view()
-            relative = max(-1, min(offset - self.base_offset, _INT32_MAX))
-            keep = int(np.searchsorted(view["relative_offset"], np.int32(relative), side="left"))
+            relative = offset - self.base_offset
+            if relative > _INT32_MAX:
+                return  # every entry is below an offset past the relative range
+            keep = int(np.searchsorted(view["relative_offset"], np.int32(max(relative, -1)), side="left"))
             self._truncate_entries_locked(keep)
 
     def sanity_check(self) -> None:

@@ -454,11 +454,11 @@ class LogSegment:
         self.time_index.truncate_to(offset)
         self.offset_index.resize(self.max_index_bytes)
         self.time_index.resize(self.max_index_bytes)
-        if header is None:
-            return 0
-        removed = self._size - header.position
-        os.ftruncate(self._fd, header.position)
-        self._size = header.position
+        removed = 0
+        if header is not None:
+            removed = self._size - header.position
+            os.ftruncate(self._fd, header.position)
+            self._size = header.position
         if self._size == 0:
             self.created_ms = now_ms
             self._rolling_based_timestamp = None
