@@ -323,13 +323,14 @@ class OffsetIndex(_MappedIndex):
             if self._length % self._entry_bytes:
                 raise CorruptIndexError(self.name, f"{self._length} bytes is not a multiple of {self._entry_bytes}")
             view = self._view()
-            if len(view) == 0:
-                return
             offsets = view["relative_offset"].astype(np.int64)
             positions = view["position"].astype(np.int64)
+            del view  # no view of the mapping may outlive this call (an error's traceback would keep it)
+            if len(offsets) == 0:
+                return
             if offsets[0] < 0:
                 raise CorruptIndexError(self.name, f"first entry's relative offset {offsets[0]} is negative")
-            if len(view) > 1 and (np.any(np.diff(offsets) <= 0) or np.any(np.diff(positions) < 0)):
+            if len(offsets) > 1 and (np.any(np.diff(offsets) <= 0) or np.any(np.diff(positions) < 0)):
                 raise CorruptIndexError(self.name, "entries are out of order")
             if positions[0] < 0 or (log_size_bytes is not None and positions[-1] >= max(log_size_bytes, 1)):
                 raise CorruptIndexError(self.name, f"position {positions[-1]} lies outside the log")
@@ -421,11 +422,12 @@ class TimeIndex(_MappedIndex):
             if self._length % self._entry_bytes:
                 raise CorruptIndexError(self.name, f"{self._length} bytes is not a multiple of {self._entry_bytes}")
             view = self._view()
-            if len(view) == 0:
-                return
             timestamps = view["timestamp"].astype(np.int64)
             offsets = view["relative_offset"].astype(np.int64)
+            del view
+            if len(offsets) == 0:
+                return
             if offsets[0] < 0:
                 raise CorruptIndexError(self.name, f"first entry's relative offset {offsets[0]} is negative")
-            if len(view) > 1 and (np.any(np.diff(timestamps) <= 0) or np.any(np.diff(offsets) < 0)):
+            if len(offsets) > 1 and (np.any(np.diff(timestamps) <= 0) or np.any(np.diff(offsets) < 0)):
                 raise CorruptIndexError(self.name, "entries are out of order")

@@ -150,10 +150,11 @@ class LogSegment:
                     time_index.resize(self.max_index_bytes)
                 return
             except (CorruptIndexError, OSError):
-                if self.writable:
-                    self.recover()
-                    return
-                self._close_indexes()
+                pass  # handled below, once the error (and what its traceback holds) is gone
+            if self.writable:
+                self.recover()
+                return
+            self._close_indexes()
         # Read-only and no usable index files: build the indexes in memory from the log.
         self._offset_index = OffsetIndex(None, self.base_offset, self.max_index_bytes, writable=True)
         self._time_index = TimeIndex(None, self.base_offset, self.max_index_bytes, writable=True)
@@ -295,9 +296,9 @@ class LogSegment:
         last = self.time_index.last_entry()
         best = last
         position = self.offset_index.lookup(last.offset).position
-        for header in self._iter_headers_only(position):
+        for header, batch in self.iter_batches(position):
             if header.max_timestamp > best.timestamp:
-                best = TimestampOffset(header.max_timestamp, header.last_offset)
+                best = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
         return best
 
     @property
@@ -362,10 +363,10 @@ class LogSegment:
         physical_position = self._size
         if physical_position == 0:
             self._rolling_based_timestamp = headers[0].max_timestamp
+        offset_index, time_index = self.offset_index, self.time_index
+        max_so_far = self.max_timestamp_so_far  # loaded (if need be) before the new batches exist
         _write_all(self._fd, data, physical_position)
         self._size += len(data)
-        offset_index, time_index = self.offset_index, self.time_index
-        max_so_far = self.max_timestamp_so_far
         view = memoryview(data)
         for header in headers:
             if header.max_timestamp > max_so_far.timestamp:

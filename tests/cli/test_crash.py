@@ -26,7 +26,9 @@ def run_until_killed(log_dir: Path, seed: int, delay_s: float) -> int:
     highest acknowledged log end offset (0 when none was acknowledged)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.cli.crash_writer", str(log_dir), str(seed)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     acked = 0
     try:

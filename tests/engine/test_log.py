@@ -120,9 +120,9 @@ def test_compressed_batches_are_read_whole(part_dir: Path) -> None:
 def test_size_checks(part_dir: Path) -> None:
     # Case 16: a batch above max.message.bytes or segment.bytes is refused, nothing stored.
     log = make_log(part_dir, max_message_bytes=500, segment_bytes=400)
-    with pytest.raises(RecordTooLargeError, match="max.message.bytes=500"):
+    with pytest.raises(RecordTooLargeError, match=r"max\.message\.bytes=500"):
         log.append_records([b"x" * 600], now_ms=NOW_MS)
-    with pytest.raises(RecordTooLargeError, match="segment.bytes=400"):
+    with pytest.raises(RecordTooLargeError, match=r"segment\.bytes=400"):
         log.append_batches(build_batch([b"y" * 420], timestamps=NOW_MS), assign_offsets=True, now_ms=NOW_MS)
     assert log.log_end_offset == 0 and log.size_in_bytes() == 0
     log.append_records([b"small"], now_ms=NOW_MS)
@@ -528,6 +528,6 @@ def test_unknown_topic_config_is_refused(log_dir: Path) -> None:
 
     with (
         DataDir.open(broker_config(log_dir), now_ms=NOW_MS) as data_dir,
-        pytest.raises(ConfigError, match="unknown topic config 'segment.size'"),
+        pytest.raises(ConfigError, match=r"unknown topic config 'segment\.size'"),
     ):
         data_dir.create_topic("t", overrides={"segment.size": "1"}, now_ms=NOW_MS)

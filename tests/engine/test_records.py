@@ -81,14 +81,14 @@ def test_uniform_and_ragged_paths_agree() -> None:
     ragged = [b"abcd"] * 299 + [b"abcde"]
     for values in (uniform, ragged):
         batch = build_batch(values, timestamps=5)
-        parsed, records = kafka_python_records(batch)
+        _parsed, records = kafka_python_records(batch)
         assert [r[3] for r in records] == values
 
 
 def test_large_offset_and_timestamp_deltas_use_long_varints() -> None:
     timestamps = [0, 2**40, 2**20]
     batch = build_batch([b"a", b"b", b"c"], timestamps=timestamps, offset_deltas=[0, 5, 2**30])
-    parsed, records = kafka_python_records(batch)
+    _parsed, records = kafka_python_records(batch)
     assert [(r[0], r[1]) for r in records] == [(0, 0), (5, 2**40), (2**30, 2**20)]
 
 
@@ -165,7 +165,7 @@ def test_random_batches_round_trip_through_kafka_python(pairs: list, codec: Comp
     keys = [k for k, _ in pairs]
     values = [v for _, v in pairs]
     batch = build_batch(values, keys=keys, timestamps=list(range(len(pairs))), compression=codec, base_offset=3)
-    parsed, records = kafka_python_records(batch)
+    _parsed, records = kafka_python_records(batch)
     assert [(r[2], r[3]) for r in records] == pairs
     header = BatchHeader.parse(batch)
     assert [(r.key, r.value) for r in decode_records(header, batch)] == pairs

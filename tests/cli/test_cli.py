@@ -1,0 +1,469 @@
+"""The `seglogfs` command line, run as a real process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import BrokerConfig, DataDir
+from engine.partitioner import partition_for_key
+from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
+
+SEGLOGFS = [sys.executable, "-m", "mount_tools.cli"]
+
+
+def run(*args: str, stdin: bytes = b"", check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    result = subprocess.run([*SEGLOGFS, *args], input=stdin, capture_output=True, cwd=REPO, timeout=120, check=False)
+    if check and result.returncode != 0:
+        raise AssertionError(f"seglogfs {' '.join(args)} exited {result.returncode}: {result.stderr.decode()}")
+    return result
+
+
+def digest(log_dir: Path) -> str:
+    """A hash of every segment file's bytes: what "nothing stored was lost or changed" means."""
+    h = hashlib.sha256()
+    for path in sorted(log_dir.glob("*/*.log")):
+        h.update(path.name.encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def filled(log_dir: Path) -> Path:
+    run("produce", str(log_dir), "--topic", "t", stdin=b"alpha\nbeta\ngamma\n")
+    return log_dir
+
+
+def test_produce_then_consume_text(log_dir: Path) -> None:
+    run(
+        "produce",
+        str(log_dir),
+        "--topic",
+        "t",
+        "--property",
+        "parse.key=true",
+        "--property",
+        "key.separator=:",
+        stdin=b"k1:one\nk2:two\n:empty-key\nk3:\nlast-without-newline:x",
+    )
+    result = run(
+        "consume",
+        str(log_dir),
+        "--topic",
+        "t",
+        "--from-beginning",
+        "--property",
+        "print.key=true",
+        "--property",
+        "print.offset=true",
+        "--property",
+        "key.separator=|",
+    )
+    assert result.stdout.splitlines() == [
+        b"Offset:0|k1|one",
+        b"Offset:1|k2|two",
+        b"Offset:2||empty-key",
+        b"Offset:3|k3|",
+        b"Offset:4|last-without-newline|x",
+    ]
+    assert b"Processed a total of 5 messages" in result.stderr
+    assert_log_dir_valid(log_dir)
+
+
+def test_console_consumer_field_order_and_null_literal(log_dir: Path) -> None:
+    run("produce", str(log_dir), "--topic", "t", "--property", "null.marker=NULL", stdin=b"NULL\nv\n")
+    result = run(
+        "consume",
+        str(log_dir),
+        "--topic",
+        "t",
+        "--from-beginning",
+        "--property",
+        "print.timestamp=true",
+        "--property",
+        "print.partition=true",
+        "--property",
+        "print.headers=true",
+        "--property",
+        "print.key=true",
+        "--property",
+        "null.literal=<none>",
+    )
+    first, second = result.stdout.splitlines()
+    fields = first.split(b"\t")
+    assert fields[0].startswith(b"CreateTime:") and fields[1:] == [b"Partition:0", b"NO_HEADERS", b"<none>", b"<none>"]
+    assert second.endswith(b"\t<none>\tv")
+
+
+def test_consume_defaults_to_the_log_end_like_kafka(filled: Path) -> None:
+    result = run("consume", str(filled), "--topic", "t")
+    assert result.stdout == b"" and b"Processed a total of 0 messages" in result.stderr
+
+
+def test_consume_from_offset_and_timestamp(filled: Path) -> None:
+    assert run("consume", str(filled), "--topic", "t", "--offset", "1").stdout == b"beta\ngamma\n"
+    assert run("consume", str(filled), "--topic", "t", "--offset", "3").stdout == b""
+    assert run("consume", str(filled), "--topic", "t", "--timestamp", "2000-01-01T00:00:00Z").stdout.count(b"\n") == 3
+    assert run("consume", str(filled), "--topic", "t", "--timestamp", "2999-01-01").stdout == b""
+    assert (
+        run("consume", str(filled), "--topic", "t", "--from-beginning", "--max-messages", "2").stdout
+        == b"alpha\nbeta\n"
+    )
+
+
+def test_jsonl_round_trips_binary_keys_values_and_headers(log_dir: Path) -> None:
+    lines = [
+        {"key": "k", "value": "text", "headers": [{"key": "h", "value": "x"}], "timestamp": 1_700_000_000_000},
+        {
+            "key": None,
+            "value": {"base64": "AP8Q"},
+            "headers": [{"key": "bin", "value": {"base64": "gA=="}}, {"key": "nul", "value": None}],
+        },
+        {"key": {"base64": "/w=="}, "value": None, "topic": "ignored", "offset": 99},
+    ]
+    stdin = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    run("produce", str(log_dir), "--topic", "j", "--format", "jsonl", stdin=stdin)
+    out = [
+        json.loads(line)
+        for line in run(
+            "consume", str(log_dir), "--topic", "j", "--from-beginning", "--format", "jsonl"
+        ).stdout.splitlines()
+    ]
+    assert [(o["key"], o["value"], o["headers"]) for o in out] == [
+        ("k", "text", [{"key": "h", "value": "x"}]),
+        (None, {"base64": "AP8Q"}, [{"key": "bin", "value": {"base64": "gA=="}}, {"key": "nul", "value": None}]),
+        ({"base64": "/w=="}, None, []),
+    ]
+    assert out[0]["timestamp"] == 1_700_000_000_000 and out[0]["timestampType"] == "CreateTime"
+    assert [o["offset"] for o in out] == [0, 1, 2] and {o["topic"] for o in out} == {"j"}
+
+
+def test_keyed_records_go_where_kafkas_partitioner_sends_them(log_dir: Path) -> None:
+    keys = [f"user-{i}" for i in range(40)]
+    run(
+        "produce",
+        str(log_dir),
+        "--topic",
+        "p",
+        "--override",
+        "num.partitions=4",
+        "--property",
+        "parse.key=true",
+        "--property",
+        "key.separator=:",
+        stdin="".join(f"{k}:v-{k}\n" for k in keys).encode(),
+    )
+    for partition in range(4):
+        result = run(
+            "consume",
+            str(log_dir),
+            "--topic",
+            "p",
+            "--partition",
+            str(partition),
+            "--from-beginning",
+            "--format",
+            "jsonl",
+        )
+        got = [json.loads(line)["key"] for line in result.stdout.splitlines()]
+        assert got == [k for k in keys if partition_for_key(k.encode(), 4) == partition]
+
+
+def test_dump_prints_kafka_dump_log_lines(filled: Path) -> None:
+    segment = filled / "t-0" / "00000000000000000000.log"
+    out = run("dump", "--print-data-log", str(segment)).stdout.decode().splitlines()
+    assert out[0] == f"Dumping {segment}" and out[1] == "Log starting offset: 0"
+    assert out[2].startswith(
+        "baseOffset: 0 lastOffset: 2 count: 3 baseSequence: -1 lastSequence: -1 producerId: -1 "
+        "producerEpoch: -1 partitionLeaderEpoch: 0 isTransactional: false isControl: false "
+        "deleteHorizonMs: OptionalLong.empty position: 0 CreateTime: "
+    )
+    assert out[2].endswith(
+        "magic: 2 compresscodec: none crc: " + out[2].split("crc: ")[1].split()[0] + " isvalid: true"
+    )
+    assert out[3].startswith("| offset: 0 CreateTime: ") and out[3].endswith(
+        "keySize: -1 valueSize: 5 sequence: -1 headerKeys: [] payload: alpha"
+    )
+    batches_only = run("dump", str(segment)).stdout.decode().splitlines()
+    assert len(batches_only) == 3
+    timeindex = run("dump", str(segment.with_suffix(".timeindex"))).stdout.decode().splitlines()
+    assert timeindex[1].startswith("timestamp: ") and timeindex[1].endswith(" offset: 0")
+
+
+def test_dump_of_index_entries(log_dir: Path) -> None:
+    # Index entries come within one session (the byte count since the last entry restarts at each
+    # open, as in Kafka), so the batches are appended in-process.
+    config = BrokerConfig.load(overrides=["log.index.interval.bytes=1"], log_dirs=[log_dir])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition_for_append("i", 0, now_ms=NOW_MS)[0]
+        for i in range(4):
+            log.append_records([b"line-%d" % i], now_ms=NOW_MS + i)
+    index = log_dir / "i-0" / "00000000000000000000.index"
+    out = run("dump", str(index)).stdout.decode().splitlines()
+    assert out[0] == f"Dumping {index}"
+    assert out[1:] == ["offset: 1 position: 74", "offset: 2 position: 148", "offset: 3 position: 222"]
+    assert run("dump", "--verify-index-only", str(index)).stdout.decode().splitlines() == [f"Dumping {index}"]
+    assert (
+        run("dump", "--index-sanity-check", str(index)).stdout.decode().splitlines()[1]
+        == f"{index} passed sanity check."
+    )
+
+
+def test_consume_reads_a_dir_another_process_holds(filled: Path) -> None:
+    with holder(filled) as pid:
+        result = run("consume", str(filled), "--topic", "t", "--from-beginning")
+        assert result.stdout == b"alpha\nbeta\ngamma\n"
+        locked = run("produce", str(filled), "--topic", "t", stdin=b"more\n", check=False)
+        assert locked.returncode == 3
+        assert f"in use by process {pid}".encode() in locked.stderr
+        checked = run("check", str(filled), check=False)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_consume_and_dump_work_on_a_read_only_copy(filled: Path, tmp_path: Path) -> None:
+    target = tmp_path / "ro"
+    target.mkdir()
+    subprocess.run(["mount", "--bind", str(filled), str(target)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(target)], check=True)
+        before = sorted(p.name for p in target.rglob("*"))
+        assert run("consume", str(target), "--topic", "t", "--from-beginning").stdout == b"alpha\nbeta\ngamma\n"
+        assert b"isvalid: true" in run("dump", str(target / "t-0" / "00000000000000000000.log")).stdout
+        assert sorted(p.name for p in target.rglob("*")) == before
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+class holder:
+    """Another process holding the data dir open for writing."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+
+    def __enter__(self) -> int:
+        code = (
+            "import sys, time\nfrom engine import BrokerConfig, DataDir\n"
+            f"d = DataDir.open(BrokerConfig.load(log_dirs=[{str(self.log_dir)!r}]), now_ms=0)\n"
+            "print('ready', flush=True)\nsys.stdin.read()\nd.close()\n"
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert self.process.stdout is not None and self.process.stdout.readline() == b"ready\n"
+        return self.process.pid
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        self.process.stdout.close()
+
+
+# -- bad input: one clear line, a non-zero exit, nothing stored lost ------------------------------------
+def corrupt_segment(log_dir: Path) -> None:
+    path = log_dir / "t-0" / "00000000000000000000.log"
+    data = bytearray(path.read_bytes())
+    data[70] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def truncate_index(log_dir: Path) -> None:
+    path = log_dir / "t-0" / "00000000000000000000.timeindex"
+    path.write_bytes(path.read_bytes()[:-3])
+
+
+BAD_INPUTS = [
+    # (name, damage, args, stdin, exit code, message on stderr (or stdout for check))
+    (
+        "corrupt segment",
+        corrupt_segment,
+        ["consume", "{d}", "--topic", "t", "--from-beginning"],
+        b"",
+        1,
+        "00000000000000000000.log: corrupt record batch at position 0: CRC-32C mismatch",
+    ),
+    (
+        "corrupt segment, check",
+        corrupt_segment,
+        ["check", "{d}"],
+        b"",
+        4,
+        "00000000000000000000.log: invalid batch at position 0",
+    ),
+    (
+        "truncated index, check",
+        truncate_index,
+        ["check", "{d}"],
+        b"",
+        4,
+        "00000000000000000000.timeindex: 9 bytes is not a whole number of 12-byte entries",
+    ),
+    (
+        "offset out of range",
+        None,
+        ["consume", "{d}", "--topic", "t", "--offset", "999"],
+        b"",
+        1,
+        "offset 999 is out of range (log start offset 0, log end offset 3)",
+    ),
+    (
+        "negative offset",
+        None,
+        ["consume", "{d}", "--topic", "t", "--offset", "-1"],
+        b"",
+        1,
+        "offset -1 is out of range",
+    ),
+    (
+        "unparseable timestamp",
+        None,
+        ["consume", "{d}", "--topic", "t", "--timestamp", "yesterday"],
+        b"",
+        1,
+        "timestamp 'yesterday' is neither epoch milliseconds nor ISO-8601",
+    ),
+    (
+        "malformed JSON line",
+        None,
+        ["produce", "{d}", "--topic", "t", "--format", "jsonl"],
+        b'{"value": "ok"}\n{"value": oops}\n',
+        1,
+        "stdin line 2, column 11: malformed JSON",
+    ),
+    (
+        "JSON without value",
+        None,
+        ["produce", "{d}", "--topic", "t", "--format", "jsonl"],
+        b'{"key": "k"}\n',
+        1,
+        'stdin line 1: the record has no "value" field',
+    ),
+    (
+        "bad base64",
+        None,
+        ["produce", "{d}", "--topic", "t", "--format", "jsonl"],
+        b'{"value": {"base64": "!"}}\n',
+        1,
+        "stdin line 1: value has invalid base64",
+    ),
+    (
+        "oversized record",
+        None,
+        ["produce", "{d}", "--topic", "t", "--override", "message.max.bytes=200"],
+        b"fine\n" + b"x" * 300 + b"\n",
+        1,
+        "over max.message.bytes=200",
+    ),
+    (
+        "missing key separator",
+        None,
+        ["produce", "{d}", "--topic", "t", "--property", "parse.key=true"],
+        b"k\tv\nno-separator\n",
+        1,
+        "stdin line 2: no key separator",
+    ),
+    ("unknown topic", None, ["consume", "{d}", "--topic", "nope", "--from-beginning"], b"", 1, "unknown topic 'nope'"),
+    (
+        "unknown partition",
+        None,
+        ["consume", "{d}", "--topic", "t", "--partition", "7"],
+        b"",
+        1,
+        "topic 't' has no partition 7",
+    ),
+    (
+        "invalid topic name",
+        None,
+        ["produce", "{d}", "--topic", "../evil"],
+        b"x\n",
+        1,
+        "topic name '../evil' has characters other than",
+    ),
+    (
+        "bad override",
+        None,
+        ["consume", "{d}", "--topic", "t", "--override", "log.segment.bytes=big"],
+        b"",
+        1,
+        "--override log.segment.bytes: invalid value 'big'",
+    ),
+    (
+        "unknown property",
+        None,
+        ["consume", "{d}", "--topic", "t", "--property", "print.everything=true"],
+        b"",
+        1,
+        "unknown formatter property 'print.everything'",
+    ),
+    (
+        "two start points",
+        None,
+        ["consume", "{d}", "--topic", "t", "--offset", "1", "--from-beginning"],
+        b"",
+        2,
+        "give one of --from-beginning, --offset and --timestamp",
+    ),
+    (
+        "missing config file",
+        None,
+        ["consume", "{d}", "--topic", "t", "-c", "/nonexistent/server.properties"],
+        b"",
+        1,
+        "cannot read /nonexistent/server.properties",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "args", "stdin", "code", "message"), BAD_INPUTS, ids=[case[0] for case in BAD_INPUTS]
+)
+def test_bad_input_gets_one_clear_line(
+    filled: Path, name: str, damage, args: list[str], stdin: bytes, code: int, message: str
+) -> None:
+    if damage is not None:
+        damage(filled)
+    before = digest(filled)
+    result = run(*[a.replace("{d}", str(filled)) for a in args], stdin=stdin, check=False)
+    said = (result.stderr + result.stdout).decode()
+    assert result.returncode == code, said
+    assert message in said, said
+    assert "Traceback" not in said
+    error_lines = [line for line in result.stderr.decode().splitlines() if line.startswith("seglogfs:")]
+    assert len(error_lines) <= 1, said
+    # Nothing already stored is lost: the first three records are intact unless the test damaged them.
+    after = digest(filled)
+    if damage is None and args[0] == "consume":
+        assert after == before
+    if damage is None:
+        records = run("consume", str(filled), "--topic", "t", "--from-beginning").stdout.splitlines()
+        assert records[:3] == [b"alpha", b"beta", b"gamma"]
+
+
+def test_check_repair_fixes_a_torn_tail_and_a_damaged_index(filled: Path) -> None:
+    segment = filled / "t-0" / "00000000000000000000.log"
+    with open(segment, "ab") as handle:
+        handle.write(b"\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x01")  # a torn batch header
+    truncate_index(filled)
+    result = run("check", str(filled), check=False)
+    assert result.returncode == 4
+    assert b"11 bytes after the last whole batch" in result.stdout
+    repaired = run("check", "--repair", str(filled), check=False)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    assert b"clean" in repaired.stdout.splitlines()[-1]
+    assert run("consume", str(filled), "--topic", "t", "--from-beginning").stdout == b"alpha\nbeta\ngamma\n"
+    run("produce", str(filled), "--topic", "t", stdin=b"delta\n")
+    assert run("consume", str(filled), "--topic", "t", "--offset", "3").stdout == b"delta\n"
+
+
+def test_data_dir_written_by_cli_opens_in_engine_after_copy(filled: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(filled, copy)
+    os.unlink(copy / ".lock")
+    with DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS) as data_dir:
+        assert [r.value for r in data_dir.partition("t", 0).records(0)] == [b"alpha", b"beta", b"gamma"]
