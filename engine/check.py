@@ -56,6 +56,7 @@ class CheckReport:
     records: int = 0
     bytes: int = 0
     in_use_by: dict[Path, int | None] = field(default_factory=dict)
+    missing_indexes: list[Path] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -209,7 +210,8 @@ def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckRe
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        report.problems.append(Problem(path, "index file is missing"))
+        # Not damage: Kafka and seglogfs rebuild a missing index from the log on open.
+        report.missing_indexes.append(path)
         return None
     if len(raw) % dtype.itemsize:
         if preallocated_ok:

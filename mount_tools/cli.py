@@ -221,6 +221,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     for log_dir, pid in report.in_use_by.items():
         holder = f"process {pid}" if pid else "another process"
         print(f"seglogfs: {log_dir} is in use by {holder}: checked as a reader sees it", file=sys.stderr)
+    if report.missing_indexes:
+        print(
+            f"seglogfs: {len(report.missing_indexes)} index files are missing (rebuilt from the log when the "
+            f"data dir is next opened for writing), e.g. {report.missing_indexes[0]}",
+            file=sys.stderr,
+        )
     for problem in report.problems:
         print(problem)
     if report.problems and args.repair:
