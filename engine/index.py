@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ OFFSET_INDEX_DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 TIME_INDEX_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
 NO_TIMESTAMP = -1
 _INT32_MAX = 2**31 - 1
+_OFFSET_ENTRY = struct.Struct(">ii")
+_TIME_ENTRY = struct.Struct(">qi")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +68,15 @@ def round_down_to_entries(size_bytes: int, entry_bytes: int) -> int:
 
 
 class _MappedIndex:
-    """What both index kinds share: the file, its mapping and the entry count."""
+    """What both index kinds share: the file, its mapping, the entry count and the search keys.
+
+    The search column (relative offsets, or timestamps) is also kept as a native contiguous
+    array, filled from the mapping as entries arrive: `np.searchsorted` on the big-endian field of
+    a structured view would convert the whole column on every call."""
 
     DTYPE: ClassVar[np.dtype]
+    KEY_FIELD: ClassVar[str]
+    KEY_DTYPE: ClassVar[type[np.integer]]
 
     def __init__(self, path: Path | None, base_offset: int, max_index_bytes: int, *, writable: bool) -> None:
         """Open (or, when writable, create) the index at `path`.
@@ -92,6 +101,8 @@ class _MappedIndex:
         self._entries = length // self._entry_bytes
         self._length = length
         self._mmap: mmap.mmap | None = None
+        self._keys = np.empty(0, dtype=self.KEY_DTYPE)
+        self._keys_count = 0
         if newly_created:
             # Only a new index is preallocated; an existing one keeps its length until its
             # segment becomes the active one (`resize`), as Kafka does.
@@ -141,6 +152,21 @@ class _MappedIndex:
         if self._mmap is None or self._entries == 0:
             return np.empty(0, dtype=self.DTYPE)
         return np.frombuffer(self._mmap, dtype=self.DTYPE, count=self._entries)
+
+    def _keys_locked(self) -> npt.NDArray[np.integer]:
+        """The native search keys of the entries in use (caller holds the lock)."""
+        entries = self._entries
+        if self._keys_count > entries:
+            self._keys_count = entries
+        if self._keys_count < entries:
+            if len(self._keys) < entries:
+                grown = np.empty(max(entries, 2 * len(self._keys), 1024), dtype=self.KEY_DTYPE)
+                grown[: self._keys_count] = self._keys[: self._keys_count]
+                self._keys = grown
+            fresh = self._view()[self.KEY_FIELD][self._keys_count : entries]
+            self._keys[self._keys_count : entries] = fresh
+            self._keys_count = entries
+        return self._keys[:entries]
 
     # -- size ---------------------------------------------------------------------------------
     @property
@@ -210,6 +236,7 @@ class _MappedIndex:
 
     def _truncate_entries_locked(self, entries: int) -> None:
         self._entries = entries
+        self._keys_count = min(self._keys_count, entries)
         if self._mmap is not None and self.writable:
             start = entries * self._entry_bytes
             self._mmap[start : self._length] = bytes(self._length - start)
@@ -224,6 +251,8 @@ class OffsetIndex(_MappedIndex):
     """`.index`: maps an offset to the file position of the batch that holds it."""
 
     DTYPE = OFFSET_INDEX_DTYPE
+    KEY_FIELD = "relative_offset"
+    KEY_DTYPE = np.int32
 
     @property
     def is_full(self) -> bool:
@@ -257,11 +286,11 @@ class OffsetIndex(_MappedIndex):
             return OffsetPosition(self.base_offset, 0)
         relative = min(relative, _INT32_MAX)
         with self._lock:
-            view = self._view()
-            slot = int(np.searchsorted(view["relative_offset"], np.int32(relative), side="right")) - 1
+            slot = int(np.searchsorted(self._keys_locked(), np.int32(relative), side="right")) - 1
             if slot < 0:
                 return OffsetPosition(self.base_offset, 0)
-            found, position = view[slot].item()
+            assert self._mmap is not None
+            found, position = _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
             return OffsetPosition(self.base_offset + found, position)
 
     def lookup_many(self, target_offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -269,7 +298,7 @@ class OffsetIndex(_MappedIndex):
         relative = np.clip(target_offsets - self.base_offset, -1, _INT32_MAX).astype(np.int32)
         with self._lock:
             view = self._view()
-            slots = np.searchsorted(view["relative_offset"], relative, side="right") - 1
+            slots = np.searchsorted(self._keys_locked(), relative, side="right") - 1
             positions = np.zeros(len(relative), dtype=np.int64)
             hit = slots >= 0
             positions[hit] = view["position"][slots[hit]]
@@ -340,6 +369,8 @@ class TimeIndex(_MappedIndex):
     """`.timeindex`: maps a timestamp to the offset from which records reach it."""
 
     DTYPE = TIME_INDEX_DTYPE
+    KEY_FIELD = "timestamp"
+    KEY_DTYPE = np.int64
 
     @property
     def is_full(self) -> bool:
@@ -365,11 +396,11 @@ class TimeIndex(_MappedIndex):
         """The entry with the largest timestamp ≤ target; below the first entry (or empty) →
         (-1, base offset)."""
         with self._lock:
-            view = self._view()
-            slot = int(np.searchsorted(view["timestamp"], np.int64(target_timestamp), side="right")) - 1
+            slot = int(np.searchsorted(self._keys_locked(), np.int64(target_timestamp), side="right")) - 1
             if slot < 0:
                 return TimestampOffset(NO_TIMESTAMP, self.base_offset)
-            timestamp, relative = view[slot].item()
+            assert self._mmap is not None
+            timestamp, relative = _TIME_ENTRY.unpack_from(self._mmap, slot * 12)
             return TimestampOffset(timestamp, self.base_offset + relative)
 
     def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> None:

@@ -226,11 +226,12 @@ class PartitionLog:
         ts = np.full(n, now_ms, dtype=np.int64) if timestamps is None else timestamps
         codec = compression if compression is not None else self._topic_compression()
         with self.lock:
-            chunks = self._split_for_size(values, keys, headers)
-            start = self._log_end_offset
-            batches = []
-            offset = start
-            for lo, hi in chunks:
+            # Chunks by estimated size; a chunk whose batch still comes out too large is halved.
+            pending = list(reversed(self._split_for_size(values, keys, headers)))
+            batches: list[bytearray] = []
+            offset = self._log_end_offset
+            while pending:
+                lo, hi = pending.pop()
                 batch = build_batch(
                     values[lo:hi],
                     keys=None if keys is None else keys[lo:hi],
@@ -247,10 +248,15 @@ class PartitionLog:
                             f"{self.topic}-{self.partition}: record {lo} makes a batch of {len(batch)} bytes, "
                             f"over max.message.bytes={self.config.max_message_bytes}"
                         )
-                    raise AssertionError("split produced an oversized batch")
+                    middle = (lo + hi) // 2
+                    pending += [(middle, hi), (lo, middle)]
+                    continue
                 batches.append(batch)
                 offset += hi - lo
-            return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
+            if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
+                return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
+            # Batches built here are valid by construction: append them without re-checking.
+            return self._append_valid_locked(batches, [BatchHeader.parse(batch) for batch in batches], now_ms)
 
     def _topic_compression(self) -> CompressionType:
         name = self.config.compression_type
@@ -262,12 +268,13 @@ class PartitionLog:
         keys: Sequence[bytes | None] | None,
         headers: Sequence[Sequence[Header]] | None,
     ) -> list[tuple[int, int]]:
-        """Ranges of records whose uncompressed batch stays within `max.message.bytes`
-        (estimated generously per record: its bytes plus 32 bytes of varints and headers)."""
+        """Ranges of records whose batch should stay within `max.message.bytes`, estimated per
+        record as its bytes plus 12 bytes of varints (exact for the common small deltas; a batch
+        that still comes out too large is split again by the caller)."""
         limit = self.config.max_message_bytes - 61
-        sizes = np.fromiter((len(v) if v is not None else 0 for v in values), np.int64, len(values)) + 32
+        sizes = _byte_lengths(values) + 12
         if keys is not None:
-            sizes += np.fromiter((len(k) if k is not None else 0 for k in keys), np.int64, len(values))
+            sizes += _byte_lengths(keys)
         if headers is not None:
             sizes += np.fromiter(
                 (sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, len(values)
@@ -276,13 +283,13 @@ class PartitionLog:
             return [(0, len(values))]
         ranges = []
         lo = 0
-        total = 0
-        for i, size in enumerate(sizes.tolist()):
-            if total + size > limit and i > lo:
-                ranges.append((lo, i))
-                lo, total = i, 0
-            total += size
-        ranges.append((lo, len(values)))
+        ends = np.cumsum(sizes)
+        while lo < len(values):
+            # The longest run from `lo` within the limit (at least one record).
+            base = ends[lo - 1] if lo else 0
+            hi = max(int(np.searchsorted(ends, base + limit, side="right")), lo + 1)
+            ranges.append((lo, hi))
+            lo = hi
         return ranges
 
     def append_batches(self, data: bytes, *, assign_offsets: bool, now_ms: int) -> AppendInfo:
@@ -341,30 +348,35 @@ class PartitionLog:
                 set_log_append_time(batch, now_ms)  # type: ignore[arg-type]
         if assign_offsets or log_append_time:
             headers = list(iter_batch_headers(buffer))
+        batches = [bytes(buffer[header.position : header.next_position]) for header in headers]
+        return self._append_valid_locked(batches, [BatchHeader.parse(b) for b in batches], now_ms)
+
+    def _append_valid_locked(
+        self, batches: Sequence[bytes | bytearray], headers: list[BatchHeader], now_ms: int
+    ) -> AppendInfo:
+        """Append checked batches (`headers[i]` parsed from `batches[i]`, position 0), rolling
+        as needed; on any failure cut the log back so that none of them stays."""
         start_end = self._log_end_offset
         try:
-            for header in headers:
-                self._append_one(bytes(buffer[header.position : header.next_position]), header, now_ms)
+            for batch, header in zip(batches, headers, strict=True):
+                segment = self._maybe_roll(len(batch), header, now_ms)
+                segment.append(batch, [header])
+                self._log_end_offset = header.next_offset
         except BaseException:
             if self.log_end_offset > start_end:
                 self._truncate_to_locked(start_end, now_ms)
             raise
-        self._unflushed_records += sum(h.records_count for h in headers)
+        records = sum(h.records_count for h in headers)
+        self._unflushed_records += records
         self._maybe_flush_locked(now_ms)
         return AppendInfo(
             first_offset=headers[0].base_offset,
             last_offset=headers[-1].last_offset,
-            records=sum(h.records_count for h in headers),
+            records=records,
             batches=len(headers),
-            bytes=len(buffer),
+            bytes=sum(len(b) for b in batches),
             max_timestamp=max(h.max_timestamp for h in headers),
         )
-
-    def _append_one(self, batch: bytes, header: BatchHeader, now_ms: int) -> None:
-        segment = self._maybe_roll(len(batch), header, now_ms)
-        relative = BatchHeader.parse(batch, 0, 0)
-        segment.append(batch, [relative])
-        self._log_end_offset = header.next_offset
 
     def _maybe_roll(self, messages_bytes: int, header: BatchHeader, now_ms: int) -> LogSegment:
         segment = self.active_segment
@@ -568,3 +580,10 @@ class PartitionLog:
             else:
                 for segment in self._segments.snapshot():
                     segment.close_handlers()
+
+
+def _byte_lengths(blobs: Sequence[bytes | None]) -> np.ndarray:
+    """Lengths of byte strings (0 for None) as an int64 array."""
+    if None not in blobs:
+        return np.fromiter(map(len, blobs), np.int64, len(blobs))  # type: ignore[arg-type]
+    return np.fromiter((0 if blob is None else len(blob) for blob in blobs), np.int64, len(blobs))

@@ -348,7 +348,7 @@ class LogSegment:
         return 0 <= offset - self.base_offset <= _INT32_MAX
 
     # -- writing ------------------------------------------------------------------------------
-    def append(self, data: bytes, headers: list[BatchHeader]) -> None:
+    def append(self, data: bytes | bytearray, headers: list[BatchHeader]) -> None:
         """Append whole, valid batches (`headers` parsed from `data`, positions relative to it)
         and index them by Kafka's rules. Raises OffsetOverflowError, writing nothing, when the
         last offset does not fit relative to the base offset."""
@@ -543,7 +543,7 @@ class LogSegment:
             path.unlink(missing_ok=True)
 
 
-def _write_all(fd: int, data: bytes, position: int) -> None:
+def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, position)

@@ -59,6 +59,10 @@ def encode_many(
     zigzag = ((signed << 1) ^ (signed >> 63)).view(np.uint64)
     if len(zigzag) == 0:
         return np.zeros((0, 1), np.uint8), np.zeros(0, np.int64)
+    if zigzag[0] == zigzag.min() == zigzag.max():
+        # One value for every row (attributes, null keys, a shared timestamp): encode it once.
+        one = np.frombuffer(encode(int(signed[0])), dtype=np.uint8)
+        return np.broadcast_to(one, (len(zigzag), len(one))), np.full(len(zigzag), len(one), dtype=np.int64)
     # Only as many columns as the largest value needs: usually one or two.
     width = 1
     largest = int(zigzag.max())

@@ -1,0 +1,284 @@
+"""Engine benchmarks: each figure next to a baseline measured in the same run.
+
+    .venv/bin/python -m bench.engine_bench [--gib 1.0] [--only NAME ...] [--crash-trials N]
+
+Figures (the issue's list): append of 100-byte records (records/s) and of 1 KiB records (MB/s as a
+ratio to a plain Python buffered write of the same bytes); offset→position look-ups on an index of
+1.3 M entries, single and vectorised; recovery of a segment with no index files (MB/s as a ratio to
+reading the file); consume of a partition to /dev/null as text and as JSON Lines (records/s,
+against the seglogfs CLI's own stdout path); opening a data dir of 10,000 segments after a clean
+and an unclean stop; optionally more SIGKILL crash trials than CI runs.
+Results print as a table and are written to bench/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from engine import BrokerConfig, DataDir, PartitionLog
+from engine.console import TextFormat, record_to_json
+from engine.index import OffsetIndex
+from engine.loader import segment_for
+
+NOW_MS = 1_763_800_000_000
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def drop_caches_of(path: Path) -> None:
+    """Evict a file from the page cache (so a cold read is measured cold)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def new_log(root: Path, **overrides: str) -> PartitionLog:
+    root.mkdir(parents=True, exist_ok=True)
+    config = BrokerConfig.load(overrides=[f"{k}={v}" for k, v in overrides.items()], log_dirs=[root]).topic_defaults
+    return PartitionLog.create(root / "bench-0", "bench", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
+
+
+def bench_append(root: Path, total_bytes: int) -> dict:
+    out = {}
+    for record_bytes, batch_records in ((100, 10_000), (1024, 1000)):
+        count = total_bytes // record_bytes
+        values = [os.urandom(record_bytes)] * batch_records
+        log = new_log(root / f"append{record_bytes}")
+        batches = count // batch_records
+
+        def append(log: PartitionLog = log, values: list[bytes] = values, batches: int = batches) -> None:
+            for _ in range(batches):
+                log.append_records(values, now_ms=NOW_MS)
+            log.flush()
+
+        seconds = timed(append)
+        written = log.size_in_bytes()
+        log.close()
+        # Baseline: the same bytes through a plain buffered Python file, flushed and fsynced.
+        payload = b"".join(values)
+        baseline_path = root / f"baseline{record_bytes}.bin"
+
+        def baseline(baseline_path: Path = baseline_path, payload: bytes = payload, batches: int = batches) -> None:
+            with open(baseline_path, "wb") as handle:
+                for _ in range(batches):
+                    handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+        base_seconds = timed(baseline)
+        out[f"append_{record_bytes}B"] = {
+            "records": batches * batch_records,
+            "records_per_s": batches * batch_records / seconds,
+            "MB_per_s": written / seconds / 1e6,
+            "baseline_MB_per_s": batches * len(payload) / base_seconds / 1e6,
+            "ratio_to_buffered_write": (written / seconds) / (batches * len(payload) / base_seconds),
+        }
+        shutil.rmtree(root / f"append{record_bytes}")
+        baseline_path.unlink()
+    return out
+
+
+def bench_lookups(root: Path) -> dict:
+    entries = 1_300_000
+    index = OffsetIndex(root / "00000000000000000000.index", 0, entries * 8, writable=True)
+    relative = np.arange(entries, dtype=np.int64) * 3 + 1
+    raw = np.empty(entries, dtype=[("relative_offset", ">i4"), ("position", ">i4")])
+    raw["relative_offset"] = relative
+    raw["position"] = np.arange(entries) * 4100
+    index._mmap[: entries * 8] = raw.tobytes()  # type: ignore[index]  # bulk fill; append() is the per-entry path
+    index._entries = entries
+    rng = np.random.default_rng(1)
+    targets = rng.integers(0, entries * 3, size=200_000)
+    singles = targets[:100_000].tolist()
+    single_s = timed(lambda: [index.lookup(t) for t in singles])
+    vector_s = timed(lambda: index.lookup_many(targets))
+    # Baseline: plain Python bisect over a list of the same offsets.
+    import bisect
+
+    keys = relative.tolist()
+    bisect_s = timed(lambda: [bisect.bisect_right(keys, t) for t in singles])
+    check = index.lookup_many(targets[:1000])
+    assert all(check[i] == index.lookup(int(targets[i])).position for i in range(1000))
+    index.close()
+    return {
+        "index_entries": entries,
+        "single_lookups_per_s": len(singles) / single_s,
+        "vectorised_lookups_per_s": len(targets) / vector_s,
+        "baseline_python_bisect_per_s": len(singles) / bisect_s,
+    }
+
+
+def fill_partition(root: Path, total_bytes: int, record_bytes: int) -> PartitionLog:
+    log = new_log(root)
+    rng = np.random.default_rng(2)
+    batch_records = max(1, (256 * 1024) // record_bytes)
+    values = [bytes(rng.integers(32, 127, record_bytes, dtype=np.uint8)) for _ in range(batch_records)]
+    while log.size_in_bytes() < total_bytes:
+        log.append_records(values, now_ms=NOW_MS, timestamps=NOW_MS + log.log_end_offset // batch_records)
+    log.flush()
+    return log
+
+
+def bench_recovery(root: Path, total_bytes: int) -> dict:
+    log = fill_partition(root / "recover", total_bytes, 1024)
+    segment = log.segments[0]
+    log.close()
+    for path in (segment.offset_index_path, segment.time_index_path):
+        path.unlink()
+    path = segment.log_path
+    size = path.stat().st_size
+
+    def read_file() -> None:
+        with open(path, "rb") as handle:
+            while handle.read(8 << 20):
+                pass
+
+    drop_caches_of(path)
+    read_cold = timed(read_file)
+    read_warm = timed(read_file)
+    config = BrokerConfig.load(log_dirs=[root / "recover"]).topic_defaults
+
+    def recover() -> None:
+        recovered = segment_for(path.parent, segment.base_offset, config, writable=True, now_ms=NOW_MS)
+        recovered.recover()
+        recovered.close()
+
+    recover_warm = timed(recover)
+    for index_path in (segment.offset_index_path, segment.time_index_path):
+        index_path.unlink()
+    drop_caches_of(path)
+    recover_cold = timed(recover)
+    shutil.rmtree(root / "recover")
+    return {
+        "segment_bytes": size,
+        "recover_MB_per_s_warm": size / recover_warm / 1e6,
+        "read_MB_per_s_warm": size / read_warm / 1e6,
+        "ratio_warm": read_warm / recover_warm,
+        "recover_MB_per_s_cold": size / recover_cold / 1e6,
+        "read_MB_per_s_cold": size / read_cold / 1e6,
+        "ratio_cold": read_cold / recover_cold,
+    }
+
+
+def bench_consume(root: Path, total_bytes: int) -> dict:
+    record_bytes = 1024
+    log = fill_partition(root / "consume", total_bytes, record_bytes)
+    records = log.log_end_offset
+    size = log.size_in_bytes()
+    text = TextFormat()
+    out = {"records": records, "record_bytes": record_bytes, "partition_bytes": size}
+    with open(os.devnull, "wb") as sink:
+
+        def consume_text() -> None:
+            for record in log.records(0):
+                sink.write(text.render(record, 0))
+
+        def consume_jsonl() -> None:
+            for record in log.records(0):
+                sink.write(record_to_json(record, "bench", 0).encode() + b"\n")
+
+        def decode_only() -> None:
+            for _ in log.records(0):
+                pass
+
+        out["text_records_per_s"] = records / timed(consume_text)
+        out["jsonl_records_per_s"] = records / timed(consume_jsonl)
+        out["decode_only_records_per_s"] = records / timed(decode_only)
+    log.close()
+    # Baseline: cat of the segment files to /dev/null (the bytes, no decoding).
+    files = [str(p) for p in sorted((root / "consume" / "bench-0").glob("*.log"))]
+    cat_s = timed(lambda: subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True))
+    out["cat_MB_per_s"] = size / cat_s / 1e6
+    shutil.rmtree(root / "consume")
+    return out
+
+
+def bench_open(root: Path, segments: int = 10_000) -> dict:
+    log_dir = root / "open"
+    config = BrokerConfig.load(overrides=["log.segment.bytes=1000", "num.partitions=1"], log_dirs=[log_dir])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition_for_append("many", 0, now_ms=NOW_MS)[0]
+        value = b"v" * 400
+        while len(log.segments) < segments:
+            log.append_records([value, value], now_ms=NOW_MS)
+    count = len(list((log_dir / "many-0").glob("*.log")))
+    clean = timed(lambda: DataDir.open(config, read_only=False, now_ms=NOW_MS).close())
+    # An unclean stop: no clean-shutdown marker, recovery point at the start of the last segment.
+    (log_dir / ".kafka_cleanshutdown").unlink()
+    unclean = timed(lambda: DataDir.open(config, now_ms=NOW_MS).close())
+    (log_dir / ".kafka_cleanshutdown").unlink()
+    (log_dir / "recovery-point-offset-checkpoint").unlink()
+    from_zero = timed(lambda: DataDir.open(config, now_ms=NOW_MS).close())
+    shutil.rmtree(log_dir)
+    return {
+        "segments": count,
+        "open_after_clean_stop_s": clean,
+        "open_after_unclean_stop_s": unclean,
+        "open_unclean_without_recovery_checkpoint_s": from_zero,
+    }
+
+
+def bench_crash(trials: int) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/cli/test_crash.py", "-p", "no:cacheprovider"],
+        env={**os.environ, "SEGLOGFS_CRASH_TRIALS": str(trials)},
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return {"trials": trials, "result": result.stdout.strip().splitlines()[-1], "exit": result.returncode}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=1.0, help="size of the append/recovery/consume data")
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--crash-trials", type=int, default=0, help="also run this many SIGKILL trials")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
+    args = parser.parse_args()
+    total = int(args.gib * (1 << 30))
+    root = Path(tempfile.mkdtemp(prefix="seglogfs-bench-", dir=args.dir))
+    benches: dict[str, Callable[[], dict]] = {
+        "append": lambda: bench_append(root, total),
+        "lookups": lambda: bench_lookups(root),
+        "recovery": lambda: bench_recovery(root, total),
+        "consume": lambda: bench_consume(root, total),
+        "open": lambda: bench_open(root),
+    }
+    if args.crash_trials:
+        benches["crash"] = lambda: bench_crash(args.crash_trials)
+    results = {}
+    try:
+        for name, run in benches.items():
+            if args.only and name not in args.only:
+                continue
+            results[name] = run()
+            print(f"{name}: {json.dumps(results[name], indent=1)}", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "engine.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
