@@ -156,8 +156,7 @@ class _MappedIndex:
     def _keys_locked(self) -> npt.NDArray[np.integer]:
         """The native search keys of the entries in use (caller holds the lock)."""
         entries = self._entries
-        if self._keys_count > entries:
-            self._keys_count = entries
+        self._keys_count = min(self._keys_count, entries)
         if self._keys_count < entries:
             if len(self._keys) < entries:
                 grown = np.empty(max(entries, 2 * len(self._keys), 1024), dtype=self.KEY_DTYPE)

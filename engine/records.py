@@ -34,6 +34,7 @@ user records skip them.
 from __future__ import annotations
 
 import enum
+import itertools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -519,7 +520,7 @@ def _uniform_runs(columns: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[in
     if len(changes) > 8:
         return None
     bounds = [0, *changes.tolist(), len(sizes)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
+    return list(itertools.pairwise(bounds))
 
 
 def _ragged_rows(columns: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
