@@ -250,6 +250,19 @@ def _decode_headers(buf: bytes, position: int) -> tuple[tuple[Header, ...], int]
     return tuple(headers), position
 
 
+def _varint_at(buf: bytes, position: int) -> tuple[int, int]:
+    """One zig-zag varint: the one- and two-byte cases without a loop, longer ones by
+    `varint.decode`."""
+    first = buf[position]
+    if first < 0x80:
+        return (first >> 1) ^ -(first & 1), position + 1
+    second = buf[position + 1]
+    if second < 0x80:
+        zigzag = (first & 0x7F) | (second << 7)
+        return (zigzag >> 1) ^ -(zigzag & 1), position + 2
+    return varint.decode(buf, position)
+
+
 def records_section(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes:
     """The uncompressed records section of a whole batch."""
     return decompress(header.compression, memoryview(batch)[BATCH_OVERHEAD_BYTES:])
@@ -270,26 +283,38 @@ def decode_records(
     base_timestamp = header.base_timestamp
     timestamp_type = header.timestamp_type
     log_append_time = header.max_timestamp if timestamp_type is TimestampType.LOG_APPEND_TIME else None
-    decode = varint.decode
     records: list[Record] = []
     append = records.append
     position = 0
     end = len(buf)
     for _ in range(header.records_count):
-        length, position = decode(buf, position)
+        # The five varints of a record are read with `_varint_at`; its one- and two-byte cases
+        # are inlined here first, since nearly every field is that short and this loop runs once
+        # per record read.
+        z = buf[position]
+        if z < 0x80:
+            length, position = (z >> 1) ^ -(z & 1), position + 1
+        else:
+            length, position = _varint_at(buf, position)
         record_end = position + length
         if length < 0 or record_end > end:
             raise ValueError(f"record length {length} runs past the records section")
-        position += 1  # record attributes: unused
-        timestamp_delta, position = decode(buf, position)
-        offset_delta, position = decode(buf, position)
-        key_length, position = decode(buf, position)
+        timestamp_delta, position = _varint_at(buf, position + 1)  # +1: record attributes, unused
+        z = buf[position]
+        if z < 0x80:
+            offset_delta, position = (z >> 1) ^ -(z & 1), position + 1
+        else:
+            offset_delta, position = _varint_at(buf, position)
         key = None
-        if key_length >= 0:
-            key = buf[position : position + key_length]
-            position += key_length
-        value_length, position = decode(buf, position)
+        if buf[position] == 1:  # -1: a null key, the common case
+            position += 1
+        else:
+            key_length, position = _varint_at(buf, position)
+            if key_length >= 0:
+                key = buf[position : position + key_length]
+                position += key_length
         value = None
+        value_length, position = _varint_at(buf, position)
         if value_length >= 0:
             value = buf[position : position + value_length]
             position += value_length
