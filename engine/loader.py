@@ -23,6 +23,7 @@ leftovers, never recover, and read only complete batches.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from engine.naming import (
     parse_segment_file_name,
 )
 from engine.segment import LogSegment
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -149,6 +152,7 @@ def load_partition(
     for base in sorted(log_bases):
         segment = segment_for(directory, base, config, writable=writable, now_ms=now_ms)
         if writable and not (segment.offset_index_path.exists() and segment.time_index_path.exists()):
+            log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
             segment.recover()
         segments.append(segment)
 
@@ -183,7 +187,15 @@ def _recover_from(segments: list[LogSegment], recovery_point: int) -> int:
         truncated = segments[slot].recover()
         truncated_total += truncated
         if truncated > 0:
+            # Kafka warns here too: bytes after the last valid batch were cut (a torn write).
+            log.warning(
+                "%s: cut %d bytes after the last valid batch at position %d (unclean stop)",
+                segments[slot].log_path,
+                truncated,
+                segments[slot].size,
+            )
             for later in segments[slot + 1 :]:
+                log.warning("%s: removed, it followed a damaged segment", later.log_path)
                 truncated_total += later.size
                 later.delete_files()
             del segments[slot + 1 :]

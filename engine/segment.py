@@ -22,8 +22,10 @@ concurrently with appends: they read with `os.pread` up to a size they were give
 
 from __future__ import annotations
 
+import mmap
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,9 +103,16 @@ class LogSegment:
         self.roll_jitter_ms = roll_jitter_ms
         self.file_suffix = file_suffix
         self.log_path = log_file(directory, base_offset, file_suffix)
-        flags = os.O_RDWR | os.O_CREAT if writable else os.O_RDONLY
-        self._fd = os.open(self.log_path, flags | os.O_CLOEXEC, 0o644)
-        self._size = os.fstat(self._fd).st_size
+        # The file is opened on first use: a data dir of many segments opens in no time and holds
+        # descriptors only for the segments in use (Kafka keeps every one open).
+        self._handle: int | None = None
+        self._handle_lock = threading.Lock()
+        self._closed = False
+        if writable and not self.log_path.exists():
+            self._size = 0
+            _ = self._fd  # create it now
+        else:
+            self._size = os.stat(self.log_path).st_size
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         self._active = False
@@ -116,6 +125,19 @@ class LogSegment:
         return f"LogSegment({self.log_path}, size={self._size})"
 
     # -- files --------------------------------------------------------------------------------
+    @property
+    def _fd(self) -> int:
+        handle = self._handle
+        if handle is None:
+            with self._handle_lock:
+                if self._handle is None:
+                    if self._closed:
+                        raise OSError(f"{self.log_path}: segment is closed")
+                    flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
+                    self._handle = os.open(self.log_path, flags | os.O_CLOEXEC, 0o644)
+                handle = self._handle
+        return handle
+
     @property
     def offset_index_path(self) -> Path:
         return offset_index_file(self.directory, self.base_offset, self.file_suffix)
@@ -132,7 +154,7 @@ class LogSegment:
     def refresh_size(self) -> int:
         """Re-read the file size (a read-only view of a log that another process appends to)."""
         if not self.writable:
-            self._size = os.fstat(self._fd).st_size
+            self._size = os.fstat(self._fd).st_size if self._handle is not None else os.stat(self.log_path).st_size
         return self._size
 
     def _open_indexes(self) -> None:
@@ -197,7 +219,7 @@ class LogSegment:
 
     def iter_batches(
         self, start_position: int = 0, end_position: int | None = None
-    ) -> Iterator[tuple[BatchHeader, memoryview]]:
+    ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Whole batches (header, bytes) from `start_position` up to `end_position` (default:
         the size now). Stops at a batch that is cut short or whose length is impossible; checks
         nothing else. Reads in large chunks, so a scan costs about one read of the file."""
@@ -226,6 +248,31 @@ class LogSegment:
                 yield header, whole
                 offset = header.size_in_bytes
             position += offset
+
+    def _iter_mapped_batches(self) -> Generator[tuple[BatchHeader, memoryview], None, None]:
+        """Like iter_batches from 0, over a read-only mapping of the file instead of copies of
+        it: recovery checks every byte once, in place. Only for the writer's own segments, under
+        the partition's lock (a mapping of a file truncated by someone else would fault)."""
+        if self._size < BATCH_OVERHEAD_BYTES:
+            return
+        mapping = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ)
+        view = memoryview(mapping)
+        position = 0
+        try:
+            while position + BATCH_OVERHEAD_BYTES <= self._size:
+                header = BatchHeader.parse(view, position)
+                if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > self._size:
+                    return
+                batch = view[position : header.next_position]
+                yield header, batch
+                batch.release()
+                position = header.next_position
+        finally:
+            try:
+                view.release()
+                mapping.close()
+            except BufferError:
+                pass  # the caller still holds a batch's view: the mapping goes when that does
 
     def iter_headers(self, start_position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
         for header, _ in self.iter_batches(start_position, end_position):
@@ -314,7 +361,7 @@ class LogSegment:
         timestamp = self.max_timestamp_so_far.timestamp
         if timestamp >= 0:
             return timestamp
-        return int(os.fstat(self._fd).st_mtime * 1000)
+        return int(os.stat(self.log_path).st_mtime * 1000)
 
     def first_batch_timestamp(self) -> int:
         """Max timestamp of the first batch (what time-based rolling measures from);
@@ -390,7 +437,8 @@ class LogSegment:
         valid_bytes = 0
         last_index_entry = 0
         previous_last_offset = self.base_offset - 1
-        for header, batch in self.iter_batches(0):
+        batches = self._iter_mapped_batches() if self.writable else self.iter_batches(0)
+        for header, batch in batches:
             if header.position != valid_bytes:
                 break
             if check_batch(header, batch) is not None:
@@ -410,6 +458,8 @@ class LogSegment:
                 last_index_entry = valid_bytes
             valid_bytes += header.size_in_bytes
             previous_last_offset = header.last_offset
+        batch = memoryview(b"")  # drop the last view of the mapping, then unmap it
+        batches.close()
         truncated = self._size - valid_bytes
         if truncate and truncated > 0:
             os.ftruncate(self._fd, valid_bytes)
@@ -484,7 +534,8 @@ class LogSegment:
 
     def flush(self) -> None:
         """Make appended batches and index entries durable."""
-        os.fsync(self._fd)
+        if self._handle is not None:
+            os.fsync(self._handle)
         if self._offset_index is not None:
             self._offset_index.flush()
         if self._time_index is not None:
@@ -498,27 +549,31 @@ class LogSegment:
             self.time_index.maybe_append(max_so_far.timestamp, max_so_far.offset, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        # Sealed: the indexes are closed (fsynced) and reopen on the next read that needs them.
+        self._close_indexes()
 
     def close(self) -> None:
         """Flush and release the files; writable segments get the closing time-index entry and
         trimmed indexes (the state Kafka leaves after a clean shutdown). Safe to call twice."""
-        if self._fd < 0:
+        if self._closed:
             return
         if self.writable and not self.deleted and (self._active or self.indexes_loaded):
             # Sealed segments whose indexes were never opened are left as they are on disk.
             self.on_become_inactive()
-            os.fsync(self._fd)
-        self._close_indexes()
-        os.close(self._fd)
-        self._fd = -1
+        self.close_handlers()
 
     def close_handlers(self) -> None:
-        """Release the files without touching them (a read-only reader, or a deleted segment)."""
-        if self._fd < 0:
+        """Release the files without changing them (fsyncing what was written)."""
+        if self._closed:
             return
+        self._closed = True
         self._close_indexes()
-        os.close(self._fd)
-        self._fd = -1
+        with self._handle_lock:
+            if self._handle is not None:
+                if self.writable:
+                    os.fsync(self._handle)
+                os.close(self._handle)
+                self._handle = None
 
     def change_file_suffixes(self, old_suffix: str, new_suffix: str) -> None:
         """Rename the segment's files from one suffix to another (`.deleted`, `.swap`, …)."""
@@ -533,6 +588,7 @@ class LogSegment:
     def mark_deleted(self) -> None:
         """Rename to `.deleted` (Kafka's asynchronous delete); open readers keep reading."""
         self.deleted = True
+        _ = self._fd  # open before the rename, so that readers holding this segment keep reading
         self._close_indexes()
         self.change_file_suffixes("", DELETED_SUFFIX)
 

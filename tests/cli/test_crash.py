@@ -18,6 +18,8 @@ from mount_tools.cli import main as cli_main
 from tests.cli.crash_writer import value_for
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
 
+pytestmark = pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch")
+
 TRIALS = int(os.environ.get("SEGLOGFS_CRASH_TRIALS", "30"))
 
 

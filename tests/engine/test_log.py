@@ -281,6 +281,7 @@ def test_roll_flushes_and_moves_recovery_point(part_dir: Path) -> None:
 
 
 # -- E. recovery and truncation ---------------------------------------------------------------------
+@pytest.mark.expect_warnings(r"cut 300 bytes after the last valid batch")
 def test_corrupt_tail_of_log_and_index_is_cut(part_dir: Path) -> None:
     # Case 56: garbage after valid data in .log and .index; unclean reopen keeps every record.
     log = make_log(part_dir, index_interval_bytes=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,8 @@ from tests.conftest import NOW_MS, assert_log_dir_valid
 # so a broker can rewrite them in place; neither Kafka nor seglogfs can tell them damaged, so the
 # property is stated for every other byte. Damage to the base offset that breaks offset order is
 # covered by test_offsets_going_backwards_end_the_intact_prefix.
+pytestmark = pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch")
+
 UNPROTECTED = set(range(8)) | set(range(12, 16))
 
 
