@@ -154,6 +154,7 @@ def load_partition(
         if writable and not (segment.offset_index_path.exists() and segment.time_index_path.exists()):
             log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
             segment.recover()
+            segment.release_handles()
         segments.append(segment)
 
     truncated = 0
@@ -185,6 +186,8 @@ def _recover_from(segments: list[LogSegment], recovery_point: int) -> int:
     slot = first
     while slot < len(segments):
         truncated = segments[slot].recover()
+        if slot < len(segments) - 1:
+            segments[slot].release_handles()  # thousands of segments may be recovered in one open
         truncated_total += truncated
         if truncated > 0:
             # Kafka warns here too: bytes after the last valid batch were cut (a torn write).

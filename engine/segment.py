@@ -562,11 +562,9 @@ class LogSegment:
             self.on_become_inactive()
         self.close_handlers()
 
-    def close_handlers(self) -> None:
-        """Release the files without changing them (fsyncing what was written)."""
-        if self._closed:
-            return
-        self._closed = True
+    def release_handles(self) -> None:
+        """Close the file and the indexes (fsynced) while nobody reads the segment; they reopen
+        on next use. The loader does this for each sealed segment it recovers."""
         self._close_indexes()
         with self._handle_lock:
             if self._handle is not None:
@@ -574,6 +572,13 @@ class LogSegment:
                     os.fsync(self._handle)
                 os.close(self._handle)
                 self._handle = None
+
+    def close_handlers(self) -> None:
+        """Release the files without changing them (fsyncing what was written)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.release_handles()
 
     def change_file_suffixes(self, old_suffix: str, new_suffix: str) -> None:
         """Rename the segment's files from one suffix to another (`.deleted`, `.swap`, …)."""
