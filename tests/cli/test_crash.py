@@ -52,7 +52,8 @@ def run_until_killed(log_dir: Path, seed: int, delay_s: float) -> int:
         process.wait(timeout=30)
         while chunk := _read_rest(fd):
             buffered += chunk
-        for line in buffered.splitlines():
+        # Only complete lines count: the kill may land between two writes of one line.
+        for line in buffered.split(b"\n")[:-1]:
             if line.startswith(b"acked "):
                 acked = max(acked, int(line.split()[1]))
     finally:
