@@ -192,6 +192,8 @@ def _check_segment(
             except Exception as error:
                 reason = f"undecodable records: {error}"
         if reason is not None:
+            if segment.legacy_message_at(header.position):
+                reason = "legacy message format (magic 0 or 1), not supported yet"
             report.problems.append(Problem(path, f"invalid batch at position {header.position}: {reason}"))
             break
         batches.append(header)
@@ -200,7 +202,12 @@ def _check_segment(
         next_offset = header.next_offset
     tail = segment.size - valid_bytes
     if tail > 0 and not tolerate_tail and not any(p.path == path for p in report.problems):
-        report.problems.append(Problem(path, f"{tail} bytes after the last whole batch (position {valid_bytes})"))
+        what = (
+            "of legacy messages (magic 0 or 1), not supported yet"
+            if segment.legacy_message_at(valid_bytes)
+            else "after the last whole batch"
+        )
+        report.problems.append(Problem(path, f"{tail} bytes {what} (position {valid_bytes})"))
     _check_offset_index(segment, batches, preallocated_ok, report)
     _check_time_index(segment, batches, preallocated_ok, report)
     return next_offset if batches else previous_end

@@ -41,6 +41,11 @@ class CorruptRecordError(EngineError):
         super().__init__(f"{self.path}: corrupt record batch at position {position}: {reason}")
 
 
+class UnsupportedFormatError(EngineError):
+    """Valid data in a format this engine does not handle yet (legacy messages, magic 0 and 1).
+    Never treated as damage: nothing is cut or rewritten."""
+
+
 class CorruptIndexError(EngineError):
     """An index file whose size or entries break the index invariants."""
 

@@ -491,13 +491,18 @@ class PartitionLog:
                 continue
             for header, batch in segment.iter_batches(position, size):
                 if header.last_offset < start_offset:
+                    position = header.next_position
                     continue
                 if header.base_offset >= stop:
                     return
                 reason = check_batch(header, batch)
                 if reason is not None:
+                    segment.check_not_legacy(header.position)
                     raise CorruptRecordError(segment.log_path, header.position, reason)
                 yield segment, header, batch
+                position = header.next_position
+            if position < size:
+                segment.check_not_legacy(position)  # legacy messages too short to parse as batches
 
     def records(self, start_offset: int, end_offset: int | None = None) -> Iterator[Record]:
         """User records with offsets in [start, end), skipping control batches."""

@@ -36,6 +36,7 @@ from __future__ import annotations
 import enum
 import itertools
 import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, cast
@@ -207,6 +208,15 @@ class BatchHeader:
 def compute_crc(batch: bytes | bytearray | memoryview) -> int:
     """CRC-32C of a whole batch's covered bytes (attributes to end)."""
     return int(crc32c.crc32c(memoryview(batch)[CRC_START:]))
+
+
+def is_legacy_message(batch: bytes | bytearray | memoryview) -> bool:
+    """Whether `batch` is an intact legacy message (magic 0 or 1): its own CRC-32 (zlib's), over
+    the bytes from the magic byte to its end, holds. Tells old data from damage."""
+    if len(batch) < 26 or batch[MAGIC_OFFSET] not in (0, 1):
+        return False
+    size, stored = struct.unpack_from(">iI", batch, 8)
+    return 14 <= size == len(batch) - LOG_OVERHEAD_BYTES and zlib.crc32(memoryview(batch)[MAGIC_OFFSET:]) == stored
 
 
 def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview) -> str | None:

@@ -29,7 +29,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError
+from engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
 from engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset
 from engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
 from engine.records import (
@@ -38,6 +38,7 @@ from engine.records import (
     BatchHeader,
     check_batch,
     decode_records,
+    is_legacy_message,
     offset_of_max_timestamp,
 )
 
@@ -274,6 +275,25 @@ class LogSegment:
             except BufferError:
                 pass  # the caller still holds a batch's view: the mapping goes when that does
 
+    def legacy_message_at(self, position: int) -> bool:
+        """Whether an intact legacy message (magic 0/1) starts at `position`: old data, not damage."""
+        head = os.pread(self._fd, LOG_OVERHEAD_BYTES, position)
+        if len(head) < LOG_OVERHEAD_BYTES:
+            return False
+        size = int.from_bytes(head[8:12], "big", signed=True)
+        if not 14 <= size <= self._size - position - LOG_OVERHEAD_BYTES:
+            return False
+        return is_legacy_message(os.pread(self._fd, LOG_OVERHEAD_BYTES + size, position))
+
+    def check_not_legacy(self, position: int) -> None:
+        """Raise UnsupportedFormatError when legacy messages start at `position`, so that they are
+        never mistaken for a torn tail and cut."""
+        if self.legacy_message_at(position):
+            raise UnsupportedFormatError(
+                f"{self.log_path}: legacy message format (magic 0 or 1) at position {position} is not "
+                "supported yet; the data is left untouched"
+            )
+
     def iter_headers(self, start_position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
         for header, _ in self.iter_batches(start_position, end_position):
             yield header
@@ -461,6 +481,8 @@ class LogSegment:
         batch = memoryview(b"")  # drop the last view of the mapping, then unmap it
         batches.close()
         truncated = self._size - valid_bytes
+        if truncated > 0:
+            self.check_not_legacy(valid_bytes)
         if truncate and truncated > 0:
             os.ftruncate(self._fd, valid_bytes)
         if truncate or truncated == 0:

@@ -9,6 +9,7 @@ Exit codes:
     2  the command line is wrong
     3  the data dir is locked by another process
     4  `check` found problems (after `--repair`: problems it could not repair)
+    70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
 Errors are one line on stderr, `seglogfs: <what and where>`, with no traceback.
 """
 
@@ -35,6 +36,7 @@ EXIT_DATA = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
 EXIT_CHECK_FAILED = 4
+EXIT_INTERNAL = 70  # EX_SOFTWARE
 
 _PRODUCE_CHUNK_BYTES = 1 << 20
 
@@ -325,6 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_DATA
     except KeyboardInterrupt:
         return 130
+    except Exception as error:  # a bug: one line, the traceback only when asked for
+        if os.environ.get("SEGLOGFS_DEBUG"):
+            raise
+        print(
+            f"seglogfs: internal error: {type(error).__name__}: {error} (set SEGLOGFS_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -467,3 +467,25 @@ def test_data_dir_written_by_cli_opens_in_engine_after_copy(filled: Path, tmp_pa
     os.unlink(copy / ".lock")
     with DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS) as data_dir:
         assert [r.value for r in data_dir.partition("t", 0).records(0)] == [b"alpha", b"beta", b"gamma"]
+
+
+def test_legacy_message_data_is_refused_and_never_cut(tmp_path: Path) -> None:
+    """Magic 0/1 segments are not read yet: every command says so, and none of them, not even a
+    writable open or `check --repair`, mistakes them for a torn tail and cuts them."""
+    from tests.conftest import kafka_fixtures
+
+    copy = tmp_path / "legacy"
+    shutil.copytree(kafka_fixtures() / "kafkalite-magic0", copy)
+    before = digest(copy)
+    for args in (
+        ["consume", str(copy), "--topic", "numbers", "--from-beginning"],
+        ["consume", str(copy), "--topic", "hamlet-gzip", "--from-beginning"],
+        ["produce", str(copy), "--topic", "numbers"],
+        ["check", "--repair", str(copy)],
+    ):
+        result = run(*args, stdin=b"new\n", check=False)
+        said = (result.stdout + result.stderr).decode()
+        assert result.returncode != 0, said
+        assert "legacy message format (magic 0 or 1)" in said or "of legacy messages" in said, said
+        assert "Traceback" not in said
+    assert digest(copy) == before

@@ -532,3 +532,24 @@ def test_unknown_topic_config_is_refused(log_dir: Path) -> None:
         pytest.raises(ConfigError, match=r"unknown topic config 'segment\.size'"),
     ):
         data_dir.create_topic("t", overrides={"segment.size": "1"}, now_ms=NOW_MS)
+
+
+def test_several_log_dirs_spread_partitions_and_read_back(tmp_path: Path) -> None:
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    config = BrokerConfig.load(overrides=["num.partitions=4"], log_dirs=dirs)
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("spread", now_ms=NOW_MS)
+        for partition in range(4):
+            data_dir.partition("spread", partition).append_records([b"p%d" % partition], now_ms=NOW_MS)
+    assert sorted(p.name for p in dirs[0].iterdir() if p.is_dir()) == ["spread-0", "spread-2"]
+    assert sorted(p.name for p in dirs[1].iterdir() if p.is_dir()) == ["spread-1", "spread-3"]
+    for log_dir in dirs:
+        assert (log_dir / ".kafka_cleanshutdown").exists()
+        assert_log_dir_valid(log_dir)
+    with DataDir.open(config, read_only=True, now_ms=NOW_MS) as data_dir:
+        assert [next(data_dir.partition("spread", p).records(0)).value for p in range(4)] == [
+            b"p0",
+            b"p1",
+            b"p2",
+            b"p3",
+        ]
