@@ -33,7 +33,7 @@ from engine.checkpoint import (
     read_offset_checkpoint,
 )
 from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE
-from engine.naming import LOG_SUFFIX, parse_partition_dir, parse_segment_file_name
+from engine.naming import LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from engine.records import BatchHeader, check_batch, decode_records
 from engine.segment import LogSegment
 
@@ -109,12 +109,8 @@ def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: C
             report.problems.append(Problem(log_dir / name, str(error).split(": ", 1)[-1]))
             checkpoints[name] = {}
     clean = (log_dir / CLEAN_SHUTDOWN_FILE).exists()
-    with os.scandir(log_dir) as entries:
-        names = sorted(entry.name for entry in entries if entry.is_dir())
-    for name in names:
-        parsed = parse_partition_dir(name)
-        if parsed is None:
-            continue
+    for name, topic, partition in partition_dirs(log_dir):
+        parsed = (topic, partition)
         report.partitions += 1
         end = _check_partition(log_dir / name, in_use or not clean, in_use, report, progress)
         recovery_point = checkpoints[RECOVERY_POINT_CHECKPOINT].get(parsed)

@@ -53,7 +53,7 @@ from engine.errors import (
     UnknownTopicOrPartitionError,
 )
 from engine.log import PartitionLog
-from engine.naming import parse_partition_dir, partition_dir_name, validate_topic
+from engine.naming import partition_dir_name, partition_dirs, validate_topic
 
 LOCK_FILE = ".lock"
 TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
@@ -163,13 +163,7 @@ class DataDir:
                 recovery_points, start_offsets = {}, {}
         if self._recover_all:
             recovery_points, clean = {}, False
-        with os.scandir(log_dir) as entries:
-            partition_dirs = sorted(entry.name for entry in entries if entry.is_dir())
-        for name in partition_dirs:
-            parsed = parse_partition_dir(name)
-            if parsed is None:
-                continue
-            topic, partition = parsed
+        for name, topic, partition in partition_dirs(log_dir):
             if (topic, partition) in self._logs:
                 raise EngineError(f"{log_dir / name}: partition {topic}-{partition} is in two log dirs")
             self._logs[(topic, partition)] = PartitionLog.open(

@@ -240,6 +240,17 @@ class _MappedIndex:
             start = entries * self._entry_bytes
             self._mmap[start : self._length] = bytes(self._length - start)
 
+    def truncate_to(self, offset: int) -> None:
+        """Remove every entry with offset ≥ `offset` (offsets never decrease in either
+        kind of index, so one binary search finds the cut)."""
+        with self._lock:
+            view = self._view()
+            relative = offset - self.base_offset
+            if relative > _INT32_MAX:
+                return  # every entry is below an offset past the relative range
+            keep = int(np.searchsorted(view["relative_offset"], np.int32(max(relative, -1)), side="left"))
+            self._truncate_entries_locked(keep)
+
     def truncate(self) -> None:
         """Remove every entry."""
         with self._lock:
@@ -334,16 +345,6 @@ class OffsetIndex(_MappedIndex):
             self._mmap[start : start + 8] = relative.to_bytes(4, "big") + position.to_bytes(4, "big", signed=True)
             self._entries += 1
 
-    def truncate_to(self, offset: int) -> None:
-        """Remove every entry with offset ≥ `offset`."""
-        with self._lock:
-            view = self._view()
-            relative = offset - self.base_offset
-            if relative > _INT32_MAX:
-                return  # every entry is below an offset past the relative range
-            keep = int(np.searchsorted(view["relative_offset"], np.int32(max(relative, -1)), side="left"))
-            self._truncate_entries_locked(keep)
-
     def sanity_check(self, log_size_bytes: int | None = None) -> None:
         """Raise CorruptIndexError unless the file length is a multiple of 8, offsets strictly
         increase from ≥ the base, positions never decrease and (when given) stay inside the log."""
@@ -434,16 +435,6 @@ class TimeIndex(_MappedIndex):
             start = self._entries * self._entry_bytes
             self._mmap[start : start + 12] = timestamp.to_bytes(8, "big", signed=True) + relative.to_bytes(4, "big")
             self._entries += 1
-
-    def truncate_to(self, offset: int) -> None:
-        """Remove every entry with offset ≥ `offset`."""
-        with self._lock:
-            view = self._view()
-            relative = offset - self.base_offset
-            if relative > _INT32_MAX:
-                return  # every entry is below an offset past the relative range
-            keep = int(np.searchsorted(view["relative_offset"], np.int32(max(relative, -1)), side="left"))
-            self._truncate_entries_locked(keep)
 
     def sanity_check(self) -> None:
         """Raise CorruptIndexError unless the length is a multiple of 12, timestamps strictly

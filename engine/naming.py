@@ -9,6 +9,7 @@ Files being replaced carry one more suffix: `.cleaned` (the cleaner's output, no
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -84,3 +85,10 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
     if not _LEGAL_TOPIC.fullmatch(topic):
         return None
     return topic, int(partition)
+
+
+def partition_dirs(log_dir: Path) -> list[tuple[str, str, int]]:
+    """The live partition dirs of a log dir, sorted: (dir name, topic, partition)."""
+    with os.scandir(log_dir) as entries:
+        names = sorted(entry.name for entry in entries if entry.is_dir())
+    return [(name, *parsed) for name in names if (parsed := parse_partition_dir(name)) is not None]
