@@ -22,6 +22,7 @@ from engine.errors import ConfigError
 from engine.records import TimestampType
 
 LONG_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1  # Kafka types these sizes as int: index positions are 32-bit
 _HOUR_MS = 3_600_000
 
 
@@ -74,16 +75,19 @@ class _Setting:
     default: Any
     broker_names: tuple[tuple[str, int], ...] = ()
     minimum: int | None = None
+    maximum: int | None = None
 
 
 # Topic-level name → how to read it. Defaults are Kafka's.
 TOPIC_SETTINGS: dict[str, _Setting] = {
-    "segment.bytes": _Setting(_parse_int, 1024**3, (("log.segment.bytes", 1),), minimum=14),
+    "segment.bytes": _Setting(_parse_int, 1024**3, (("log.segment.bytes", 1),), minimum=14, maximum=INT_MAX),
     "segment.ms": _Setting(_parse_int, 168 * _HOUR_MS, (("log.roll.ms", 1), ("log.roll.hours", _HOUR_MS)), minimum=1),
     "segment.jitter.ms": _Setting(
         _parse_int, 0, (("log.roll.jitter.ms", 1), ("log.roll.jitter.hours", _HOUR_MS)), minimum=0
     ),
-    "segment.index.bytes": _Setting(_parse_int, 10 * 1024 * 1024, (("log.index.size.max.bytes", 1),), minimum=4),
+    "segment.index.bytes": _Setting(
+        _parse_int, 10 * 1024 * 1024, (("log.index.size.max.bytes", 1),), minimum=4, maximum=INT_MAX
+    ),
     "index.interval.bytes": _Setting(_parse_int, 4096, (("log.index.interval.bytes", 1),), minimum=0),
     "flush.messages": _Setting(_parse_int, LONG_MAX, (("log.flush.interval.messages", 1),), minimum=1),
     "flush.ms": _Setting(
@@ -97,7 +101,7 @@ TOPIC_SETTINGS: dict[str, _Setting] = {
     ),
     "retention.bytes": _Setting(_parse_int, -1, (("log.retention.bytes", 1),)),
     "cleanup.policy": _Setting(_parse_policy, ("delete",), (("log.cleanup.policy", 1),)),
-    "max.message.bytes": _Setting(_parse_int, 1048588, (("message.max.bytes", 1),), minimum=0),
+    "max.message.bytes": _Setting(_parse_int, 1048588, (("message.max.bytes", 1),), minimum=0, maximum=INT_MAX),
     "file.delete.delay.ms": _Setting(_parse_int, 60_000, (("log.segment.delete.delay.ms", 1),), minimum=0),
     "delete.retention.ms": _Setting(_parse_int, 86_400_000, (("log.cleaner.delete.retention.ms", 1),), minimum=0),
     "min.compaction.lag.ms": _Setting(_parse_int, 0, (("log.cleaner.min.compaction.lag.ms", 1),), minimum=0),
@@ -182,6 +186,8 @@ def _convert(setting: _Setting, key: str, text: str, source: str) -> Any:
         raise ConfigError(f"{source}: invalid value {text!r} for {key}: {error}") from None
     if setting.minimum is not None and isinstance(value, int) and value < setting.minimum:
         raise ConfigError(f"{source}: {key}={text} is below the minimum of {setting.minimum}")
+    if setting.maximum is not None and isinstance(value, int) and value > setting.maximum:
+        raise ConfigError(f"{source}: {key}={text} is above the maximum of {setting.maximum}")
     return value
 
 

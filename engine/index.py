@@ -103,6 +103,7 @@ class _MappedIndex:
         self._mmap: mmap.mmap | None = None
         self._keys = np.empty(0, dtype=self.KEY_DTYPE)
         self._keys_count = 0
+        self._closed = False
         if newly_created:
             # Only a new index is preallocated; an existing one keeps its length until its
             # segment becomes the active one (`resize`), as Kafka does.
@@ -152,6 +153,18 @@ class _MappedIndex:
         if self._mmap is None or self._entries == 0:
             return np.empty(0, dtype=self.DTYPE)
         return np.frombuffer(self._mmap, dtype=self.DTYPE, count=self._entries)
+
+    def _reopen_if_closed_locked(self) -> None:
+        """A reader may still hold an index its segment closed (a roll closes sealed indexes):
+        it reopens, read-only, at the file's trimmed length, so look-ups stay right."""
+        if not self._closed or self.path is None:
+            return
+        self._closed = False
+        self.writable = False
+        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
+        self._length = os.fstat(self._file.fileno()).st_size
+        self._entries = self._length // self._entry_bytes
+        self._map_locked()
 
     def _keys_locked(self) -> npt.NDArray[np.integer]:
         """The native search keys of the entries in use (caller holds the lock)."""
@@ -208,6 +221,7 @@ class _MappedIndex:
     def close(self) -> None:
         """Trim (when writable) and release the file. Safe to call twice."""
         with self._lock:
+            self._closed = True
             if self._file is None or self._file.closed:
                 if self._mmap is not None:
                     self._mmap.close()
@@ -271,6 +285,7 @@ class OffsetIndex(_MappedIndex):
     def entry(self, n: int) -> OffsetPosition:
         """The n-th entry; raises IndexError outside 0..entries-1."""
         with self._lock:
+            self._reopen_if_closed_locked()
             if not 0 <= n < self._entries:
                 raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
             relative, position = self._view()[n].item()
@@ -283,6 +298,7 @@ class OffsetIndex(_MappedIndex):
 
     def last_entry(self) -> OffsetPosition:
         with self._lock:
+            self._reopen_if_closed_locked()
             if self._entries == 0:
                 return OffsetPosition(self.base_offset, 0)
             relative, position = self._view()[-1].item()
@@ -296,6 +312,7 @@ class OffsetIndex(_MappedIndex):
             return OffsetPosition(self.base_offset, 0)
         relative = min(relative, _INT32_MAX)
         with self._lock:
+            self._reopen_if_closed_locked()
             slot = int(np.searchsorted(self._keys_locked(), np.int32(relative), side="right")) - 1
             if slot < 0:
                 return OffsetPosition(self.base_offset, 0)
@@ -307,6 +324,7 @@ class OffsetIndex(_MappedIndex):
         """Vectorised lookup: the position for each target (0 below the first entry)."""
         relative = np.clip(target_offsets - self.base_offset, -1, _INT32_MAX).astype(np.int32)
         with self._lock:
+            self._reopen_if_closed_locked()
             view = self._view()
             slots = np.searchsorted(self._keys_locked(), relative, side="right") - 1
             positions = np.zeros(len(relative), dtype=np.int64)
@@ -319,6 +337,7 @@ class OffsetIndex(_MappedIndex):
         (Kafka uses it to bound a read by bytes)."""
         target = fetch_position.position + fetch_size
         with self._lock:
+            self._reopen_if_closed_locked()
             view = self._view()
             slot = int(np.searchsorted(view["position"], np.int32(min(target, _INT32_MAX)), side="left"))
             if slot >= len(view):
@@ -379,6 +398,7 @@ class TimeIndex(_MappedIndex):
 
     def entry(self, n: int) -> TimestampOffset:
         with self._lock:
+            self._reopen_if_closed_locked()
             if not 0 <= n < self._entries:
                 raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
             timestamp, relative = self._view()[n].item()
@@ -387,6 +407,7 @@ class TimeIndex(_MappedIndex):
     def last_entry(self) -> TimestampOffset:
         """The last entry; (-1, base offset) when empty."""
         with self._lock:
+            self._reopen_if_closed_locked()
             if self._entries == 0:
                 return TimestampOffset(NO_TIMESTAMP, self.base_offset)
             timestamp, relative = self._view()[-1].item()
@@ -396,6 +417,7 @@ class TimeIndex(_MappedIndex):
         """The entry with the largest timestamp ≤ target; below the first entry (or empty) →
         (-1, base offset)."""
         with self._lock:
+            self._reopen_if_closed_locked()
             slot = int(np.searchsorted(self._keys_locked(), np.int64(target_timestamp), side="right")) - 1
             if slot < 0:
                 return TimestampOffset(NO_TIMESTAMP, self.base_offset)

@@ -23,6 +23,7 @@ import numpy as np
 from engine.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
     PARTITION_METADATA,
+    fsync_dir,
     write_leader_epochs,
     write_partition_metadata,
 )
@@ -110,6 +111,8 @@ class PartitionLog:
         self._unflushed_records = 0
         self._last_flush_ms = now_ms
         self._closed = False
+        if writable and segments:
+            segments[-1].roll_jitter_ms = self._new_jitter()
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.topic}-{self.partition}, {self._log_start_offset}..{self._log_end_offset})"
@@ -357,7 +360,7 @@ class PartitionLog:
         """Append checked batches (`headers[i]` parsed from `batches[i]`, position 0), rolling
         as needed; on any failure cut the log back so that none of them stays."""
         start_end = self._log_end_offset
-        try:
+        try:  # (a batch that fails midway is cut back by the segment itself)
             for batch, header in zip(batches, headers, strict=True):
                 segment = self._maybe_roll(len(batch), header, now_ms)
                 segment.append(batch, [header])
@@ -413,11 +416,18 @@ class PartitionLog:
                     segment.flush()
         self._recovery_point = max(self._recovery_point, new_base)
         segment = segment_for(self.directory, new_base, self.config, writable=True, now_ms=now_ms)
-        if self.config.segment_jitter_ms > 0:
-            segment.roll_jitter_ms = self._rng.randrange(min(self.config.segment_jitter_ms, self.config.segment_ms))
+        segment.roll_jitter_ms = self._new_jitter()
         segment.make_active()
         self._segments.add(segment)
+        # The new files' directory entries are durable before the recovery point passes them.
+        fsync_dir(self.directory)
         return segment
+
+    def _new_jitter(self) -> int:
+        """A segment's random share of `segment.jitter.ms` (Kafka's randomSegmentJitter)."""
+        if self.config.segment_jitter_ms <= 0:
+            return 0
+        return self._rng.randrange(min(self.config.segment_jitter_ms, self.config.segment_ms))
 
     # -- durability ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -565,8 +575,10 @@ class PartitionLog:
             self._segments.remove(segment.base_offset)
             segment.delete_files()
         segment = segment_for(self.directory, offset, self.config, writable=True, now_ms=now_ms)
+        segment.roll_jitter_ms = self._new_jitter()
         segment.make_active()
         self._segments.add(segment)
+        fsync_dir(self.directory)
         self._log_start_offset = self._log_end_offset = offset
         self._recovery_point = offset
 

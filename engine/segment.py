@@ -432,9 +432,24 @@ class LogSegment:
             self._rolling_based_timestamp = headers[0].max_timestamp
         offset_index, time_index = self.offset_index, self.time_index
         max_so_far = self.max_timestamp_so_far  # loaded (if need be) before the new batches exist
-        _write_all(self._fd, data, physical_position)
-        self._size += len(data)
-        view = memoryview(data)
+        try:
+            _write_all(self._fd, data, physical_position)
+            self._size += len(data)
+            self._index_appended(memoryview(data), headers, physical_position, max_so_far)
+        except BaseException:
+            # A failed write (ENOSPC, EIO) or index update leaves nothing behind: the file, the
+            # indexes and the bookkeeping go back to where they were.
+            os.ftruncate(self._fd, physical_position)
+            self._size = physical_position
+            offset_index.truncate_to(headers[0].base_offset)
+            time_index.truncate_to(headers[0].base_offset)
+            self._max_timestamp_so_far = None
+            raise
+
+    def _index_appended(
+        self, view: memoryview, headers: list[BatchHeader], physical_position: int, max_so_far: TimestampOffset
+    ) -> None:
+        offset_index, time_index = self.offset_index, self.time_index
         for header in headers:
             if header.max_timestamp > max_so_far.timestamp:
                 batch = view[header.position : header.next_position]
@@ -523,8 +538,10 @@ class LogSegment:
         """Remove every batch from the one holding `offset` on, and every index entry at or above
         it; returns the bytes removed. The segment becomes writable-active sized."""
         header = self.translate_offset(offset)
-        self.offset_index.truncate_to(offset)
-        self.time_index.truncate_to(offset)
+        # Whole batches go: the indexes are cut at the first offset of the batch that is removed.
+        cut = offset if header is None else min(offset, header.base_offset)
+        self.offset_index.truncate_to(cut)
+        self.time_index.truncate_to(cut)
         self.offset_index.resize(self.max_index_bytes)
         self.time_index.resize(self.max_index_bytes)
         removed = 0

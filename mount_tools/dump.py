@@ -24,6 +24,10 @@ from engine.records import BatchHeader, Record, check_batch, control_type, decod
 from engine.segment import LogSegment
 
 
+class DumpFailed(Exception):
+    """A file could not be dumped to the end; the reason was printed."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="*", metavar="FILE", help=".log, .index or .timeindex files")
     parser.add_argument("--files", dest="files_option", metavar="F1,F2", help="comma-separated files (Kafka's form)")
@@ -57,6 +61,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
             failed = True
         except CorruptIndexError as error:
             print(f"seglogfs: {error}", file=sys.stderr)
+            failed = True
+        except DumpFailed:
             failed = True
     out.flush()
     return 1 if failed else 0
@@ -139,7 +145,15 @@ def _dump_log(path: Path, deep: bool, print_data: bool, out: object) -> None:
                 break
             valid_bytes = header.next_position
             if deep:
-                for record in decode_records(header, batch, include_control=True):
+                try:
+                    records = decode_records(header, batch, include_control=True)
+                except Exception as error:  # a codec or varint error inside a batch whose CRC held
+                    print(
+                        f"seglogfs: {path}: batch at position {header.position} has undecodable records: {error}",
+                        file=sys.stderr,
+                    )
+                    raise DumpFailed from None
+                for record in records:
                     if previous_offset is not None and record.offset != previous_offset + 1:
                         gaps.append((previous_offset, record.offset))
                     previous_offset = record.offset

@@ -489,3 +489,20 @@ def test_legacy_message_data_is_refused_and_never_cut(tmp_path: Path) -> None:
         assert "legacy message format (magic 0 or 1)" in said or "of legacy messages" in said, said
         assert "Traceback" not in said
     assert digest(copy) == before
+
+
+def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
+    import struct
+
+    from engine.records import compute_crc
+    from engine.records import build_batch as build
+
+    batch = bytearray(build([b"one", b"two"], timestamps=NOW_MS))
+    struct.pack_into(">i", batch, 57, 3)  # claims three records, holds two; CRC made to match
+    struct.pack_into(">I", batch, 17, compute_crc(batch))
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(bytes(batch))
+    result = run("dump", "--deep-iteration", str(segment), check=False)
+    assert result.returncode == 1
+    assert b"batch at position 0 has undecodable records" in result.stderr
+    assert b"Traceback" not in result.stderr and b"internal error" not in result.stderr

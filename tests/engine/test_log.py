@@ -553,3 +553,57 @@ def test_several_log_dirs_spread_partitions_and_read_back(tmp_path: Path) -> Non
             b"p2",
             b"p3",
         ]
+
+
+def test_failed_write_leaves_nothing_behind(part_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = make_log(part_dir)
+    log.append_records([b"kept"], now_ms=NOW_MS)
+    size = log.active_segment.size
+    real_pwrite = os.pwrite
+
+    def torn_then_full(fd: int, data: bytes, position: int) -> int:
+        real_pwrite(fd, bytes(data)[:50], position)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", torn_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        log.append_records([b"lost" * 30], now_ms=NOW_MS)
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert log.log_end_offset == 1 and log.active_segment.size == size
+    assert os.path.getsize(log.active_segment.log_path) == size
+    log.append_records([b"next"], now_ms=NOW_MS)
+    reopened = reopen(log, clean=True)
+    assert values_of(reopened) == [b"kept", b"next"]
+    reopened.close()
+    assert_log_dir_valid(part_dir.parent)
+
+
+def test_truncating_inside_a_batch_drops_its_index_entries(part_dir: Path) -> None:
+    log = make_log(part_dir, index_interval_bytes=1)
+    log.append_records([b"a"], timestamps=[100], now_ms=NOW_MS)
+    log.append_records([b"b", b"c", b"d"], timestamps=[300, 200, 250], now_ms=NOW_MS)
+    log.truncate_to(2, NOW_MS)  # offset 2 lies in the batch 1..3: the whole batch goes
+    assert log.log_end_offset == 1
+    assert log.active_segment.time_index.last_entry().timestamp < 300
+    log.close()
+    assert_log_dir_valid(part_dir.parent)
+
+
+def test_an_index_held_across_a_roll_still_answers(part_dir: Path) -> None:
+    log = make_log(part_dir, index_interval_bytes=1)
+    for i in range(5):
+        log.append_records([b"%d" % i], timestamps=[NOW_MS + i], now_ms=NOW_MS)
+    sealed = log.active_segment
+    offset_index, time_index = sealed.offset_index, sealed.time_index
+    expected = (offset_index.lookup(3), time_index.lookup(NOW_MS + 3))
+    log.roll(NOW_MS)  # closes the sealed segment's index files
+    assert (offset_index.lookup(3), time_index.lookup(NOW_MS + 3)) == expected
+    assert offset_index.entry(0).offset == 1
+    log.close()
+
+
+def test_sizes_are_capped_where_kafka_types_them_as_int() -> None:
+    from engine import ConfigError
+
+    with pytest.raises(ConfigError, match="above the maximum of 2147483647"):
+        BrokerConfig.load(overrides=["log.segment.bytes=5000000000"], log_dirs=[Path("/x")])
