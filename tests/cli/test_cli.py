@@ -494,8 +494,8 @@ def test_legacy_message_data_is_refused_and_never_cut(tmp_path: Path) -> None:
 def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
     import struct
 
-    from engine.records import compute_crc
     from engine.records import build_batch as build
+    from engine.records import compute_crc
 
     batch = bytearray(build([b"one", b"two"], timestamps=NOW_MS))
     struct.pack_into(">i", batch, 57, 3)  # claims three records, holds two; CRC made to match
