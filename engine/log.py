@@ -601,6 +601,7 @@ class PartitionLog:
 
 def _byte_lengths(blobs: Sequence[bytes | None]) -> np.ndarray:
     """Lengths of byte strings (0 for None) as an int64 array."""
-    if None not in blobs:
+    try:  # no nulls, the common case
         return np.fromiter(map(len, blobs), np.int64, len(blobs))  # type: ignore[arg-type]
-    return np.fromiter((0 if blob is None else len(blob) for blob in blobs), np.int64, len(blobs))
+    except TypeError:  # len(None)
+        return np.fromiter((0 if blob is None else len(blob) for blob in blobs), np.int64, len(blobs))

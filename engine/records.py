@@ -398,9 +398,10 @@ def _encode_header_blob(headers: Sequence[Header]) -> bytes:
 def _lengths(blobs: Sequence[bytes | None] | None, n: int) -> np.ndarray:
     if blobs is None:
         return np.full(n, -1, dtype=np.int64)
-    if None not in blobs:
+    try:  # no nulls, the common case: len() of each, at C speed
         return np.fromiter(map(len, blobs), dtype=np.int64, count=n)  # type: ignore[arg-type]
-    return np.fromiter((-1 if blob is None else len(blob) for blob in blobs), dtype=np.int64, count=n)
+    except TypeError:  # len(None)
+        return np.fromiter((-1 if blob is None else len(blob) for blob in blobs), dtype=np.int64, count=n)
 
 
 def build_batch(
