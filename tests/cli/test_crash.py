@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import select
@@ -101,3 +102,49 @@ def test_sigkill_loses_no_acknowledged_record(tmp_path: Path, trial: int) -> Non
         info = log.append_records([value_for(end)], now_ms=NOW_MS)
         assert info.first_offset == end
     assert cli_main(["check", str(log_dir)]) == 0
+
+
+def test_readers_beside_a_live_writer_see_only_whole_records(tmp_path: Path) -> None:
+    """consume opens read-only and takes no lock: while another process appends and rolls,
+    every read is a gap-free prefix of what the writer wrote, with the right values."""
+    log_dir = tmp_path / "live"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.cli.crash_writer", str(log_dir), "7"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().startswith(b"ready")
+        process.stdout.readline()  # the first acknowledgement: data exists
+        seen = []
+        for _ in range(5):
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mount_tools.cli",
+                    "consume",
+                    str(log_dir),
+                    "--topic",
+                    "crash",
+                    "--from-beginning",
+                    "--format",
+                    "jsonl",
+                ],
+                cwd=REPO,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            assert result.returncode == 0, result.stderr
+            records = [json.loads(line) for line in result.stdout.splitlines()]
+            assert [r["offset"] for r in records] == list(range(len(records)))
+            assert all(r["value"] == value_for(r["offset"]).decode() for r in records)
+            seen.append(len(records))
+        assert seen[-1] > seen[0] > 0, f"the writer should have moved on between reads: {seen}"
+    finally:
+        process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
