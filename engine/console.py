@@ -51,12 +51,6 @@ def parse_timestamp(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def format_timestamp_iso(timestamp_ms: int) -> str:
-    """`2026-11-22T10:00:00.123Z` for a timestamp in milliseconds."""
-    moment = datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{timestamp_ms % 1000:03d}Z"
-
-
 def _flag(properties: Mapping[str, str], name: str, default: bool = False) -> bool:
     value = properties.get(name)
     if value is None:

@@ -33,13 +33,11 @@ from pathlib import Path
 from engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     LOG_START_OFFSET_CHECKPOINT,
-    PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
     fsync_dir,
     read_offset_checkpoint,
-    read_partition_metadata,
     write_atomically,
     write_offset_checkpoint,
 )
@@ -96,7 +94,6 @@ class DataDir:
         self._lock_fds: list[tuple[str, int]] = []
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._topic_overrides: dict[str, dict[str, str]] = {}
-        self._clean_shutdown: dict[Path, bool] = {}
         self._recover_all = False
         self._closed = False
 
@@ -151,7 +148,6 @@ class DataDir:
     def _load_log_dir(self, log_dir: Path, now_ms: int) -> None:
         marker = log_dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
-        self._clean_shutdown[log_dir] = clean
         try:
             recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
             start_offsets = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
@@ -181,9 +177,6 @@ class DataDir:
             # From now on the dir is in use: a crash must not look like a clean stop.
             marker.unlink()
             fsync_dir(log_dir)
-
-    def was_clean_shutdown(self, log_dir: Path) -> bool:
-        return self._clean_shutdown.get(log_dir, False)
 
     # -- topic configs ---------------------------------------------------------------------------
     @property
@@ -337,7 +330,3 @@ class DataDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def topic_id_of(log: PartitionLog) -> str | None:
-    return read_partition_metadata(log.directory / PARTITION_METADATA)

@@ -570,11 +570,6 @@ def _ragged_rows(columns: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
     return [flat[a:b] for a, b in zip(starts, ends, strict=False)]
 
 
-def set_base_offset(batch: bytearray, base_offset: int) -> None:
-    """Rewrite a batch's base offset in place. The CRC does not cover it, so it stays valid."""
-    struct.pack_into(">q", batch, 0, base_offset)
-
-
 def set_log_append_time(batch: bytearray, timestamp_ms: int) -> None:
     """Stamp a batch as LogAppendTime with max timestamp `timestamp_ms` and refresh its CRC, as
     the broker does for topics with `message.timestamp.type=LogAppendTime`."""
