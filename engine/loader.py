@@ -32,9 +32,11 @@ from engine.config import LogConfig
 from engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
+    INDEX_SUFFIX,
     INDEX_SUFFIXES,
     LOG_SUFFIX,
     SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
     parse_segment_file_name,
 )
 from engine.segment import LogSegment
@@ -136,22 +138,21 @@ def load_partition(
     if writable:
         names = _remove_leftovers(directory, names)
         names = _complete_swaps(directory, names, config, now_ms)
-    log_bases = set()
+    # One parse of the listing: which bases have a log, and which index files exist.
+    files: dict[int, set[str]] = {}
     for name in names:
         parsed = parse_segment_file_name(name)
-        if parsed is not None and parsed[1:] == (LOG_SUFFIX, ""):
-            log_bases.add(parsed[0])
+        if parsed is not None and not parsed[2]:
+            files.setdefault(parsed[0], set()).add(parsed[1])
     segments: list[LogSegment] = []
-    for name in names:
-        parsed = parse_segment_file_name(name)
-        if parsed is None or parsed[2]:
+    for base, kinds in sorted(files.items()):
+        if LOG_SUFFIX not in kinds:
+            if writable:  # index files whose log is gone
+                for kind in kinds & set(INDEX_SUFFIXES):
+                    (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
             continue
-        base, kind, _ = parsed
-        if kind in INDEX_SUFFIXES and base not in log_bases and writable:
-            (directory / name).unlink(missing_ok=True)  # an index whose log is gone
-    for base in sorted(log_bases):
         segment = segment_for(directory, base, config, writable=writable, now_ms=now_ms)
-        if writable and not (segment.offset_index_path.exists() and segment.time_index_path.exists()):
+        if writable and not {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds:
             log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
             segment.recover()
             segment.release_handles()

@@ -109,11 +109,13 @@ class LogSegment:
         self._handle: int | None = None
         self._handle_lock = threading.Lock()
         self._closed = False
-        if writable and not self.log_path.exists():
+        try:
+            self._size = os.stat(self.log_path).st_size
+        except FileNotFoundError:
+            if not writable:
+                raise
             self._size = 0
             _ = self._fd  # create it now
-        else:
-            self._size = os.stat(self.log_path).st_size
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         self._active = False
