@@ -33,7 +33,7 @@ from engine.checkpoint import (
     read_offset_checkpoint,
 )
 from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE
-from engine.naming import LOG_SUFFIX, parse_segment_file_name, partition_dirs
+from engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from engine.records import BatchHeader, check_batch, decode_records
 from engine.segment import LogSegment
 
@@ -132,6 +132,8 @@ def _check_partition(
         if parsed is None:
             continue
         base, kind, extra = parsed
+        if extra == DELETED_SUFFIX:
+            continue  # a deletion waiting for file.delete.delay.ms: normal, not damage
         if extra:
             report.problems.append(Problem(directory / name, f"leftover {extra} file of interrupted work"))
         elif kind == LOG_SUFFIX:

@@ -52,6 +52,7 @@ from engine.errors import (
 )
 from engine.log import PartitionLog
 from engine.naming import partition_dir_name, partition_dirs, validate_topic
+from engine.retention import RetentionDecision
 
 LOCK_FILE = ".lock"
 TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
@@ -279,6 +280,21 @@ class DataDir:
         for log in self._logs.values():
             counts[log.directory.parent] = counts.get(log.directory.parent, 0) + 1
         return min(self.config.log_dirs, key=lambda d: counts[d])
+
+    # -- cleanup ------------------------------------------------------------------------------------
+    def clean(self, now_ms: int) -> list[tuple[PartitionLog, RetentionDecision]]:
+        """One retention pass over every partition, then removal of deleted segments whose
+        `file.delete.delay.ms` has passed; returns what each partition deleted."""
+        self._check_writable()
+        done = []
+        for log in self.partitions():
+            decision = log.delete_old_segments(now_ms)
+            log.delete_pending(now_ms)
+            if decision:
+                done.append((log, decision))
+        if done:
+            self.checkpoint()
+        return done
 
     # -- checkpoints and closing -------------------------------------------------------------------
     def checkpoint(self) -> None:

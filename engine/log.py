@@ -50,6 +50,7 @@ from engine.records import (
     iter_batch_headers,
     set_log_append_time,
 )
+from engine.retention import RetentionDecision, segments_to_delete
 from engine.segment import FetchSlice, LogSegment, RollParams, TimestampAndOffset
 from engine.segments import LogSegments
 
@@ -111,6 +112,7 @@ class PartitionLog:
         self._unflushed_records = 0
         self._last_flush_ms = now_ms
         self._closed = False
+        self._pending_deletes: list[tuple[int, LogSegment]] = []
         if writable and segments:
             segments[-1].roll_jitter_ms = self._new_jitter()
 
@@ -539,6 +541,63 @@ class PartitionLog:
                     return found
         return None
 
+    # -- retention --------------------------------------------------------------------------------
+    def delete_old_segments(self, now_ms: int) -> RetentionDecision:
+        """One retention pass (see engine.retention): the segments due go out of the segment map
+        at once, are renamed `.deleted` and removed after `file.delete.delay.ms` (readers that
+        hold one keep reading it); the log start offset moves to the first segment left. When
+        every segment is due the log rolls first, so an empty segment keeps the log end offset."""
+        self._check_writable()
+        with self.lock:
+            decision = segments_to_delete(
+                self._segments.snapshot(),
+                self.config,
+                log_start_offset=self._log_start_offset,
+                high_watermark=self.high_watermark,
+                log_end_offset=self._log_end_offset,
+                now_ms=now_ms,
+            )
+            if not decision:
+                return decision
+            if decision.segments[-1] is self.active_segment:
+                self._roll_locked(self._log_end_offset, now_ms)
+            for segment in decision.segments:
+                self._segments.remove(segment.base_offset)
+                segment.mark_deleted()
+                self._pending_deletes.append((now_ms + self.config.file_delete_delay_ms, segment))
+            first = self.segments[0].base_offset
+            self._log_start_offset = max(self._log_start_offset, first)
+            self._recovery_point = max(self._recovery_point, first)
+            fsync_dir(self.directory)
+            return decision
+
+    def delete_records(self, offset: int, now_ms: int) -> int:
+        """Raise the log start offset to `offset` (kafka-delete-records); segments wholly below
+        it go at once. Returns the new log start offset. OffsetOutOfRangeError above the high
+        watermark; a lower offset than the current start changes nothing."""
+        self._check_writable()
+        with self.lock:
+            if offset > self.high_watermark or offset < 0:
+                raise OffsetOutOfRangeError(
+                    f"delete-records of {self.topic}-{self.partition}",
+                    offset,
+                    self._log_start_offset,
+                    self.high_watermark,
+                )
+            self._log_start_offset = max(self._log_start_offset, offset)
+            self.delete_old_segments(now_ms)
+            return self._log_start_offset
+
+    def delete_pending(self, now_ms: int, *, all_of_them: bool = False) -> int:
+        """Remove the files of deleted segments whose `file.delete.delay.ms` has passed (or all
+        of them); returns how many segments went."""
+        with self.lock:
+            due = [(at, s) for at, s in self._pending_deletes if all_of_them or at <= now_ms]
+            for entry in due:
+                self._pending_deletes.remove(entry)
+                entry[1].delete_files()
+            return len(due)
+
     # -- truncation -------------------------------------------------------------------------------
     def truncate_to(self, offset: int, now_ms: int) -> None:
         """Remove every batch from the one holding `offset` on (Kafka truncates whole batches);
@@ -594,6 +653,8 @@ class PartitionLog:
                 self._flush_locked()
                 for segment in self._segments.snapshot():
                     segment.close()
+                for _, segment in self._pending_deletes:
+                    segment.close_handlers()  # the `.deleted` files go at the next open, as in Kafka
             else:
                 for segment in self._segments.snapshot():
                     segment.close_handlers()

@@ -213,6 +213,32 @@ def _quiet_broken_pipe() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+# -- clean and delete-records ---------------------------------------------------------------------
+def cmd_clean(args: argparse.Namespace) -> int:
+    config = _broker_config(args)
+    now = now_ms() if args.now is None else args.now
+    with DataDir.open(config, now_ms=now) as data_dir:
+        done = data_dir.clean(now)
+        for log, decision in done:
+            bases = ", ".join(str(segment.base_offset) for segment in decision.segments)
+            print(
+                f"{log.topic}-{log.partition}: deleted {len(decision.segments)} segments ({bases}) by "
+                f"{decision.reason}; log start offset now {log.log_start_offset}"
+            )
+    if not done:
+        print("nothing to delete")
+    return EXIT_OK
+
+
+def cmd_delete_records(args: argparse.Namespace) -> int:
+    config = _broker_config(args)
+    with DataDir.open(config, now_ms=now_ms()) as data_dir:
+        log = data_dir.partition(args.topic, args.partition)
+        start = log.delete_records(args.offset, now_ms())
+        print(f"{log.topic}-{log.partition}: log start offset (low watermark) is {start}")
+    return EXIT_OK
+
+
 # -- check ----------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
     config = _broker_config(args)
@@ -298,6 +324,18 @@ def build_parser() -> argparse.ArgumentParser:
     dump_parser = commands.add_parser("dump", help="print segment, index and time index files (kafka-dump-log)")
     dump.add_arguments(dump_parser)
     dump_parser.set_defaults(handler=dump.cmd_dump)
+
+    clean = commands.add_parser("clean", help="one retention pass (retention.ms, retention.bytes, log start)")
+    _add_common(clean)
+    clean.add_argument("--now", type=int, metavar="EPOCH_MS", help="the time to judge retention by (scripts)")
+    clean.set_defaults(handler=cmd_clean)
+
+    delete_records = commands.add_parser("delete-records", help="raise a partition's log start offset")
+    _add_common(delete_records)
+    delete_records.add_argument("--topic", required=True)
+    delete_records.add_argument("--partition", type=int, required=True)
+    delete_records.add_argument("--offset", type=int, required=True)
+    delete_records.set_defaults(handler=cmd_delete_records)
 
     check = commands.add_parser("check", help="verify every batch, index and checkpoint")
     _add_common(check)
