@@ -222,6 +222,10 @@ def bench_open(root: Path, segments: int = 10_000) -> dict:
             log.append_records([value, value], now_ms=NOW_MS)
     count = len(list((log_dir / "many-0").glob("*.log")))
     clean = timed(lambda: DataDir.open(config, read_only=False, now_ms=NOW_MS).close())
+    # A retention pass when nothing has expired (records stamped NOW_MS, 7-day retention).
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        retention_pass = timed(lambda: data_dir.clean(NOW_MS + 1000))
+        assert len(data_dir.partition("many", 0).segments) == count
     # An unclean stop: no clean-shutdown marker, recovery point at the start of the last segment.
     (log_dir / ".kafka_cleanshutdown").unlink()
     unclean = timed(lambda: DataDir.open(config, now_ms=NOW_MS).close())
@@ -232,6 +236,7 @@ def bench_open(root: Path, segments: int = 10_000) -> dict:
     return {
         "segments": count,
         "open_after_clean_stop_s": clean,
+        "retention_pass_nothing_expired_s": retention_pass,
         "open_after_unclean_stop_s": unclean,
         "open_unclean_without_recovery_checkpoint_s": from_zero,
     }
