@@ -32,7 +32,7 @@ from engine.checkpoint import (
     CheckpointError,
     read_offset_checkpoint,
 )
-from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE
+from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
 from engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from engine.records import BatchHeader, check_batch, decode_records
 from engine.segment import LogSegment
@@ -227,15 +227,8 @@ def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckRe
             )
             return None
     entries = np.frombuffer(raw, dtype=dtype)
-    if preallocated_ok and len(entries) > 1:
-        # A live or crashed active segment's index is preallocated: zero slots follow the entries
-        # (Kafka's dump stops at the first slot that repeats the base offset).
-        zero = np.flatnonzero(entries["relative_offset"][1:] == 0)
-        if len(zero):
-            entries = entries[: zero[0] + 1]
-            if len(entries) == 1 and not entries.tobytes().strip(b"\0"):
-                entries = entries[:0]
-    return entries
+    # A live or crashed active segment's index is preallocated: zero slots follow the entries.
+    return entries_in_use(entries) if preallocated_ok else entries
 
 
 def _check_offset_index(

@@ -88,22 +88,21 @@ class DataDir:
     """The partitions of one broker's log dirs. Not thread-safe for topic creation; each
     partition's own operations follow PartitionLog's rules."""
 
-    def __init__(self, config: BrokerConfig, *, writable: bool, now_ms: int) -> None:
+    def __init__(self, config: BrokerConfig, *, writable: bool, recover_all: bool = False) -> None:
         """Use `DataDir.open`."""
         self.config = config
         self.writable = writable
         self._lock_fds: list[tuple[str, int]] = []
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._topic_overrides: dict[str, dict[str, str]] = {}
-        self._recover_all = False
+        self._recover_all = recover_all
         self._closed = False
 
     @classmethod
     def open(cls, config: BrokerConfig, *, read_only: bool = False, recover_all: bool = False, now_ms: int) -> DataDir:
         """Open every log dir (creating missing ones when writable) and load its partitions.
         `recover_all` checks and repairs every segment, whatever the last stop was (repair)."""
-        data_dir = cls(config, writable=not read_only, now_ms=now_ms)
-        data_dir._recover_all = recover_all and not read_only
+        data_dir = cls(config, writable=not read_only, recover_all=recover_all and not read_only)
         try:
             data_dir._open(now_ms)
         except BaseException:

@@ -63,6 +63,20 @@ class TimestampOffset:
     offset: int
 
 
+def entries_in_use(entries: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
+    """The entries of a read-in index file up to its preallocated zero tail: a slot after the
+    first that repeats relative offset 0 ends them (Kafka's dump stops there too). An index whose
+    only entry is all zeros holds none."""
+    if len(entries) == 0:
+        return entries
+    repeats = np.flatnonzero(entries["relative_offset"][1:] == 0)
+    if len(repeats):
+        entries = entries[: repeats[0] + 1]
+    if len(entries) == 1 and not entries.tobytes().strip(b"\0") and len(repeats):
+        return entries[:0]
+    return entries
+
+
 def round_down_to_entries(size_bytes: int, entry_bytes: int) -> int:
     return size_bytes - size_bytes % entry_bytes
 

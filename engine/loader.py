@@ -111,7 +111,7 @@ def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms
     )
     for base in sorted(swaps):
         swap = segment_for(directory, base, config, writable=True, now_ms=now_ms, file_suffix=SWAP_SUFFIX)
-        end_offset = swap.read_next_offset_by_scan()
+        end_offset = swap.read_next_offset(trust_index=False)
         swap.close_handlers()
         for old_base in live_logs:
             if base <= old_base < max(end_offset, base + 1):

@@ -296,20 +296,16 @@ class LogSegment:
                 "supported yet; the data is left untouched"
             )
 
-    def iter_headers(self, start_position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
-        for header, _ in self.iter_batches(start_position, end_position):
-            yield header
-
     def translate_offset(self, offset: int, start_position: int = 0) -> BatchHeader | None:
         """The first batch whose last offset is ≥ `offset`, searching from the index entry at or
         below it (never before `start_position`); None when the segment has no such batch."""
         position = max(start_position, self.offset_index.lookup(offset).position)
-        for header in self._iter_headers_only(position):
+        for header in self.iter_headers(position):
             if header.last_offset >= offset:
                 return header
         return None
 
-    def _iter_headers_only(self, position: int, end_position: int | None = None) -> Iterator[BatchHeader]:
+    def iter_headers(self, position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
         """Batch headers from `position`, reading 61 bytes per batch rather than whole batches:
         what a seek through a segment needs."""
         end = self._size if end_position is None else end_position
@@ -388,7 +384,7 @@ class LogSegment:
     def first_batch_timestamp(self) -> int:
         """Max timestamp of the first batch (what time-based rolling measures from);
         2^63-1 for an empty segment."""
-        for header in self._iter_headers_only(0):
+        for header in self.iter_headers(0):
             return header.max_timestamp
         return 2**63 - 1
 
@@ -558,18 +554,13 @@ class LogSegment:
         self._max_timestamp_so_far = None
         return removed
 
-    def read_next_offset(self) -> int:
-        """The offset after the segment's last batch (its base offset when empty): a scan from
-        the last index entry."""
+    def read_next_offset(self, *, trust_index: bool = True) -> int:
+        """The offset after the segment's last batch (its base offset when empty): a scan of
+        batch headers from the last index entry, or from the start when the index is not to be
+        trusted (a `.swap` file being completed)."""
+        position = self.offset_index.last_entry().position if trust_index else 0
         next_offset = self.base_offset
-        for header in self._iter_headers_only(self.offset_index.last_entry().position):
-            next_offset = header.next_offset
-        return next_offset
-
-    def read_next_offset_by_scan(self) -> int:
-        """Like read_next_offset, without the index (for files whose index is not trusted)."""
-        next_offset = self.base_offset
-        for header in self._iter_headers_only(0):
+        for header in self.iter_headers(position):
             next_offset = header.next_offset
         return next_offset
 

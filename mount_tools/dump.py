@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import CorruptIndexError
-from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
+from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex, entries_in_use
 from engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from engine.records import BatchHeader, Record, check_batch, control_type, decode_records
 from engine.segment import LogSegment
@@ -169,21 +169,13 @@ def _dump_log(path: Path, deep: bool, print_data: bool, out: object) -> None:
         segment.close_handlers()
 
 
-def _live_entries(raw: np.ndarray, relative_offsets: np.ndarray) -> np.ndarray:
-    """Entries up to the first slot that repeats relative offset 0 after the first (the zeroed
-    preallocated tail of a live index), as Kafka's dump stops there."""
-    repeats = np.flatnonzero(relative_offsets[1:] == 0)
-    return raw[: repeats[0] + 1] if len(repeats) else raw
-
-
 def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
     raw = path.read_bytes()
     if len(raw) % dtype.itemsize:
         raise CorruptIndexError(
             path, f"found {len(raw)} bytes which is neither positive nor a multiple of {dtype.itemsize}"
         )
-    entries = np.frombuffer(raw, dtype=dtype)
-    return _live_entries(entries, entries["relative_offset"]) if len(entries) else entries
+    return entries_in_use(np.frombuffer(raw, dtype=dtype))
 
 
 def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bool, out: object) -> bool:
