@@ -475,13 +475,17 @@ class PartitionLog:
         OffsetOutOfRangeError. `max_offset` bounds the read (exclusive), by batch."""
         self._check_offset(start_offset, "read")
         end = self._log_end_offset if max_offset is None else min(max_offset, self._log_end_offset)
+        if start_offset >= end:
+            return FetchResult(b"", None, None, self._log_start_offset, end)
+        # Only the segment holding `end` needs a bound inside it; one look-up there, none elsewhere.
+        end_segment = self._segments.floor(end) if end < self._log_end_offset else None
         for segment in self._segments.from_offset(start_offset):
-            if start_offset >= end:
+            if segment.base_offset >= end:
                 break
             limit = None
-            upper = segment.translate_offset(end) if end < self._log_end_offset else None
-            if upper is not None:
-                limit = upper.position
+            if segment is end_segment:
+                upper = segment.translate_offset(end)
+                limit = upper.position if upper is not None else None
             found: FetchSlice | None = segment.read(start_offset, max_bytes, limit, min_one_message)
             if found is not None:
                 return FetchResult(found.data, found.segment_base_offset, found.position, self._log_start_offset, end)
