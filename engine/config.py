@@ -120,6 +120,7 @@ BROKER_SETTINGS: dict[str, _Setting] = {
     "log.cleaner.enable": _Setting(_parse_bool, True),
     "log.cleaner.dedupe.buffer.size": _Setting(_parse_int, 128 * 1024 * 1024, minimum=1),
     "log.cleaner.backoff.ms": _Setting(_parse_int, 15_000, minimum=0),
+    "log.cleaner.io.buffer.load.factor": _Setting(_parse_ratio, 0.9),
     "log.flush.offset.checkpoint.interval.ms": _Setting(_parse_int, 60_000, minimum=0),
     "log.flush.start.offset.checkpoint.interval.ms": _Setting(_parse_int, 60_000, minimum=0),
     "log.flush.scheduler.interval.ms": _Setting(_parse_int, LONG_MAX, minimum=0),
@@ -161,6 +162,15 @@ class LogConfig:
     @property
     def timestamp_type(self) -> TimestampType:
         return TimestampType.from_config(self.message_timestamp_type)
+
+    @property
+    def max_segment_ms(self) -> int:
+        """The time after which the active segment rolls: `segment.ms`, or `max.compaction.lag.ms`
+        when that is shorter on a compacted topic, so no record waits in the uncleanable active
+        segment longer than its topic allows (Kafka's LogConfig.maxSegmentMs)."""
+        if self.compact:
+            return min(self.segment_ms, self.max_compaction_lag_ms)
+        return self.segment_ms
 
     def as_properties(self) -> dict[str, str]:
         """The settings under their Kafka topic-level names, as strings."""
@@ -240,6 +250,7 @@ class BrokerConfig:
     log_cleaner_enable: bool
     log_cleaner_dedupe_buffer_size: int
     log_cleaner_backoff_ms: int
+    log_cleaner_io_buffer_load_factor: float
     log_flush_offset_checkpoint_interval_ms: int
     log_flush_start_offset_checkpoint_interval_ms: int
     log_flush_scheduler_interval_ms: int

@@ -24,14 +24,17 @@ from __future__ import annotations
 import base64
 import fcntl
 import json
+import logging
 import os
 import struct
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
+    CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
@@ -41,6 +44,7 @@ from engine.checkpoint import (
     write_atomically,
     write_offset_checkpoint,
 )
+from engine.cleaner import Cleaner, CleanResult, LogToClean, earliest_delete_horizon, filthiest, log_to_clean
 from engine.config import BrokerConfig, LogConfig, validate_topic_overrides
 from engine.errors import (
     ConfigError,
@@ -53,6 +57,8 @@ from engine.errors import (
 from engine.log import PartitionLog
 from engine.naming import partition_dir_name, partition_dirs, validate_topic
 from engine.retention import RetentionDecision
+
+logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
@@ -84,6 +90,19 @@ def _describe_pid(pid: int) -> str:
     return f"process {pid} ({cmdline[:120]})"
 
 
+@dataclass
+class CleanupReport:
+    """What one cleanup pass did: retention per partition, compaction passes, and the
+    partitions the cleaner gave up on (with the reason; they are left as they were)."""
+
+    retention: list[tuple[PartitionLog, RetentionDecision]] = field(default_factory=list)
+    compaction: list[CleanResult] = field(default_factory=list)
+    failed: list[tuple[TopicPartition, str]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.retention or self.compaction or self.failed)
+
+
 class DataDir:
     """The partitions of one broker's log dirs. Not thread-safe for topic creation; each
     partition's own operations follow PartitionLog's rules."""
@@ -97,6 +116,10 @@ class DataDir:
         self._topic_overrides: dict[str, dict[str, str]] = {}
         self._recover_all = recover_all
         self._closed = False
+        self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
+        self._cleaner_checkpoints: dict[TopicPartition, int] = {}
+        self._uncleanable: dict[TopicPartition, str] = {}
+        self._delete_horizons: dict[TopicPartition, int | None] = {}
 
     @classmethod
     def open(cls, config: BrokerConfig, *, read_only: bool = False, recover_all: bool = False, now_ms: int) -> DataDir:
@@ -159,6 +182,10 @@ class DataDir:
                 recovery_points, start_offsets = {}, {}
         if self._recover_all:
             recovery_points, clean = {}, False
+        try:
+            self._cleaner_checkpoints.update(read_offset_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
+        except CheckpointError as error:
+            logger.warning("%s; compaction starts again from each log's start", error)
         for name, topic, partition in partition_dirs(log_dir):
             if (topic, partition) in self._logs:
                 raise EngineError(f"{log_dir / name}: partition {topic}-{partition} is in two log dirs")
@@ -281,24 +308,100 @@ class DataDir:
         return min(self.config.log_dirs, key=lambda d: counts[d])
 
     # -- cleanup ------------------------------------------------------------------------------------
-    def clean(self, now_ms: int) -> list[tuple[PartitionLog, RetentionDecision]]:
+    def clean(self, now_ms: int) -> CleanupReport:
+        """One full cleanup pass: retention over every partition, removal of deleted segments
+        whose `file.delete.delay.ms` has passed, then compaction of every compacted log that is
+        cleanable (`seglogfs clean`)."""
+        report = CleanupReport(retention=self.delete_old_segments(now_ms))
+        compacted = self.compact(now_ms)
+        report.compaction, report.failed = compacted.compaction, compacted.failed
+        return report
+
+    def delete_old_segments(self, now_ms: int) -> list[tuple[PartitionLog, RetentionDecision]]:
         """One retention pass over every partition, then removal of deleted segments whose
         `file.delete.delay.ms` has passed; returns what each partition deleted."""
         self._check_writable()
         done = []
-        for log in self.partitions():
-            decision = log.delete_old_segments(now_ms)
-            log.delete_pending(now_ms)
+        for log_ in self.partitions():
+            decision = log_.delete_old_segments(now_ms)
+            log_.delete_pending(now_ms)
             if decision:
-                done.append((log, decision))
+                done.append((log_, decision))
         if done:
             self.checkpoint()
         return done
+
+    def cleanable_logs(self, now_ms: int) -> list[LogToClean]:
+        """Every compacted log's cleaning state now (uncleanable ones left out). A cleaner
+        checkpoint outside its log is reset to the log start here, as Kafka does."""
+        candidates = []
+        for key, log_ in self._logs.items():
+            if not log_.config.compact or key in self._uncleanable:
+                continue
+            candidate = log_to_clean(log_, self._cleaner_checkpoints.get(key), now_ms)
+            self._cleaner_checkpoints[key] = candidate.first_dirty_offset
+            candidates.append(candidate)
+        return candidates
+
+    def _delete_horizon_due(self, candidate: LogToClean, now_ms: int) -> bool:
+        """Whether tombstones stamped by an earlier pass may now go (the pass then rewrites the
+        clean section even though nothing is dirty)."""
+        key = (candidate.log.topic, candidate.log.partition)
+        if key not in self._delete_horizons:
+            self._delete_horizons[key] = earliest_delete_horizon(candidate.log, candidate.first_dirty_offset)
+        horizon = self._delete_horizons[key]
+        return horizon is not None and horizon <= now_ms
+
+    def compact(self, now_ms: int) -> CleanupReport:
+        """Clean every cleanable compacted log once, filthiest first (one cleaner thread's
+        work); a log whose cleaning fails is marked uncleanable and left as it was, and the
+        others go on. Updates `cleaner-offset-checkpoint`."""
+        self._check_writable()
+        report = CleanupReport()
+        if not self.config.log_cleaner_enable:
+            return report
+        done: set[TopicPartition] = set()
+        try:
+            while True:
+                candidates = [c for c in self.cleanable_logs(now_ms) if (c.log.topic, c.log.partition) not in done]
+                chosen = filthiest(candidates)
+                if chosen is None:
+                    chosen = next((c for c in candidates if self._delete_horizon_due(c, now_ms)), None)
+                if chosen is None:
+                    break
+                key = (chosen.log.topic, chosen.log.partition)
+                done.add(key)
+                try:
+                    result = self._cleaner.clean(chosen, now_ms)
+                except EngineError as error:
+                    self._uncleanable[key] = str(error)
+                    report.failed.append((key, str(error)))
+                    logger.error("cleaning %s-%d failed, leaving it uncleanable: %s", key[0], key[1], error)
+                    continue
+                self._cleaner_checkpoints[key] = result.next_dirty_offset
+                self._delete_horizons[key] = result.stats.earliest_delete_horizon
+                report.compaction.append(result)
+                self._write_cleaner_checkpoints()
+        finally:
+            self._cleaner.release()
+        return report
+
+    def _write_cleaner_checkpoints(self) -> None:
+        for log_dir in self.config.log_dirs:
+            write_offset_checkpoint(
+                log_dir / CLEANER_OFFSET_CHECKPOINT,
+                {
+                    key: offset
+                    for key, offset in self._cleaner_checkpoints.items()
+                    if key in self._logs and self._logs[key].directory.parent == log_dir
+                },
+            )
 
     # -- checkpoints and closing -------------------------------------------------------------------
     def checkpoint(self) -> None:
         """Write the root checkpoints of every log dir from the partitions' offsets now."""
         self._check_writable()
+        self._write_cleaner_checkpoints()
         for log_dir in self.config.log_dirs:
             logs = [log for log in self._logs.values() if log.directory.parent == log_dir]
             write_offset_checkpoint(

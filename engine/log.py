@@ -37,6 +37,7 @@ from engine.errors import (
     RecordTooLargeError,
 )
 from engine.loader import load_partition, segment_for
+from engine.naming import CLEANED_SUFFIX, SWAP_SUFFIX
 from engine.records import (
     NO_PRODUCER,
     BatchHeader,
@@ -387,7 +388,7 @@ class PartitionLog:
         segment = self.active_segment
         params = RollParams(
             max_segment_bytes=self.config.segment_bytes,
-            max_segment_ms=self.config.segment_ms,
+            max_segment_ms=self.config.max_segment_ms,
             messages_bytes=messages_bytes,
             max_timestamp_in_messages=header.max_timestamp,
             max_offset_in_messages=header.last_offset,
@@ -429,7 +430,7 @@ class PartitionLog:
         """A segment's random share of `segment.jitter.ms` (Kafka's randomSegmentJitter)."""
         if self.config.segment_jitter_ms <= 0:
             return 0
-        return self._rng.randrange(min(self.config.segment_jitter_ms, self.config.segment_ms))
+        return self._rng.randrange(min(self.config.segment_jitter_ms, self.config.max_segment_ms))
 
     # -- durability ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -601,6 +602,29 @@ class PartitionLog:
                 self._pending_deletes.remove(entry)
                 entry[1].delete_files()
             return len(due)
+
+    # -- compaction -------------------------------------------------------------------------------
+    def replace_segments(self, old: list[LogSegment], new: LogSegment, now_ms: int) -> bool:
+        """Swap the cleaner's output (`new`, in `.cleaned` files) in for the segments it was
+        built from, as Kafka's replaceSegments does: `.cleaned` → `.swap`, the old segments out of
+        the map and renamed `.deleted` (removed after `file.delete.delay.ms`; readers holding one
+        keep reading it), `.swap` → live. A crash between any two steps leaves files the loader
+        finishes or undoes. Returns False, changing nothing, when one of `old` has meanwhile left
+        the log (retention, delete-records, truncation)."""
+        self._check_writable()
+        with self.lock:
+            live = {id(segment) for segment in self._segments.snapshot()}
+            if not old or any(id(segment) not in live for segment in old):
+                return False
+            new.change_file_suffixes(CLEANED_SUFFIX, SWAP_SUFFIX)
+            fsync_dir(self.directory)
+            self._segments.replace(old, new)
+            for segment in old:
+                segment.mark_deleted()
+                self._pending_deletes.append((now_ms + self.config.file_delete_delay_ms, segment))
+            new.change_file_suffixes(SWAP_SUFFIX, "")
+            fsync_dir(self.directory)
+            return True
 
     # -- truncation -------------------------------------------------------------------------------
     def truncate_to(self, offset: int, now_ms: int) -> None:

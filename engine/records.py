@@ -349,8 +349,14 @@ def offset_of_max_timestamp(header: BatchHeader, batch: bytes | bytearray | memo
     both. Decodes only an uncompressed batch whose timestamps are not all equal."""
     if header.compression is not CompressionType.NONE or header.records_count <= 1:
         return header.last_offset
-    if header.base_timestamp == header.max_timestamp or header.timestamp_type is TimestampType.LOG_APPEND_TIME:
-        return header.base_offset  # the first record already carries the max
+    if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
+        return header.base_offset
+    if (
+        header.base_timestamp == header.max_timestamp
+        and not header.has_delete_horizon
+        and header.records_count == header.last_offset_delta + 1
+    ):
+        return header.base_offset  # the first record is at the base offset and carries the max
     for record in decode_records(header, batch, include_control=True):
         if record.timestamp == header.max_timestamp:
             return record.offset
@@ -417,13 +423,18 @@ def build_batch(
     is_control: bool = False,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
     offset_deltas: Sequence[int] | np.ndarray | None = None,
+    last_offset_delta: int | None = None,
+    delete_horizon_ms: int | None = None,
 ) -> bytearray:
     """Encode records into one v2 batch, CRC included.
 
     `timestamps` is one int for all records or one per record. `offset_deltas` defaults to
-    0..n-1; a restore or a compacted copy passes the original gaps. Per-record fields are encoded
-    column-wise with numpy: only the final interleaving of fixed-size prefixes with the key and
-    value bytes is done per record, by `bytes.join`. Raises ValueError for an empty batch."""
+    0..n-1; a restore or a compacted copy passes the original gaps, and `last_offset_delta` keeps
+    a batch's original last offset when its last records are gone. `delete_horizon_ms` stamps the
+    batch's delete horizon (the first-timestamp field, attribute bit 6), as the cleaner does.
+    Per-record fields are encoded column-wise with numpy: only the final interleaving of
+    fixed-size prefixes with the key and value bytes is done per record, by `bytes.join`.
+    Raises ValueError for an empty batch."""
     n = len(values)
     if n == 0:
         raise ValueError("a record batch holds at least one record")
@@ -434,7 +445,7 @@ def build_batch(
         if ts.shape != (n,):
             raise ValueError(f"{len(ts)} timestamps for {n} records")
     deltas = np.arange(n, dtype=np.int64) if offset_deltas is None else np.asarray(offset_deltas, dtype=np.int64)
-    base_timestamp = int(ts[0])
+    base_timestamp = int(ts[0]) if delete_horizon_ms is None else delete_horizon_ms
     max_timestamp = int(ts.max())
 
     value_lengths = _lengths(values, n)
@@ -522,6 +533,8 @@ def build_batch(
         attributes |= _TRANSACTIONAL_BIT
     if is_control:
         attributes |= _CONTROL_BIT
+    if delete_horizon_ms is not None:
+        attributes |= _DELETE_HORIZON_BIT
     _HEADER.pack_into(
         batch,
         0,
@@ -531,7 +544,7 @@ def build_batch(
         CURRENT_MAGIC,
         0,
         attributes,
-        int(deltas[-1]),
+        int(deltas[-1]) if last_offset_delta is None else last_offset_delta,
         base_timestamp,
         max_timestamp,
         producer.producer_id,
@@ -541,6 +554,59 @@ def build_batch(
     )
     struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
     return batch
+
+
+def rebuild_batch(header: BatchHeader, records: bytes, count: int, max_timestamp: int) -> bytearray:
+    """A batch like `header`'s holding `count` records whose encoded bytes (uncompressed, each
+    with its length prefix) are `records`: same base offset, last offset delta, first timestamp,
+    producer fields and attributes, compressed with the same codec, new max timestamp and CRC.
+    Records keep their bytes: their offset and timestamp deltas stay relative to the same base."""
+    batch = bytearray(_HEADER_SLOT)
+    batch += compress(header.compression, records)
+    _pack_header(batch, header, count=count, max_timestamp=max_timestamp, attributes=header.attributes)
+    return batch
+
+
+def empty_batch(header: BatchHeader) -> bytearray:
+    """`header`'s batch with no records left: header only, uncompressed, no first timestamp,
+    the same last offset and max timestamp (Kafka's `writeEmptyHeader`). What the cleaner keeps
+    when every record of a batch it must not drop is gone, so the offsets it covered stay
+    accounted for."""
+    batch = bytearray(_HEADER_SLOT)
+    attributes = header.attributes & ~(_CODEC_MASK | _DELETE_HORIZON_BIT)
+    _pack_header(
+        batch, header, count=0, max_timestamp=header.max_timestamp, attributes=attributes, base_timestamp=NO_TIMESTAMP
+    )
+    return batch
+
+
+def _pack_header(
+    batch: bytearray,
+    header: BatchHeader,
+    *,
+    count: int,
+    max_timestamp: int,
+    attributes: int,
+    base_timestamp: int | None = None,
+) -> None:
+    _HEADER.pack_into(
+        batch,
+        0,
+        header.base_offset,
+        len(batch) - LOG_OVERHEAD_BYTES,
+        header.partition_leader_epoch,
+        CURRENT_MAGIC,
+        0,
+        attributes,
+        header.last_offset_delta,
+        header.base_timestamp if base_timestamp is None else base_timestamp,
+        max_timestamp,
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        count,
+    )
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
 
 
 # Below this value size the per-run table beats joining per-record pieces; above it, copying the

@@ -4,6 +4,7 @@ Kafka's LogManager runs these periodic tasks; here the caller decides how time p
 from a trio task, the CLI once, tests with a fake clock) and calls `run_due(now_ms)`:
 
     retention                   every log.retention.check.interval.ms
+    compaction                  every log.cleaner.backoff.ms (when log.cleaner.enable)
     flush (flush.ms per topic)  every log.flush.scheduler.interval.ms, else every second
     root checkpoints            every log.flush.offset.checkpoint.interval.ms (recovery points,
                                 high watermarks and log start offsets together)
@@ -36,6 +37,7 @@ class SchedulerReport:
 
     ran: list[str] = field(default_factory=list)
     deleted_segments: int = 0
+    cleaned_logs: int = 0
 
 
 class Scheduler:
@@ -50,6 +52,7 @@ class Scheduler:
         self._tasks = [
             _Task("retention", config.log_retention_check_interval_ms, now_ms + config.log_retention_check_interval_ms),
             _Task("flush", flush_every, now_ms + flush_every),
+            _Task("compaction", config.log_cleaner_backoff_ms, now_ms + config.log_cleaner_backoff_ms),
             _Task(
                 "checkpoint",
                 config.log_flush_offset_checkpoint_interval_ms,
@@ -69,8 +72,10 @@ class Scheduler:
             if task.next_ms > now_ms:
                 continue
             if task.name == "retention":
-                for _log, decision in self.data_dir.clean(now_ms):
+                for _log, decision in self.data_dir.delete_old_segments(now_ms):
                     report.deleted_segments += len(decision.segments)
+            elif task.name == "compaction":
+                report.cleaned_logs += len(self.data_dir.compact(now_ms).compaction)
             elif task.name == "flush":
                 for log in self.data_dir.partitions():
                     log.maybe_flush(now_ms)

@@ -76,5 +76,13 @@ class LogSegments:
         self._bases = self._bases[:slot] + self._bases[slot + 1 :]
         return segment
 
+    def replace(self, old: list[LogSegment], new: LogSegment) -> None:
+        """Swap `old` (consecutive segments, the first at `new`'s base offset) for `new` in one
+        step: a reader sees either the old segments or the new one, never a gap."""
+        bases = {segment.base_offset for segment in old}
+        kept = [segment for segment in self._segments if segment.base_offset not in bases]
+        self._segments = sorted([*kept, new], key=lambda segment: segment.base_offset)
+        self._bases = [segment.base_offset for segment in self._segments]
+
     def size_in_bytes(self) -> int:
         return sum(segment.size for segment in self._segments)

@@ -218,16 +218,26 @@ def cmd_clean(args: argparse.Namespace) -> int:
     config = _broker_config(args)
     now = now_ms() if args.now is None else args.now
     with DataDir.open(config, now_ms=now) as data_dir:
-        done = data_dir.clean(now)
-        for log, decision in done:
+        report = data_dir.clean(now)
+        for log, decision in report.retention:
             bases = ", ".join(str(segment.base_offset) for segment in decision.segments)
             print(
                 f"{log.topic}-{log.partition}: deleted {len(decision.segments)} segments ({bases}) by "
                 f"{decision.reason}; log start offset now {log.log_start_offset}"
             )
-    if not done:
-        print("nothing to delete")
-    return EXIT_OK
+        for result in report.compaction:
+            stats = result.stats
+            print(
+                f"{result.topic}-{result.partition}: compacted offsets {result.first_dirty_offset}.."
+                f"{result.next_dirty_offset - 1} ({stats.segments_cleaned} segments into {result.groups}): "
+                f"{stats.records_read} records, {stats.bytes_read} bytes read, {stats.records_written} records, "
+                f"{stats.bytes_written} bytes kept; {stats.elapsed_seconds:.2f} s"
+            )
+        for (topic, partition), reason in report.failed:
+            print(f"{topic}-{partition}: not compacted: {reason}", file=sys.stderr)
+    if not report:
+        print("nothing to delete or compact")
+    return EXIT_DATA if report.failed else EXIT_OK
 
 
 def cmd_delete_records(args: argparse.Namespace) -> int:
@@ -325,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_arguments(dump_parser)
     dump_parser.set_defaults(handler=dump.cmd_dump)
 
-    clean = commands.add_parser("clean", help="one retention pass (retention.ms, retention.bytes, log start)")
+    clean = commands.add_parser("clean", help="one retention and compaction pass")
     _add_common(clean)
     clean.add_argument("--now", type=int, metavar="EPOCH_MS", help="the time to judge retention by (scripts)")
     clean.set_defaults(handler=cmd_clean)

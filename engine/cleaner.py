@@ -1,0 +1,732 @@
+"""Key compaction (Kafka's LogCleaner and LogCleanerManager, for one cleaner thread).
+
+A compacted log keeps, for every key, at least its latest record; offsets never change. The log
+is split at the first dirty offset (`cleaner-offset-checkpoint`, else the log start): below it
+the log was cleaned before, from it up to the first uncleanable offset it is dirty. A pass
+
+1. builds an offset map (key → latest offset) over the dirty section, from the first dirty
+   offset until the map is full or the section ends; the offset after the last record mapped is
+   where the next pass starts (the new checkpoint);
+2. rewrites every segment below that offset, in groups that fit one segment
+   (`segment.bytes`, `segment.index.bytes`), dropping each record the map holds a later offset
+   for, records without a key, and tombstones whose delete horizon has passed;
+3. swaps each group's output in: `.cleaned` files, renamed `.swap`, the old segments renamed
+   `.deleted`, the `.swap` renamed live. A crash at any step leaves files the loader finishes or
+   undoes, as Kafka's does (see engine.loader).
+
+Tombstones (null values) live through two passes: the first pass that keeps one stamps its batch
+with a delete horizon (now + `delete.retention.ms`, in the batch's first-timestamp field); a pass
+after the horizon drops it. A consumer that reads the log from the start within
+`delete.retention.ms` of the tombstone becoming clean therefore sees it.
+
+The offset map is an open-addressing table in numpy arrays: per slot a 64-bit key hash (Python's
+keyed SipHash), a 32-bit second hash (CRC-32) and a 32-bit offset relative to the pass's first
+dirty offset: 16 bytes a slot, about 17.8 bytes per entry at the default 0.9 load factor (Kafka
+spends 24: a 16-byte MD5 and an 8-byte offset). A key is found by its 64-bit hash; the second
+hash confirms it. When two keys share the first hash, the later one takes the slot and the
+earlier key's records no longer match it: they are kept, never wrongly dropped. Only a full
+96-bit collision could drop a record, which at the map's size is far less likely than a disk
+error.
+
+Transactions: control batches are kept; transactional records never enter the offset map (this
+engine does not track which transactions aborted, so an aborted value must not hide a committed
+one) and are dropped only when a later non-transactional record of their key exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine import varint
+from engine.errors import CorruptRecordError, EngineError, UnsupportedFormatError
+from engine.loader import segment_for
+from engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
+from engine.records import (
+    BatchHeader,
+    ProducerState,
+    TimestampType,
+    build_batch,
+    check_batch,
+    decode_records,
+    empty_batch,
+    rebuild_batch,
+    records_section,
+)
+
+if TYPE_CHECKING:
+    from engine.log import PartitionLog
+    from engine.segment import LogSegment
+
+logger = logging.getLogger(__name__)
+
+ENTRY_BYTES = 16  # bytes per offset-map slot: see the module docstring
+_MAX_RELATIVE_OFFSET = 0xFFFF_FFFF
+_WRITE_CHUNK_BYTES = 1 << 20
+_INT32_MAX = 0x7FFF_FFFF
+
+
+# -- the offset map ---------------------------------------------------------------------------------
+
+
+def _largest_prime_at_most(n: int) -> int:
+    """Slots are a prime number, so every probe step (1 .. slots-1) visits every slot."""
+    if n < 2:
+        raise ValueError("an offset map needs room for at least two slots")
+    candidate = n if n % 2 or n == 2 else n - 1
+    while candidate > 2:
+        if all(candidate % d for d in range(3, math.isqrt(candidate) + 1, 2)):
+            return candidate
+        candidate -= 2
+    return 2
+
+
+def key_hashes(keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The two hashes of each key: 64-bit (never 0, which marks an empty slot) and 32-bit."""
+    n = len(keys)
+    first = np.fromiter(map(hash, keys), np.int64, n).view(np.uint64)
+    first[first == 0] = 1
+    second = np.fromiter(map(zlib.crc32, keys), np.uint32, n)
+    return first, second
+
+
+class OffsetMap:
+    """Key → latest offset for one cleaning pass, bounded by `memory_bytes`. See the module
+    docstring for the layout. Keys are given as their `key_hashes`."""
+
+    def __init__(self, memory_bytes: int, load_factor: float = 0.9) -> None:
+        self.slots = _largest_prime_at_most(memory_bytes // ENTRY_BYTES)
+        self.capacity = max(int(self.slots * load_factor), 1)
+        # Zeroed pages are mapped lazily: a map only costs the memory its keys touch.
+        self._first = np.zeros(self.slots, np.uint64)
+        self._second = np.zeros(self.slots, np.uint32)
+        self._offsets = np.zeros(self.slots, np.uint32)
+        self.size = 0
+        self.base_offset = 0
+        self.latest_offset = -1
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def full(self) -> bool:
+        return self.size >= self.capacity
+
+    def clear(self, base_offset: int) -> None:
+        """Empty the map for a pass whose offsets start at `base_offset`."""
+        if self.size:
+            self._first.fill(0)
+        self.size = 0
+        self.base_offset = base_offset
+        self.latest_offset = base_offset - 1
+
+    def put(self, first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> int:
+        """Map records in offset order (later ones win); stops at the first record that finds
+        the map full, as Kafka's cleaner does, and returns how many were mapped."""
+        n = len(offsets)
+        if n == 0:
+            return 0
+        if self.size + n <= self.capacity and int(offsets[-1]) - self.base_offset < _MAX_RELATIVE_OFFSET:
+            self._put_many(first, second, offsets)
+            self.latest_offset = int(offsets[-1])
+            return n
+        for i in range(n):
+            offset = int(offsets[i])
+            if self.full or offset - self.base_offset >= _MAX_RELATIVE_OFFSET:
+                return i
+            self._put_many(first[i : i + 1], second[i : i + 1], offsets[i : i + 1])
+            self.latest_offset = offset
+        return n
+
+    def _probe_start(self, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        slots = np.uint64(self.slots)
+        start = (first % slots).astype(np.int64)
+        step = (np.uint64(1) + second.astype(np.uint64) % (slots - np.uint64(1))).astype(np.int64)
+        return start, step
+
+    def _put_many(self, first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> None:
+        # The last record of each key wins: keep one entry per 64-bit hash, the last given.
+        order = np.argsort(first, kind="stable")
+        ordered = first[order]
+        last = np.ones(len(order), bool)
+        last[:-1] = ordered[1:] != ordered[:-1]
+        chosen = order[last]
+        first, second = first[chosen], second[chosen]
+        relative = (offsets[chosen] - self.base_offset).astype(np.uint32)
+        slot, step = self._probe_start(first, second)
+        pending = np.arange(len(chosen))
+        while pending.size:
+            where = slot[pending]
+            found = self._first[where]
+            same = found == first[pending]
+            empty = found == 0
+            # Of the keys that found the same empty slot, the first takes it; the others look
+            # again next round and move on.
+            claimants = pending[empty]
+            _, winners_at = np.unique(slot[claimants], return_index=True)
+            winners = claimants[winners_at]
+            self.size += len(winners)
+            done = np.concatenate([pending[same], winners])
+            self._first[slot[done]] = first[done]
+            self._second[slot[done]] = second[done]
+            self._offsets[slot[done]] = relative[done]
+            moving = pending[~(same | empty)]
+            slot[moving] = (slot[moving] + step[moving]) % self.slots
+            keep = np.ones(len(pending), bool)
+            keep[same] = False
+            keep[np.flatnonzero(empty)[winners_at]] = False
+            pending = pending[keep]
+
+    def get(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """The latest offset mapped for each key, -1 for keys not in the map."""
+        result = np.full(len(first), -1, np.int64)
+        if self.size == 0 or len(first) == 0:
+            return result
+        slot, step = self._probe_start(first, second)
+        pending = np.arange(len(first))
+        while pending.size:
+            where = slot[pending]
+            found = self._first[where]
+            same = found == first[pending]
+            hit = pending[same]
+            matches = self._second[slot[hit]] == second[hit]
+            hit = hit[matches]
+            result[hit] = self._offsets[slot[hit]].astype(np.int64) + self.base_offset
+            moving = ~(same | (found == 0))
+            pending = pending[moving]
+            slot[pending] = (slot[pending] + step[pending]) % self.slots
+        return result
+
+
+# -- the records of a batch, column-wise ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class BatchRecords:
+    """Where each record of a batch lies in its uncompressed records section, with the fields
+    the cleaner decides on. Record `i` is `section[bounds[i]:bounds[i + 1]]`, length prefix
+    included."""
+
+    section: bytes
+    bounds: np.ndarray
+    offsets: np.ndarray
+    timestamps: np.ndarray
+    has_key: np.ndarray
+    first_hash: np.ndarray
+    second_hash: np.ndarray
+    null_value: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+_PADDING = bytes(10)
+_BYTE_SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
+
+
+def _zigzag_varints(buf: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The zig-zag varints starting at `positions` of `buf` (padded with ten zero bytes), and
+    the positions after them: one- and two-byte varints without a window, longer ones with."""
+    first = buf[positions].astype(np.uint64)
+    if bool((first < 0x80).all()):
+        zigzag, sizes = first, 1
+    else:
+        window = buf[positions[:, None] + np.arange(10)].astype(np.uint64)
+        more = window >= 0x80
+        if bool(more.all(axis=1).any()):
+            raise ValueError("a varint runs over ten bytes")
+        sizes_array = np.argmin(more, axis=1) + 1
+        used = np.arange(10) < sizes_array[:, None]
+        zigzag = (((window & np.uint64(0x7F)) << _BYTE_SHIFTS) * used).sum(axis=1, dtype=np.uint64)
+        sizes = sizes_array
+    values = (zigzag >> np.uint64(1)).astype(np.int64) ^ -(zigzag & np.uint64(1)).astype(np.int64)
+    return values, positions + sizes
+
+
+def _record_bounds(section: bytes, count: int) -> list[int]:
+    """The start of each record (at its length prefix) and the end of the last: the one walk
+    through a records section that cannot be done column-wise."""
+    bounds = [0] * (count + 1)
+    position = 0
+    end = len(section)
+    for i in range(count):
+        z = section[position]
+        if z < 0x80:
+            length, position = (z >> 1) ^ -(z & 1), position + 1
+        else:
+            length, position = varint.decode(section, position)
+        position += length
+        if length < 0 or position > end:
+            raise ValueError(f"record {i} of length {length} runs past the records section")
+        bounds[i + 1] = position
+    if position != end:
+        raise ValueError(f"{end - position} bytes follow the last record of the batch")
+    return bounds
+
+
+def batch_records(header: BatchHeader, batch: bytes | memoryview) -> BatchRecords:
+    """Lay out a valid batch's records column-wise (raises ValueError when malformed)."""
+    section = records_section(header, batch)
+    count = header.records_count
+    bounds = np.asarray(_record_bounds(section, count), np.int64)
+    buf = np.frombuffer(section + _PADDING, np.uint8)
+    # A record: length, attributes (1 byte), timestamp delta, offset delta, key length, key,
+    # value length, value, headers. The length prefix is one varint at bounds[i].
+    _, body = _zigzag_varints(buf, bounds[:-1])
+    timestamp_deltas, position = _zigzag_varints(buf, body + 1)
+    offset_deltas, position = _zigzag_varints(buf, position)
+    key_lengths, key_starts = _zigzag_varints(buf, position)
+    value_lengths, after = _zigzag_varints(buf, key_starts + np.maximum(key_lengths, 0))
+    if count and bool((after > bounds[1:]).any()):
+        raise ValueError("a record's key runs past its end")
+    has_key = key_lengths >= 0
+    first = np.zeros(count, np.uint64)
+    second = np.zeros(count, np.uint32)
+    if bool(has_key.any()):
+        keyed = np.flatnonzero(has_key)
+        starts = key_starts[keyed].tolist()
+        ends = (key_starts[keyed] + key_lengths[keyed]).tolist()
+        first[keyed], second[keyed] = key_hashes([section[s:e] for s, e in zip(starts, ends, strict=True)])
+    return BatchRecords(
+        section=section,
+        bounds=bounds,
+        offsets=header.base_offset + offset_deltas,
+        timestamps=header.base_timestamp + timestamp_deltas,
+        has_key=has_key,
+        first_hash=first,
+        second_hash=second,
+        null_value=value_lengths < 0,
+    )
+
+
+# -- what to clean --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogToClean:
+    """A compacted log's cleaning state (Kafka's LogToClean)."""
+
+    log: PartitionLog
+    first_dirty_offset: int
+    first_uncleanable_offset: int
+    clean_bytes: int
+    cleanable_bytes: int
+    needs_compaction_now: bool
+
+    @property
+    def total_bytes(self) -> int:
+        return self.clean_bytes + self.cleanable_bytes
+
+    @property
+    def cleanable_ratio(self) -> float:
+        return self.cleanable_bytes / self.total_bytes if self.total_bytes else 0.0
+
+
+def first_dirty_offset(log: PartitionLog, checkpoint: int | None) -> int:
+    """Where the dirty section starts: the checkpoint, reset to the log start offset when it is
+    missing or lies outside the log (Kafka resets such a checkpoint too)."""
+    if checkpoint is None or checkpoint < log.log_start_offset or checkpoint > log.log_end_offset:
+        return log.log_start_offset
+    return checkpoint
+
+
+def first_uncleanable_offset(log: PartitionLog, first_dirty: int, now_ms: int) -> int:
+    """Kafka's cleanableOffsets: the active segment, the high watermark and, with
+    `min.compaction.lag.ms`, the first dirty segment holding a record younger than the lag."""
+    segments = log.segments
+    limit = min(segments[-1].base_offset, log.high_watermark)
+    lag = max(log.config.min_compaction_lag_ms, 0)
+    if lag > 0:
+        for segment in _segments_from(segments[:-1], first_dirty):
+            if segment.largest_timestamp > now_ms - lag:
+                limit = min(limit, segment.base_offset)
+                break
+    return limit
+
+
+def _segments_from(segments: list[LogSegment], offset: int) -> list[LogSegment]:
+    """Segments that may hold offsets ≥ `offset`: the one holding it and every later one."""
+    start = 0
+    for i, segment in enumerate(segments):
+        if segment.base_offset <= offset:
+            start = i
+    return segments[start:]
+
+
+def _segments_between(segments: list[LogSegment], start: int, end: int) -> list[LogSegment]:
+    """Kafka's logSegments(from, to): from the segment holding `start` through the last one
+    whose base offset is below `end`."""
+    if start >= end:
+        return []
+    return [segment for segment in _segments_from(segments, start) if segment.base_offset < end]
+
+
+def needs_compaction_now(log: PartitionLog, first_dirty: int, now_ms: int) -> bool:
+    """`max.compaction.lag.ms` has passed for the first dirty record (by its batch's first
+    timestamp)."""
+    lag = max(log.config.max_compaction_lag_ms, 0)
+    if lag >= 2**62:
+        return False
+    firsts = (segment.first_batch_timestamp() for segment in _segments_from(log.segments[:-1], first_dirty))
+    timestamps = [timestamp for timestamp in firsts if timestamp > 0]
+    return bool(timestamps) and min(timestamps) < now_ms - lag
+
+
+def log_to_clean(log: PartitionLog, checkpoint: int | None, now_ms: int) -> LogToClean:
+    first_dirty = first_dirty_offset(log, checkpoint)
+    uncleanable = max(first_dirty, first_uncleanable_offset(log, first_dirty, now_ms))
+    segments = log.segments
+    return LogToClean(
+        log=log,
+        first_dirty_offset=first_dirty,
+        first_uncleanable_offset=uncleanable,
+        clean_bytes=sum(s.size for s in segments if s.base_offset < first_dirty),
+        cleanable_bytes=sum(s.size for s in _segments_between(segments, first_dirty, uncleanable)),
+        needs_compaction_now=needs_compaction_now(log, first_dirty, now_ms),
+    )
+
+
+def is_cleanable(candidate: LogToClean) -> bool:
+    """Worth a pass: dirty enough, or holding a record past `max.compaction.lag.ms`."""
+    return (
+        candidate.needs_compaction_now and candidate.cleanable_bytes > 0
+    ) or candidate.cleanable_ratio > candidate.log.config.min_cleanable_dirty_ratio
+
+
+def filthiest(candidates: Sequence[LogToClean]) -> LogToClean | None:
+    """The cleanable log with the highest dirty ratio, None when none is cleanable."""
+    cleanable = [candidate for candidate in candidates if is_cleanable(candidate)]
+    return max(cleanable, key=lambda candidate: candidate.cleanable_ratio, default=None)
+
+
+def group_segments_by_size(
+    segments: Sequence[LogSegment], max_size: int, max_index_size: int, first_uncleanable: int
+) -> list[list[LogSegment]]:
+    """Consecutive segments whose log, offset index and time index together fit the limits and
+    whose offsets fit relative to the group's base (Kafka's groupSegmentsBySize): each group
+    becomes one cleaned segment."""
+    groups: list[list[LogSegment]] = []
+    rest = list(segments)
+    while rest:
+        group = [rest.pop(0)]
+        log_size = group[0].size
+        index_size = _file_size(group[0].offset_index_path)
+        time_index_size = _file_size(group[0].time_index_path)
+        while rest:
+            nxt = rest[0]
+            last_offset = rest[1].base_offset - 1 if len(rest) > 1 else first_uncleanable - 1
+            if not (
+                log_size + nxt.size <= max_size
+                and index_size + _file_size(nxt.offset_index_path) <= max_index_size
+                and time_index_size + _file_size(nxt.time_index_path) <= max_index_size
+                and (nxt.size == 0 or last_offset - group[0].base_offset <= _INT32_MAX)
+            ):
+                break
+            group.append(rest.pop(0))
+            log_size += nxt.size
+            index_size += _file_size(nxt.offset_index_path)
+            time_index_size += _file_size(nxt.time_index_path)
+        groups.append(group)
+    return groups
+
+
+def _file_size(path: Path) -> int:
+    """An index's bytes (a sealed segment's index files hold just their entries)."""
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+# -- cleaning ----------------------------------------------------------------------------------
+
+
+@dataclass
+class CleanerStats:
+    """What one pass read and wrote (Kafka's CleanerStats)."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_written: int = 0
+    invalid_records: int = 0
+    map_records_read: int = 0
+    map_bytes_read: int = 0
+    segments_cleaned: int = 0
+    earliest_delete_horizon: int | None = None
+    started: float = field(default_factory=time.monotonic)
+    ended: float = 0.0
+
+    @property
+    def elapsed_seconds(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+
+@dataclass(frozen=True, slots=True)
+class CleanResult:
+    """One pass over one log."""
+
+    topic: str
+    partition: int
+    first_dirty_offset: int
+    next_dirty_offset: int
+    groups: int
+    stats: CleanerStats
+
+
+def earliest_delete_horizon(log: PartitionLog, end_offset: int) -> int | None:
+    """The earliest delete horizon stamped on a batch below `end_offset` (a header scan), None
+    when no batch carries one."""
+    horizons = [
+        header.delete_horizon_ms
+        for segment in log.segments[:-1]
+        if segment.base_offset < end_offset
+        for header in segment.iter_headers()
+        if header.delete_horizon_ms is not None
+    ]
+    return min(horizons, default=None)
+
+
+class CleaningAbortedError(EngineError):
+    """The log changed under the cleaner (segments deleted or truncated): the pass is dropped."""
+
+
+def _batches(segment: LogSegment, start_offset: int = 0) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """A sealed segment's batches from the one holding `start_offset`, each checked whole: the
+    cleaner never copies damage into a fresh CRC."""
+    position = 0
+    if start_offset > segment.base_offset:
+        position = segment.offset_index.lookup(start_offset).position
+    end = segment.size
+    for header, batch in segment.iter_batches(position, end):
+        if header.magic != 2:
+            raise UnsupportedFormatError(
+                f"{segment.log_path}: legacy message format (magic {header.magic}) at position {header.position}"
+            )
+        problem = check_batch(header, batch)
+        if problem is not None:
+            raise CorruptRecordError(segment.log_path, header.position, problem)
+        position = header.next_position
+        yield header, batch
+    if position < end:
+        raise CorruptRecordError(segment.log_path, position, "a batch is cut short or has an impossible length")
+
+
+def _batch_records_at(segment: LogSegment, header: BatchHeader, batch: memoryview) -> BatchRecords:
+    try:
+        return batch_records(header, batch)
+    except ValueError as exc:
+        raise CorruptRecordError(segment.log_path, header.position, str(exc)) from exc
+
+
+class Cleaner:
+    """Cleans one log at a time with one offset map (Kafka's Cleaner). See the module docstring."""
+
+    def __init__(self, dedupe_buffer_bytes: int, load_factor: float = 0.9) -> None:
+        self.dedupe_buffer_bytes = dedupe_buffer_bytes
+        self.load_factor = load_factor
+        self._map: OffsetMap | None = None
+
+    @property
+    def offset_map(self) -> OffsetMap:
+        if self._map is None:
+            self._map = OffsetMap(self.dedupe_buffer_bytes, self.load_factor)
+        return self._map
+
+    def release(self) -> None:
+        """Free the offset map's memory until the next pass."""
+        self._map = None
+
+    def clean(self, candidate: LogToClean, now_ms: int) -> CleanResult:
+        """One pass over `candidate.log`; returns where the next pass starts. The log stays
+        readable and appendable throughout; only the swap takes its lock."""
+        log = candidate.log
+        stats = CleanerStats()
+        offset_map = self.offset_map
+        end = self.build_offset_map(log, candidate.first_dirty_offset, candidate.first_uncleanable_offset, stats)
+        to_clean = [segment for segment in log.segments[:-1] if segment.base_offset < end]
+        groups = group_segments_by_size(
+            to_clean, log.config.segment_bytes, log.config.segment_index_bytes, candidate.first_uncleanable_offset
+        )
+        for group in groups:
+            self.clean_segments(log, group, offset_map, now_ms, stats)
+        stats.ended = time.monotonic()
+        return CleanResult(log.topic, log.partition, candidate.first_dirty_offset, end, len(groups), stats)
+
+    def build_offset_map(self, log: PartitionLog, start: int, end: int, stats: CleanerStats) -> int:
+        """Map the keys of offsets [start, end) until the map is full; returns the offset after
+        the last one mapped (past a segment's end when the segment was mapped whole)."""
+        offset_map = self.offset_map
+        offset_map.clear(start)
+        dirty = _segments_between(log.segments[:-1], start, end)
+        for i, segment in enumerate(dirty):
+            next_base = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
+            if self._map_segment(segment, start, offset_map, stats):
+                return offset_map.latest_offset + 1
+            offset_map.latest_offset = max(offset_map.latest_offset, next_base - 1)
+        return max(offset_map.latest_offset + 1, start)
+
+    @staticmethod
+    def _map_segment(segment: LogSegment, start: int, offset_map: OffsetMap, stats: CleanerStats) -> bool:
+        """Map one segment's keys from `start`; True when the map filled up on the way."""
+        for header, batch in _batches(segment, start):
+            if header.last_offset < start:
+                continue
+            stats.map_bytes_read += len(batch)
+            if not header.is_control and not header.is_transactional and header.records_count:
+                records = _batch_records_at(segment, header, batch)
+                stats.map_records_read += len(records)
+                wanted = records.has_key & (records.offsets >= start)
+                if bool(wanted.any()):
+                    offsets = records.offsets[wanted]
+                    mapped = offset_map.put(records.first_hash[wanted], records.second_hash[wanted], offsets)
+                    if mapped < len(offsets):
+                        return True
+            offset_map.latest_offset = max(offset_map.latest_offset, header.last_offset)
+        return False
+
+    def clean_segments(
+        self, log: PartitionLog, group: list[LogSegment], offset_map: OffsetMap, now_ms: int, stats: CleanerStats
+    ) -> None:
+        """Rewrite one group of segments into one `.cleaned` segment and swap it in."""
+        base = group[0].base_offset
+        directory = log.directory
+        for path in (log_file(directory, base), offset_index_file(directory, base), time_index_file(directory, base)):
+            path.with_name(path.name + CLEANED_SUFFIX).unlink(missing_ok=True)  # a leftover of a failed pass
+        cleaned = segment_for(directory, base, log.config, writable=True, now_ms=now_ms, file_suffix=CLEANED_SUFFIX)
+        try:
+            writer = _SegmentWriter(cleaned)
+            last: tuple[BatchHeader, bool] | None = None
+            for segment in group:
+                for header, batch in _batches(segment):
+                    stats.bytes_read += len(batch)
+                    stats.records_read += header.records_count
+                    try:
+                        kept = self._filter_batch(
+                            header,
+                            batch,
+                            offset_map,
+                            delete_retention_ms=log.config.delete_retention_ms,
+                            now_ms=now_ms,
+                            stats=stats,
+                        )
+                    except ValueError as exc:
+                        raise CorruptRecordError(segment.log_path, header.position, str(exc)) from exc
+                    if kept is not None:
+                        writer.add(kept)
+                        horizon = BatchHeader.parse(kept).delete_horizon_ms
+                        if horizon is not None:
+                            earliest = stats.earliest_delete_horizon
+                            stats.earliest_delete_horizon = horizon if earliest is None else min(earliest, horizon)
+                    last = (header, kept is not None)
+            if last is not None and not last[1]:
+                # Every record of the group's last batch is gone: keep its header, so the group
+                # still ends where it did and an interrupted swap is finished over all of it.
+                writer.add(empty_batch(last[0]))
+            writer.close()
+            stats.bytes_written += cleaned.size
+            cleaned.on_become_inactive()
+            cleaned.flush()
+            mtime = os.stat(group[-1].log_path).st_mtime_ns
+            os.utime(cleaned.log_path, ns=(mtime, mtime))
+            if not log.replace_segments(group, cleaned, now_ms):
+                raise CleaningAbortedError(f"{log.directory}: segments changed while cleaning")
+            stats.segments_cleaned += len(group)
+        except BaseException:
+            cleaned.delete_files()
+            raise
+
+    @staticmethod
+    def _filter_batch(
+        header: BatchHeader,
+        batch: memoryview,
+        offset_map: OffsetMap,
+        *,
+        delete_retention_ms: int,
+        now_ms: int,
+        stats: CleanerStats,
+    ) -> bytes | bytearray | memoryview | None:
+        """The batch as it survives cleaning: unchanged, rebuilt with fewer records (or a delete
+        horizon), or None when nothing of it is left."""
+        if header.is_control:
+            return batch  # markers stay: transactions are not tracked
+        if header.records_count == 0:
+            return None  # an empty batch a pass left: a group's last batch is kept anyway
+        records = batch_records(header, batch)
+        offsets = records.offsets
+        mapped = offsets <= offset_map.latest_offset  # later records are beyond this pass
+        keep = ~mapped.copy()
+        keyed = mapped & records.has_key
+        stats.invalid_records += int((mapped & ~records.has_key).sum())
+        if bool(keyed.any()):
+            latest = offset_map.get(records.first_hash[keyed], records.second_hash[keyed])
+            is_latest = offsets[keyed] >= latest
+            horizon = header.delete_horizon_ms
+            tombstones_expired = horizon is not None and now_ms >= horizon
+            keep[keyed] = is_latest & ~(records.null_value[keyed] & tombstones_expired)
+        kept = int(keep.sum())
+        stats.records_written += kept
+        needs_horizon = header.delete_horizon_ms is None and bool((keep & records.null_value).any())
+        if kept == len(records) and not needs_horizon:
+            return batch
+        if kept == 0:
+            return None
+        if needs_horizon:
+            decoded = decode_records(header, batch)
+            chosen = [decoded[i] for i in np.flatnonzero(keep)]
+            return build_batch(
+                [record.value for record in chosen],
+                keys=[record.key for record in chosen],
+                headers=[record.headers for record in chosen],
+                timestamps=records.timestamps[keep],
+                base_offset=header.base_offset,
+                compression=header.compression,
+                timestamp_type=header.timestamp_type,
+                producer=ProducerState(
+                    header.producer_id, header.producer_epoch, header.base_sequence, header.is_transactional
+                ),
+                partition_leader_epoch=header.partition_leader_epoch,
+                offset_deltas=offsets[keep] - header.base_offset,
+                last_offset_delta=header.last_offset_delta,
+                delete_horizon_ms=now_ms + delete_retention_ms,
+            )
+        bounds = records.bounds
+        section = records.section
+        # Runs of kept records are copied whole, with their bytes unchanged.
+        edges = np.flatnonzero(np.diff(np.concatenate([[False], keep, [False]]).astype(np.int8)))
+        pieces = [section[bounds[lo] : bounds[hi]] for lo, hi in zip(edges[0::2], edges[1::2], strict=True)]
+        if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
+            max_timestamp = header.max_timestamp
+        else:
+            max_timestamp = int(records.timestamps[keep].max())
+        return rebuild_batch(header, b"".join(pieces), kept, max_timestamp)
+
+
+class _SegmentWriter:
+    """Appends batches to the cleaned segment in chunks of about a megabyte."""
+
+    def __init__(self, segment: LogSegment) -> None:
+        self.segment = segment
+        self._buffer = bytearray()
+        self._headers: list[BatchHeader] = []
+
+    def add(self, batch: bytes | bytearray | memoryview) -> None:
+        self._headers.append(BatchHeader.parse(batch, 0, len(self._buffer)))
+        self._buffer += batch
+        if len(self._buffer) >= _WRITE_CHUNK_BYTES:
+            self.close()
+
+    def close(self) -> None:
+        if self._buffer:
+            self.segment.append(self._buffer, self._headers)
+            self._buffer = bytearray()
+            self._headers = []
