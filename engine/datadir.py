@@ -384,6 +384,7 @@ class DataDir:
                 self._write_cleaner_checkpoints()
         finally:
             self._cleaner.release()
+            self._write_cleaner_checkpoints()  # reset ones too, even when nothing was cleaned
         return report
 
     def _write_cleaner_checkpoints(self) -> None:
