@@ -7,7 +7,10 @@ ratio to a plain Python buffered write of the same bytes); offset→position loo
 1.3 M entries, single and vectorised; recovery of a segment with no index files (MB/s as a ratio to
 reading the file); consume of a partition to /dev/null as text and as JSON Lines (records/s,
 against the seglogfs CLI's own stdout path); opening a data dir of 10,000 segments after a clean
-and an unclean stop; optionally more SIGKILL crash trials than CI runs.
+and an unclean stop; compaction of a partition of 1 M keys × 10 versions (MB/s as a ratio to
+reading the same partition, record by record through the engine and as raw bytes, and the peak
+memory of the compacting process against log.cleaner.dedupe.buffer.size); optionally more
+SIGKILL crash trials than CI runs.
 Results print as a table and are written to bench/results/engine.json.
 """
 
@@ -242,6 +245,85 @@ def bench_open(root: Path, segments: int = 10_000) -> dict:
     }
 
 
+_COMPACT_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from engine import BrokerConfig, DataDir
+root, now, buffer = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+config = BrokerConfig.load(overrides=[f"log.cleaner.dedupe.buffer.size={buffer}"], log_dirs=[root])
+with DataDir.open(config, now_ms=now) as data_dir:
+    if sys.argv[4] == "compact":
+        start = time.perf_counter()
+        report = data_dir.compact(now)
+        seconds = time.perf_counter() - start
+        stats = report.compaction[0].stats
+        result = {"seconds": seconds, "bytes_read": stats.bytes_read, "bytes_written": stats.bytes_written,
+                  "records_read": stats.records_read, "records_written": stats.records_written}
+    else:
+        log = data_dir.partition("compacted", 0)
+        start = time.perf_counter()
+        count = sum(1 for _ in log.records(0, log.active_segment.base_offset))
+        result = {"seconds": time.perf_counter() - start, "records": count}
+result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(result))
+"""
+
+
+def bench_compaction(root: Path, keys: int = 1_000_000, versions: int = 10, value_bytes: int = 80) -> dict:
+    """A compacted partition of `keys` keys × `versions` versions (about 1 GiB at the defaults),
+    compacted in a fresh process with the default 128 MiB dedupe buffer."""
+    directory = root / "compaction"
+    config = BrokerConfig.load(overrides=["log.segment.bytes=134217728"], log_dirs=[directory])
+    batch = 1000
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("compacted", 1, {"cleanup.policy": "compact"}, now_ms=NOW_MS)
+        log = data_dir.partition("compacted", 0)
+        pad = b"v" * (value_bytes - 16)
+        for version in range(versions):
+            for first in range(0, keys, batch):
+                key_list = [b"key-%08d" % k for k in range(first, min(first + batch, keys))]
+                values = [b"%02d-%013d" % (version, k) + pad for k in range(first, first + len(key_list))]
+                log.append_records(values, keys=key_list, now_ms=NOW_MS)
+        log.roll(NOW_MS)
+        size = log.size_in_bytes()
+    buffer = 128 * 1024 * 1024
+
+    def child(mode: str) -> dict:
+        done = subprocess.run(
+            [sys.executable, "-c", _COMPACT_CHILD, str(directory), str(NOW_MS), str(buffer), mode],
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    files = [str(p) for p in sorted((directory / "compacted-0").glob("*.log"))]
+    subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    cat_s = timed(lambda: subprocess.run(["cat", *files], stdout=subprocess.DEVNULL, check=True))
+    read = child("read")
+    compacted = child("compact")
+    compact_mb_s = compacted["bytes_read"] / compacted["seconds"] / 1e6
+    read_mb_s = size / read["seconds"] / 1e6
+    shutil.rmtree(directory)
+    return {
+        "partition_bytes": size,
+        "records": keys * versions,
+        "records_kept": compacted["records_written"],
+        "bytes_kept": compacted["bytes_written"],
+        "compact_seconds": compacted["seconds"],
+        "compact_MB_per_s": compact_mb_s,
+        "engine_read_MB_per_s": read_mb_s,
+        "ratio_to_engine_read": compact_mb_s / read_mb_s,
+        "cat_MB_per_s": size / cat_s / 1e6,
+        "ratio_to_cat": compact_mb_s / (size / cat_s / 1e6),
+        "dedupe_buffer_bytes": buffer,
+        "compact_peak_rss_MB": compacted["peak_rss_bytes"] / 1e6,
+        "read_peak_rss_MB": read["peak_rss_bytes"] / 1e6,
+        "peak_over_buffer_MB": (compacted["peak_rss_bytes"] - buffer) / 1e6,
+    }
+
+
 def bench_crash(trials: int) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "tests/cli/test_crash.py", "-p", "no:cacheprovider"],
@@ -269,6 +351,7 @@ def main() -> None:
         "recovery": lambda: bench_recovery(root, total),
         "consume": lambda: bench_consume(root, total),
         "open": lambda: bench_open(root),
+        "compaction": lambda: bench_compaction(root),
     }
     if args.crash_trials:
         benches["crash"] = lambda: bench_crash(args.crash_trials)

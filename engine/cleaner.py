@@ -235,50 +235,85 @@ _BYTE_SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
 
 def _zigzag_varints(buf: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The zig-zag varints starting at `positions` of `buf` (padded with ten zero bytes), and
-    the positions after them: one- and two-byte varints without a window, longer ones with."""
+    the positions after them: one- and two-byte varints (nearly all of them) column-wise, longer
+    ones through a ten-byte window."""
     first = buf[positions].astype(np.uint64)
-    if bool((first < 0x80).all()):
-        zigzag, sizes = first, 1
+    long = first >= 0x80
+    if not bool(long.any()):
+        zigzag, sizes = first, np.ones(len(positions), np.int64)
     else:
-        window = buf[positions[:, None] + np.arange(10)].astype(np.uint64)
-        more = window >= 0x80
-        if bool(more.all(axis=1).any()):
-            raise ValueError("a varint runs over ten bytes")
-        sizes_array = np.argmin(more, axis=1) + 1
-        used = np.arange(10) < sizes_array[:, None]
-        zigzag = (((window & np.uint64(0x7F)) << _BYTE_SHIFTS) * used).sum(axis=1, dtype=np.uint64)
-        sizes = sizes_array
+        second = buf[positions + 1].astype(np.uint64)
+        if not bool((long & (second >= 0x80)).any()):
+            zigzag = np.where(long, (first & np.uint64(0x7F)) | (second << np.uint64(7)), first)
+            sizes = 1 + long.astype(np.int64)
+        else:
+            window = buf[positions[:, None] + np.arange(10)].astype(np.uint64)
+            more = window >= 0x80
+            if bool(more.all(axis=1).any()):
+                raise ValueError("a varint runs over ten bytes")
+            sizes = np.argmin(more, axis=1) + 1
+            used = np.arange(10) < sizes[:, None]
+            zigzag = (((window & np.uint64(0x7F)) << _BYTE_SHIFTS) * used).sum(axis=1, dtype=np.uint64)
     values = (zigzag >> np.uint64(1)).astype(np.int64) ^ -(zigzag & np.uint64(1)).astype(np.int64)
     return values, positions + sizes
 
 
-def _record_bounds(section: bytes, count: int) -> list[int]:
-    """The start of each record (at its length prefix) and the end of the last: the one walk
-    through a records section that cannot be done column-wise."""
-    bounds = [0] * (count + 1)
-    position = 0
+def _record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
+    """The start of each record (at its length prefix) and the end of the last.
+
+    Records of a batch often come in runs of one size (the same value size, offset deltas of the
+    same varint length): a run is guessed from its first record's size and proven column-wise
+    (each guessed start holds a length that ends exactly at the next guess). Records of mixed
+    sizes are walked one by one."""
     end = len(section)
-    for i in range(count):
-        z = section[position]
-        if z < 0x80:
-            length, position = (z >> 1) ^ -(z & 1), position + 1
-        else:
-            length, position = varint.decode(section, position)
+    bounds = np.empty(count + 1, np.int64)
+    bounds[0] = 0
+    i = position = 0
+    window = 64
+    while i < count:
+        length, body = _varint_at(section, position)
+        stride = body - position + length
+        if length < 0 or position + stride > end:
+            raise ValueError(f"record {i} of length {length} runs past the records section")
+        fits = min(count - i, window, (end - position) // stride)
+        starts = position + np.arange(fits, dtype=np.int64) * stride
+        lengths, bodies = _zigzag_varints(buf, starts)
+        proven = bodies + lengths == starts + stride
+        run = fits if bool(proven.all()) else int(np.argmin(proven))
+        bounds[i + 1 : i + 1 + run] = starts[:run] + stride
+        i += run
+        position += run * stride
+        if run < 8:
+            break  # mixed sizes: walk the rest
+        window *= 2
+    for j in range(i, count):
+        length, position = _varint_at(section, position)
         position += length
         if length < 0 or position > end:
-            raise ValueError(f"record {i} of length {length} runs past the records section")
-        bounds[i + 1] = position
+            raise ValueError(f"record {j} of length {length} runs past the records section")
+        bounds[j + 1] = position
     if position != end:
         raise ValueError(f"{end - position} bytes follow the last record of the batch")
     return bounds
+
+
+def _varint_at(section: bytes, position: int) -> tuple[int, int]:
+    z = section[position]
+    if z < 0x80:
+        return (z >> 1) ^ -(z & 1), position + 1
+    z2 = section[position + 1]
+    if z2 < 0x80:
+        zz = (z & 0x7F) | (z2 << 7)
+        return (zz >> 1) ^ -(zz & 1), position + 2
+    return varint.decode(section, position)
 
 
 def batch_records(header: BatchHeader, batch: bytes | memoryview) -> BatchRecords:
     """Lay out a valid batch's records column-wise (raises ValueError when malformed)."""
     section = records_section(header, batch)
     count = header.records_count
-    bounds = np.asarray(_record_bounds(section, count), np.int64)
     buf = np.frombuffer(section + _PADDING, np.uint8)
+    bounds = _record_bounds(section, count, buf)
     # A record: length, attributes (1 byte), timestamp delta, offset delta, key length, key,
     # value length, value, headers. The length prefix is one varint at bounds[i].
     _, body = _zigzag_varints(buf, bounds[:-1])

@@ -19,15 +19,17 @@ from engine.cleaner import (
     CleanerStats,
     LogToClean,
     OffsetMap,
+    batch_records,
     filthiest,
     first_uncleanable_offset,
     group_segments_by_size,
     key_hashes,
     log_to_clean,
 )
+from engine.compression import CompressionType
 from engine.config import apply_topic_overrides
 from engine.loader import segment_for
-from engine.records import build_batch
+from engine.records import BatchHeader, build_batch, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
 HOUR_MS = 3_600_000
@@ -131,6 +133,71 @@ def test_build_offset_map_with_sparse_offsets(log: PartitionLog) -> None:
     end = cleaner.build_offset_map(log, 0, log.active_segment.base_offset, CleanerStats())
     assert end == 7_206_179
     assert cleaner.offset_map.get(*hashes([0, 1, 2])).tolist() == offsets
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.binary(max_size=20)),
+            st.one_of(st.none(), st.binary(max_size=300)),
+            st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=5))), max_size=2),
+            st.integers(-(2**40), 2**40),
+        ),
+        min_size=1,
+        max_size=120,
+    ),
+    st.sampled_from(["none", "gzip", "lz4"]),
+    st.integers(0, 3),
+)
+def test_batch_records_agrees_with_the_decoder(records, codec: str, gap: int) -> None:
+    # The column-wise layout the cleaner works from against the record decoder, for mixed and
+    # uniform record sizes, offset gaps and long varints.
+
+    keys = [key for key, _, _, _ in records]
+    values = [value for _, value, _, _ in records]
+    headers = [tuple(h) for _, _, h, _ in records]
+    timestamps = [NOW_MS + delta for _, _, _, delta in records]
+    deltas = [i * (gap + 1) for i in range(len(records))]
+    batch = bytes(
+        build_batch(
+            values,
+            keys=keys,
+            headers=headers,
+            timestamps=timestamps,
+            base_offset=1000,
+            compression=CompressionType[codec.upper()],
+            offset_deltas=deltas,
+        )
+    )
+    header = BatchHeader.parse(batch)
+    layout = batch_records(header, batch)
+    decoded = decode_records(header, batch)
+    assert layout.offsets.tolist() == [r.offset for r in decoded]
+    assert layout.timestamps.tolist() == [r.timestamp for r in decoded]
+    assert layout.has_key.tolist() == [r.key is not None for r in decoded]
+    assert layout.null_value.tolist() == [r.value is None for r in decoded]
+    with_keys = [r.key for r in decoded if r.key is not None]
+    first, second = key_hashes(with_keys)
+    assert layout.first_hash[layout.has_key].tolist() == first.tolist()
+    assert layout.second_hash[layout.has_key].tolist() == second.tolist()
+    section = layout.section
+    pieces = [section[layout.bounds[i] : layout.bounds[i + 1]] for i in range(len(decoded))]
+    assert b"".join(pieces) == section
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 2000), st.integers(0, 200), st.integers(1, 300))
+def test_batch_records_of_uniform_runs(count: int, value_bytes: int, key_every: int) -> None:
+
+    keys = [b"k%05d" % i if i % key_every == 0 else None for i in range(count)]
+    batch = bytes(build_batch([b"v" * value_bytes] * count, keys=keys, timestamps=NOW_MS))
+    header = BatchHeader.parse(batch)
+    layout = batch_records(header, batch)
+    decoded = decode_records(header, batch)
+    assert layout.offsets.tolist() == [r.offset for r in decoded]
+    assert layout.has_key.tolist() == [r.key is not None for r in decoded]
+    assert layout.bounds[-1] == len(layout.section)
 
 
 # -- cleaning -------------------------------------------------------------------------------------
