@@ -31,6 +31,7 @@ from engine.config import apply_topic_overrides
 from engine.loader import segment_for
 from engine.records import BatchHeader, build_batch, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
+from tests.engine.test_retention import run_cli
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -622,3 +623,21 @@ def test_cleaned_segments_parse_with_kafka_python_and_follow_the_index_rules(log
 def _next_base(log: PartitionLog, segment) -> int:
     bases = [s.base_offset for s in log.segments]
     return bases[bases.index(segment.base_offset) + 1]
+
+
+def test_clean_command_prints_what_it_compacted(log_dir: Path) -> None:
+    config = broker_config(log_dir, log_segment_bytes=400)
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("c", 1, {"cleanup.policy": "compact"}, now_ms=NOW_MS)
+        log = data_dir.partition("c", 0)
+        for i in range(30):
+            put(log, i % 3, i)
+        log.roll(NOW_MS)
+    done = run_cli("clean", str(log_dir), "--now", str(NOW_MS), "--override", "log.segment.bytes=400")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("c-0: compacted offsets 0..29 (")
+    assert "30 records, " in done.stdout and ", 3 records, " in done.stdout
+    again = run_cli("clean", str(log_dir), "--now", str(NOW_MS), "--override", "log.segment.bytes=400")
+    assert again.stdout.strip() == "nothing to delete or compact"
+    assert read_offset_checkpoint(log_dir / "cleaner-offset-checkpoint") == {("c", 0): 30}
+    assert_log_dir_valid(log_dir)
