@@ -553,6 +553,7 @@ def _batches(segment: LogSegment, start_offset: int = 0) -> Iterator[tuple[Batch
         position = header.next_position
         yield header, batch
     if position < end:
+        segment.check_not_legacy(position)
         raise CorruptRecordError(segment.log_path, position, "a batch is cut short or has an impossible length")
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.config import LogConfig
+from engine.errors import UnsupportedFormatError
 from engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -154,7 +155,14 @@ def load_partition(
         segment = segment_for(directory, base, config, writable=writable, now_ms=now_ms)
         if writable and not {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds:
             log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
-            segment.recover()
+            try:
+                segment.recover()
+            except UnsupportedFormatError:
+                # Data this engine cannot read: leave the dir exactly as it was found.
+                segment.close_handlers()
+                for kind in set(INDEX_SUFFIXES) - kinds:
+                    (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
+                raise
             segment.release_handles()
         segments.append(segment)
 

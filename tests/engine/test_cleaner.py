@@ -28,6 +28,7 @@ from engine.cleaner import (
 )
 from engine.compression import CompressionType
 from engine.config import apply_topic_overrides
+from engine.errors import UnsupportedFormatError
 from engine.loader import segment_for
 from engine.records import BatchHeader, build_batch, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
@@ -641,3 +642,34 @@ def test_clean_command_prints_what_it_compacted(log_dir: Path) -> None:
     assert again.stdout.strip() == "nothing to delete or compact"
     assert read_offset_checkpoint(log_dir / "cleaner-offset-checkpoint") == {("c", 0): 30}
     assert_log_dir_valid(log_dir)
+
+
+def test_preallocated_compacted_topic_is_trimmed(log_dir: Path) -> None:
+    # Case 105: preallocate=true with segment.bytes 1024: the cleaned file holds only its batches.
+    # (This engine never preallocates segment files, so no file is ever longer than its batches;
+    # the case checks that the cleaner's output keeps that.)
+    log = make_log(log_dir / "t-0", preallocate="true")
+    for i in range(40):
+        put(log, i % 2, i)
+    log.roll(NOW_MS)
+    clean(log)
+    cleaned = log.segments[0]
+    assert cleaned.log_path.stat().st_size == cleaned.size < 1024
+
+
+def test_legacy_message_data_is_not_cleaned(tmp_path: Path) -> None:
+    # Case 107 concerns rewriting legacy (magic 0/1) message sets; this engine does not read them
+    # yet: a writable open (which the cleaner needs) refuses such a log with a clear error and
+    # leaves every byte as it was.
+    from tests.conftest import kafka_fixtures
+
+    copy = tmp_path / "legacy"
+    copy.mkdir()
+    shutil.copytree(kafka_fixtures() / "kafkalite-magic0" / "numbers-0", copy / "numbers-0")
+    (copy / ".seglogfs-topic-configs.json").write_text(
+        '{"version": 1, "topics": {"numbers": {"cleanup.policy": "compact"}}}'
+    )
+    before = {p: p.read_bytes() for p in (copy / "numbers-0").iterdir()}
+    with pytest.raises(UnsupportedFormatError, match="legacy message format"):
+        DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS)
+    assert {p: p.read_bytes() for p in (copy / "numbers-0").iterdir()} == before
