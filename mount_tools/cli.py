@@ -28,7 +28,7 @@ from engine.check import check_log_dirs
 from engine.console import LineFormat, TextFormat, parse_timestamp, record_from_json, record_to_json
 from engine.errors import ConfigError, InvalidRecordError, OffsetOutOfRangeError
 from engine.partitioner import RoundRobin, partition_for_key
-from mount_tools import dump
+from mount_tools import dump, mounting
 from mount_tools.progress import Progress
 
 EXIT_OK = 0
@@ -249,6 +249,13 @@ def cmd_delete_records(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- mount ----------------------------------------------------------------------------------------
+def cmd_mount(args: argparse.Namespace) -> int:
+    _view, _append, overrides, _flags = mounting.parse_mount_options(args.options)
+    args.override = [*(args.override or ()), *overrides]
+    return mounting.cmd_mount(args, _broker_config(args))
+
+
 # -- check ----------------------------------------------------------------------------------------
 def cmd_check(args: argparse.Namespace) -> int:
     config = _broker_config(args)
@@ -346,6 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     delete_records.add_argument("--partition", type=int, required=True)
     delete_records.add_argument("--offset", type=int, required=True)
     delete_records.set_defaults(handler=cmd_delete_records)
+
+    mount = commands.add_parser("mount", help="mount a data dir as a filesystem (topics and partitions as dirs)")
+    _add_common(mount)
+    mount.add_argument("mountpoint", metavar="MNT")
+    mount.add_argument("-o", dest="options", action="append", metavar="OPT[,OPT...]", help="mount options")
+    mount.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    mount.set_defaults(handler=cmd_mount)
+
+    umount = commands.add_parser("umount", help="unmount a seglogfs mount")
+    umount.add_argument("mountpoint", metavar="MNT")
+    umount.set_defaults(handler=mounting.cmd_umount)
 
     check = commands.add_parser("check", help="verify every batch, index and checkpoint")
     _add_common(check)

@@ -1,0 +1,471 @@
+"""The FUSE filesystem: topics and partitions as directories (DESIGN.md §2), on pyfuse3 + trio.
+
+    MNT/<topic>/                  mkdir creates a topic with num.partitions partitions
+    MNT/<topic>/config            the topic's overrides, `key=value` lines
+    MNT/<topic>/<p>/append        write-only: lines → records (kafka-console-producer)
+    MNT/<topic>/<p>/append.jsonl  write-only: one JSON record per line
+    MNT/<topic>/<p>/records       read-only text view from the log start offset
+    MNT/<topic>/<p>/records.jsonl read-only JSON Lines view
+    MNT/<topic>/<p>/status        JSON: offsets, segments, effective config
+
+Handlers run on the trio loop and send every engine call to a worker thread; a partition's
+appends are serialised by the engine's partition lock. Views are `fs.views.View`s; after an
+append the kernel is told that the partition's views changed size (an attribute invalidation, off
+the loop), so `tail -f` and `less +F` follow without polling the filesystem. Errors reach the
+caller as errno values through one table (`errno_for`), with a log line naming what and where;
+no handler lets an exception take the mount down.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from engine import DataDir, PartitionLog
+from engine.console import LineFormat, TextFormat, record_from_json
+from engine.errors import (
+    ConfigError,
+    CorruptRecordError,
+    EngineError,
+    InvalidRecordError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    ReadOnlyError,
+    RecordTooLargeError,
+    TimestampParseError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+    UnsupportedFormatError,
+)
+from engine.naming import validate_topic
+from fs.views import View, jsonl_renderer, text_renderer
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Attributes and entries stay valid until the filesystem says otherwise (invalidation).
+_TIMEOUT_S = 3600.0
+_ERRNO: list[tuple[type[BaseException], int]] = [
+    (ReadOnlyError, errno.EROFS),
+    (RecordTooLargeError, errno.EFBIG),
+    (TimestampParseError, errno.EINVAL),
+    (InvalidRecordError, errno.EINVAL),
+    (InvalidTopicError, errno.EINVAL),
+    (ConfigError, errno.EINVAL),
+    (TopicExistsError, errno.EEXIST),
+    (UnknownTopicOrPartitionError, errno.ENOENT),
+    (OffsetOutOfRangeError, errno.ENOENT),
+    (CorruptRecordError, errno.EIO),
+    (UnsupportedFormatError, errno.EIO),
+    (EngineError, errno.EIO),
+]
+
+
+def errno_for(error: BaseException) -> int:
+    """The one table from engine errors (and OS errors) to errno values."""
+    if isinstance(error, pyfuse3.FUSEError):
+        return error.errno
+    for kind, number in _ERRNO:
+        if isinstance(error, kind):
+            return number
+    if isinstance(error, OSError) and error.errno:
+        return error.errno
+    return errno.EIO
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """What `-o` sets besides FUSE's own options (DESIGN.md §2)."""
+
+    text_format: TextFormat = field(default_factory=TextFormat)
+    line_format: LineFormat = field(default_factory=LineFormat)
+    read_only: bool = False
+
+
+@dataclass
+class _Node:
+    inode: int
+    kind: str  # root | topic | partition | config | append | append.jsonl | records | records.jsonl | status
+    topic: str | None = None
+    partition: int | None = None
+    looked_up: bool = False
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind in ("root", "topic", "partition")
+
+
+_PARTITION_FILES = ("append", "append.jsonl", "records", "records.jsonl", "status")
+_TOPIC_FILES = ("config",)
+_VIEW_KINDS = ("records", "records.jsonl")
+_APPEND_KINDS = ("append", "append.jsonl")
+
+
+@dataclass
+class _AppendHandle:
+    node: _Node
+    log: PartitionLog
+    pending: bytearray = field(default_factory=bytearray)
+
+
+class SeglogFS(pyfuse3.Operations):
+    """The operations of one mounted data dir. See the module docstring."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, data_dir: DataDir, options: MountOptions, *, clock: Callable[[], int] | None = None) -> None:
+        super().__init__()
+        self.data_dir = data_dir
+        self.options = options
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self._nodes: dict[int, _Node] = {pyfuse3.ROOT_INODE: _Node(pyfuse3.ROOT_INODE, "root")}
+        self._by_key: dict[tuple[Any, ...], int] = {("root",): pyfuse3.ROOT_INODE}
+        self._next_inode = pyfuse3.ROOT_INODE + 1
+        self._views: dict[tuple[str, int, str, int], View] = {}
+        self._handles: dict[int, Any] = {}
+        self._next_fh = 1
+        self._topic_lock = threading.Lock()
+        self._mounted_ms = self._clock()
+        self._uid, self._gid = os.getuid(), os.getgid()
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def _node(self, kind: str, topic: str | None = None, partition: int | None = None) -> _Node:
+        key = (kind, topic, partition)
+        inode = self._by_key.get(key)
+        if inode is None:
+            inode = self._next_inode
+            self._next_inode += 1
+            self._by_key[key] = inode
+            self._nodes[inode] = _Node(inode, kind, topic, partition)
+        return self._nodes[inode]
+
+    def _get(self, inode: int) -> _Node:
+        node = self._nodes.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _children(self, node: _Node) -> list[tuple[str, _Node]]:
+        topics = self.data_dir.topics()
+        if node.kind == "root":
+            return [(topic, self._node("topic", topic)) for topic in sorted(topics)]
+        if node.kind == "topic":
+            assert node.topic is not None
+            partitions = topics.get(node.topic, [])
+            return [(name, self._node(name, node.topic)) for name in _TOPIC_FILES] + [
+                (str(p), self._node("partition", node.topic, p)) for p in partitions
+            ]
+        if node.kind == "partition":
+            return [(name, self._node(name, node.topic, node.partition)) for name in _PARTITION_FILES]
+        raise pyfuse3.FUSEError(errno.ENOTDIR)
+
+    def _log(self, node: _Node) -> PartitionLog:
+        assert node.topic is not None and node.partition is not None
+        return self.data_dir.partition(node.topic, node.partition)
+
+    def _view(self, node: _Node) -> View:
+        log = self._log(node)
+        start = log.log_start_offset
+        key = (log.topic, log.partition, node.kind, start)
+        view = self._views.get(key)
+        if view is None:
+            if node.kind == "records":
+                render = text_renderer(self.options.text_format, log.partition)
+            else:
+                render = jsonl_renderer(log.topic, log.partition)
+            view = self._views[key] = View(log, start, render)
+        return view
+
+    # -- attributes ----------------------------------------------------------------------------
+    def _attributes(self, node: _Node) -> pyfuse3.EntryAttributes:
+        """Runs in a worker thread: sizes of views may need rendering."""
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = node.inode
+        attr.generation = 0
+        attr.entry_timeout = _TIMEOUT_S
+        attr.attr_timeout = _TIMEOUT_S
+        attr.st_uid, attr.st_gid = self._uid, self._gid
+        attr.st_blksize = 4096
+        stamp_ns = self._mounted_ms * 1_000_000
+        writable = not self.options.read_only
+        if node.is_dir:
+            attr.st_mode = stat.S_IFDIR | (0o755 if writable else 0o555)
+            attr.st_nlink = 2
+            attr.st_size = 0
+        else:
+            attr.st_nlink = 1
+            if node.kind in _APPEND_KINDS:
+                attr.st_mode = stat.S_IFREG | (0o200 if writable else 0)
+                attr.st_size = 0
+            else:
+                attr.st_mode = stat.S_IFREG | 0o444
+                attr.st_size = len(self._small_file(node)) if node.kind in ("status", "config") else 0
+                if node.kind in _VIEW_KINDS:
+                    attr.st_size = self._view(node).size()
+                    log = self._log(node)
+                    stamp_ns = max(stamp_ns, log.active_segment.max_timestamp_so_far.timestamp * 1_000_000)
+        attr.st_blocks = (attr.st_size + 511) // 512
+        attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = stamp_ns
+        return attr
+
+    def _small_file(self, node: _Node) -> bytes:
+        if node.kind == "config":
+            assert node.topic is not None
+            overrides = self.data_dir.topic_overrides(node.topic)
+            return "".join(f"{key}={value}\n" for key, value in sorted(overrides.items())).encode()
+        log = self._log(node)
+        status = {
+            "topic": log.topic,
+            "partition": log.partition,
+            "logStartOffset": log.log_start_offset,
+            "logEndOffset": log.log_end_offset,
+            "highWatermark": log.high_watermark,
+            "recoveryPoint": log.recovery_point,
+            "sizeInBytes": log.size_in_bytes(),
+            "segments": [
+                {
+                    "baseOffset": segment.base_offset,
+                    "bytes": segment.size,
+                    "maxTimestamp": segment.max_timestamp_so_far.timestamp,
+                }
+                for segment in log.segments
+            ],
+            "config": log.config.as_properties(),
+        }
+        return (json.dumps(status, indent=2) + "\n").encode()
+
+    async def _run(self, work: Callable[[], T], what: str) -> T:
+        """Run engine work off the loop; engine errors become errno values with a log line."""
+        try:
+            return await trio.to_thread.run_sync(work)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception as error:  # every failure becomes an errno, never a crash
+            number = errno_for(error)
+            logger.warning("%s: %s (%s)", what, error, errno.errorcode.get(number, number))
+            raise pyfuse3.FUSEError(number) from None
+
+    # -- lookups and directories ---------------------------------------------------------------
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        parent = self._get(parent_inode)
+        text = os.fsdecode(name)
+
+        def find() -> pyfuse3.EntryAttributes:
+            if text == "..":
+                return self._attributes(parent)
+            for child_name, child in self._children(parent):
+                if child_name == text:
+                    child.looked_up = True
+                    return self._attributes(child)
+            raise pyfuse3.FUSEError(errno.ENOENT)
+
+        return await self._run(find, f"lookup {text}")
+
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        node = self._get(inode)
+        return await self._run(lambda: self._attributes(node), f"getattr {node.kind}")
+
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
+        node = self._get(inode)
+        # `>` on an append file truncates it to 0 first: nothing to do, it is always empty.
+        if fields.update_size and not (node.kind in _APPEND_KINDS and attr.st_size == 0):
+            raise pyfuse3.FUSEError(errno.EPERM if node.kind in _VIEW_KINDS else errno.EINVAL)
+        return await self.getattr(inode, ctx)
+
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        node = self._get(inode)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        node = self._get(fh)
+        def list_entries() -> list[tuple[str, pyfuse3.EntryAttributes]]:
+            entries = []
+            for name, child in self._children(node):
+                child.looked_up = True  # readdirplus hands the kernel the entry without a lookup
+                entries.append((name, self._attributes(child)))
+            return entries
+
+        entries = await self._run(list_entries, "readdir")
+        for index, (name, attr) in enumerate(entries[start_id:], start=start_id):
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, index + 1):
+                return
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        parent = self._get(parent_inode)
+        topic = os.fsdecode(name)
+        if parent.kind != "root":
+            raise pyfuse3.FUSEError(errno.EPERM)
+
+        def create() -> pyfuse3.EntryAttributes:
+            validate_topic(topic)
+            with self._topic_lock:
+                self.data_dir.create_topic(topic, now_ms=self._clock())
+            node = self._node("topic", topic)
+            node.looked_up = True
+            return self._attributes(node)
+
+        return await self._run(create, f"mkdir {topic}")
+
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        result = os.statvfs(self.data_dir.config.log_dirs[0])
+        data = pyfuse3.StatvfsData()
+        for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail"):
+            setattr(data, name, getattr(result, name))
+        data.f_namemax = 249  # Kafka's longest topic name
+        return data
+
+    # -- files -----------------------------------------------------------------------------------
+    def _new_fh(self, handle: Any) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = handle
+        return fh
+
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        node = self._get(inode)
+        access = flags & os.O_ACCMODE
+        if node.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if node.kind in _APPEND_KINDS:
+            if access == os.O_RDONLY:
+                raise pyfuse3.FUSEError(errno.EACCES)
+            if self.options.read_only:
+                raise pyfuse3.FUSEError(errno.EROFS)
+            log = await self._run(lambda: self._log(node), "open")
+            return pyfuse3.FileInfo(fh=self._new_fh(_AppendHandle(node, log)), direct_io=True, nonseekable=True)
+        if access != os.O_RDONLY:
+            raise pyfuse3.FUSEError(errno.EACCES)
+        if node.kind in _VIEW_KINDS:
+            view = await self._run(lambda: self._view(node), "open")
+            return pyfuse3.FileInfo(fh=self._new_fh(view), keep_cache=True)
+        content = await self._run(lambda: self._small_file(node), "open")
+        return pyfuse3.FileInfo(fh=self._new_fh(content), direct_io=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._handles.get(fh)
+        if isinstance(handle, bytes):
+            return handle[off : off + size]
+        if isinstance(handle, View):
+            view = handle
+            return await self._run(lambda: view.read(off, size), "read")
+        raise pyfuse3.FUSEError(errno.EBADF)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handles.get(fh)
+        if not isinstance(handle, _AppendHandle):
+            raise pyfuse3.FUSEError(errno.EBADF)
+        data = handle.pending + buf
+        cut = data.rfind(b"\n") + 1
+        lines = bytes(data[:cut])
+        if lines:
+            await self._append(handle, lines)
+        handle.pending = bytearray(data[cut:])
+        return len(buf)
+
+    async def _append(self, handle: _AppendHandle, lines: bytes) -> None:
+        """Lines of one write → one append (split at max.message.bytes by the engine); all or
+        nothing: a bad line fails the whole write."""
+        node, log = handle.node, handle.log
+        where = f"{log.topic}/{log.partition}/{node.kind}"
+
+        def append() -> None:
+            keys: list[bytes | None] = []
+            values: list[bytes | None] = []
+            headers: list[tuple[tuple[str, bytes | None], ...]] = []
+            timestamps: list[int] = []
+            now = self._clock()
+            for number, line in enumerate(lines.split(b"\n")[:-1], start=1):
+                if node.kind == "append":
+                    key, value = self.options.line_format.parse(line, f"{where} line {number}")
+                    keys.append(key)
+                    values.append(value)
+                    headers.append(())
+                    timestamps.append(now)
+                else:
+                    parsed = record_from_json(line, f"{where} line {number}")
+                    keys.append(parsed.key)
+                    values.append(parsed.value)
+                    headers.append(tuple(parsed.headers))
+                    timestamps.append(now if parsed.timestamp is None else parsed.timestamp)
+            if values:
+                log.append_records(
+                    values,
+                    keys=keys if any(k is not None for k in keys) else None,
+                    headers=headers if any(headers) else None,
+                    timestamps=timestamps,
+                    now_ms=now,
+                )
+
+        await self._run(append, f"write {where}")
+        await self.notify_grown(log)
+
+    async def notify_grown(self, log: PartitionLog) -> None:
+        """Tell the kernel that the partition's views changed size (off the loop: the call may
+        block). Views the kernel never looked up need no telling."""
+        inodes = [
+            self._by_key[key]
+            for key in ((kind, log.topic, log.partition) for kind in _VIEW_KINDS)
+            if key in self._by_key and self._nodes[self._by_key[key]].looked_up
+        ]
+        for inode in inodes:
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, True)
+            except OSError as error:  # ENOENT: the kernel has forgotten the inode
+                if error.errno != errno.ENOENT:
+                    logger.warning("invalidating %s-%d views: %s", log.topic, log.partition, error)
+
+    async def notify_all(self) -> None:
+        """After background work (retention, compaction): every view may have changed."""
+        for topic, partitions in self.data_dir.topics().items():
+            for partition in partitions:
+                await self.notify_grown(self.data_dir.partition(topic, partition))
+
+    async def flush(self, fh: int) -> None:
+        handle = self._handles.get(fh)
+        if isinstance(handle, _AppendHandle) and handle.pending:
+            # A trailing partial line is a record once the file is closed.
+            pending, handle.pending = bytes(handle.pending) + b"\n", bytearray()
+            await self._append(handle, pending)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles.get(fh)
+        if isinstance(handle, _AppendHandle):
+            await self.flush(fh)
+            log = handle.log
+            await self._run(log.flush, "fsync")
+
+    async def release(self, fh: int) -> None:
+        self._handles.pop(fh, None)
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for inode, _ in inode_list:
+            node = self._nodes.get(inode)
+            if node is not None:
+                node.looked_up = False
+
+    # -- refused -------------------------------------------------------------------------------
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def rename(self, *args: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EPERM)

@@ -1,0 +1,104 @@
+"""Running a mount: the FUSE session, the data dir's background work, and a clean unmount.
+
+`serve(...)` mounts, runs until the filesystem is unmounted (`seglogfs umount`, `fusermount3 -u`,
+`umount`) or the process gets SIGINT/SIGTERM, then closes the data dir as after a clean
+shutdown. The scheduler (retention, flushes, compaction, checkpoints) runs in the same trio loop,
+its work in a worker thread, and after work that changes what views show the kernel is told.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from engine import BrokerConfig, DataDir
+from engine.scheduler import Scheduler
+from fs.filesystem import MountOptions, SeglogFS
+
+logger = logging.getLogger(__name__)
+
+
+def fuse_options(source: str, *, read_only: bool, allow_other: bool, default_permissions: bool) -> set[str]:
+    options = set(pyfuse3.default_options)
+    options.discard("default_permissions")
+    options |= {f"fsname={source}", "subtype=seglogfs"}
+    if read_only:
+        options.add("ro")
+    if allow_other:
+        options.add("allow_other")
+    if default_permissions:
+        options.add("default_permissions")
+    return options
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def _background(operations: SeglogFS, scheduler: Scheduler | None) -> None:
+    if scheduler is None:
+        await trio.sleep_forever()
+    assert scheduler is not None
+    while True:
+        await trio.sleep(max(scheduler.next_due_ms - _now_ms(), 10) / 1000)
+        report = await trio.to_thread.run_sync(scheduler.run_due, _now_ms())
+        if report.deleted_segments or report.cleaned_logs:
+            await operations.notify_all()
+
+
+async def _main(operations: SeglogFS, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_background, operations, scheduler)
+
+        async def stop_on_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    logger.info("got signal %d: unmounting", signum)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(stop_on_signals)
+        ready()
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()  # unmounted from outside: stop the background work
+
+
+def serve(
+    config: BrokerConfig,
+    mountpoint: Path,
+    options: MountOptions,
+    *,
+    allow_other: bool = False,
+    default_permissions: bool = False,
+    ready: Callable[[], None] = lambda: None,
+) -> None:
+    """Mount the data dir at `mountpoint` and serve it until unmounted; `ready` is called once
+    the mount is in place."""
+    data_dir = DataDir.open(config, read_only=options.read_only, now_ms=_now_ms())
+    try:
+        operations = SeglogFS(data_dir, options)
+        scheduler = None if options.read_only else Scheduler(data_dir, _now_ms())
+        source = ",".join(str(d) for d in config.log_dirs)
+        pyfuse3.init(
+            operations,
+            os.fspath(mountpoint),
+            fuse_options(
+                source,
+                read_only=options.read_only,
+                allow_other=allow_other,
+                default_permissions=default_permissions,
+            ),
+        )
+        try:
+            trio.run(_main, operations, scheduler, ready)
+        finally:
+            pyfuse3.close(unmount=True)
+    finally:
+        data_dir.close()

@@ -1,0 +1,157 @@
+"""`seglogfs mount` and `seglogfs umount`.
+
+    seglogfs mount DATADIR MNT [-o opt,...] [-f]
+    seglogfs umount MNT
+
+`-o` takes FUSE's `ro`, `allow_other` and `default_permissions`, the text view's
+`print.key`, `print.offset`, `print.timestamp`, `print.partition`, `print.headers`,
+`key.separator`, `null.literal`, the append files' `parse.key`, `key.separator`, `null.marker`,
+and any Kafka config name (`message.timestamp.type=LogAppendTime`, `log.retention.hours=1`, …),
+which overrides the broker config. The options mount(8) passes on (`rw`, `dev`, `suid`, `exec`,
+`auto`, `user`, `_netdev`, …) are accepted and ignored, so `mount -t fuse.seglogfs` and fstab
+lines work. Without `-f` the mount runs in the background once it is in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import BrokerConfig
+from engine.console import LineFormat, TextFormat
+from engine.errors import ConfigError
+
+_VIEW_OPTIONS = {
+    "print.key",
+    "print.offset",
+    "print.timestamp",
+    "print.partition",
+    "print.headers",
+    "print.value",
+    "key.separator",
+    "null.literal",
+    "line.separator",
+}
+_APPEND_OPTIONS = {"parse.key", "key.separator", "null.marker"}
+_IGNORED = {
+    "rw",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "auto",
+    "noauto",
+    "user",
+    "nouser",
+    "users",
+    "_netdev",
+    "nofail",
+    "defaults",
+    "atime",
+    "noatime",
+    "relatime",
+}
+
+
+def parse_mount_options(
+    items: list[str] | None,
+) -> tuple[dict[str, str], dict[str, str], list[str], set[str]]:
+    """`-o` values → (view properties, append properties, Kafka overrides, FUSE flags)."""
+    view: dict[str, str] = {}
+    append: dict[str, str] = {}
+    overrides: list[str] = []
+    flags: set[str] = set()
+    for item in items or ():
+        for option in filter(None, item.split(",")):
+            key, sep, value = option.partition("=")
+            if key in ("ro", "allow_other", "default_permissions") and not sep:
+                flags.add(key)
+            elif key in _IGNORED or key.startswith("x-"):
+                continue
+            elif key in _VIEW_OPTIONS or key in _APPEND_OPTIONS:
+                text = value if sep else "true"
+                if key in _VIEW_OPTIONS:
+                    view[key] = text
+                if key in _APPEND_OPTIONS:
+                    append[key] = text
+            elif sep:
+                overrides.append(f"{key}={value}")
+            else:
+                raise ConfigError(f"-o {option}: unknown mount option")
+    return view, append, overrides, flags
+
+
+def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
+    from fs.filesystem import MountOptions  # noqa: PLC0415 (pyfuse3 only for the mount)
+    from fs.mount import serve  # noqa: PLC0415
+
+    view, append, _overrides, flags = parse_mount_options(args.options)
+    options = MountOptions(
+        text_format=TextFormat.from_properties(view),
+        line_format=LineFormat.from_properties(append),
+        read_only="ro" in flags,
+    )
+    mountpoint = Path(args.mountpoint)
+    if not mountpoint.is_dir():
+        raise ConfigError(f"{mountpoint}: mount point is not a directory")
+    kwargs = {"allow_other": "allow_other" in flags, "default_permissions": "default_permissions" in flags}
+    if args.foreground:
+        logging.basicConfig(level=logging.INFO, format="seglogfs: %(levelname)s %(name)s: %(message)s")
+        serve(broker_config, mountpoint, options, **kwargs)
+        return 0
+    return _serve_in_background(broker_config, mountpoint, options, kwargs)
+
+
+def _serve_in_background(broker_config: BrokerConfig, mountpoint: Path, options: object, kwargs: dict) -> int:
+    """Fork; the child mounts and serves, the parent returns once the mount is in place (or
+    with the child's error)."""
+    from fs.mount import serve  # noqa: PLC0415
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            said = pipe.read().decode(errors="replace")
+        if said == "ok":
+            return 0
+        os.waitpid(pid, 0)
+        print(f"seglogfs: {said or 'the mount process died'}", file=sys.stderr)
+        return 1
+    os.close(read_end)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    logging.basicConfig(level=logging.INFO, format="seglogfs: %(levelname)s %(name)s: %(message)s")
+
+    def ready() -> None:
+        os.write(write_end, b"ok")
+        os.close(write_end)
+        os.dup2(devnull, 2)
+
+    try:
+        serve(broker_config, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
+    except BaseException as error:  # reported to the waiting parent
+        with contextlib.suppress(OSError):
+            os.write(write_end, str(error).encode())
+        os._exit(1)
+    os._exit(0)
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = [tool, "-u", args.mountpoint] if tool else ["umount", args.mountpoint]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"seglogfs: {done.stderr.strip() or 'unmount failed'}", file=sys.stderr)
+        return 1
+    return 0
