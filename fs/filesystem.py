@@ -25,6 +25,7 @@ import os
 import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -139,6 +140,7 @@ class SeglogFS(pyfuse3.Operations):
         self._topic_lock = threading.Lock()
         self._mounted_ms = self._clock()
         self._uid, self._gid = os.getuid(), os.getgid()
+        self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
 
     # -- nodes ---------------------------------------------------------------------------------
     def _node(self, kind: str, topic: str | None = None, partition: int | None = None) -> _Node:
@@ -259,6 +261,7 @@ class SeglogFS(pyfuse3.Operations):
 
     # -- lookups and directories ---------------------------------------------------------------
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        self.requests["lookup"] += 1
         parent = self._get(parent_inode)
         text = os.fsdecode(name)
 
@@ -274,6 +277,7 @@ class SeglogFS(pyfuse3.Operations):
         return await self._run(find, f"lookup {text}")
 
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        self.requests["getattr"] += 1
         node = self._get(inode)
         return await self._run(lambda: self._attributes(node), f"getattr {node.kind}")
 
@@ -291,7 +295,9 @@ class SeglogFS(pyfuse3.Operations):
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        self.requests["readdir"] += 1
         node = self._get(fh)
+
         def list_entries() -> list[tuple[str, pyfuse3.EntryAttributes]]:
             entries = []
             for name, child in self._children(node):
@@ -336,6 +342,7 @@ class SeglogFS(pyfuse3.Operations):
         return fh
 
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        self.requests["open"] += 1
         node = self._get(inode)
         access = flags & os.O_ACCMODE
         if node.is_dir:
@@ -356,6 +363,7 @@ class SeglogFS(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=self._new_fh(content), direct_io=True)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        self.requests["read"] += 1
         handle = self._handles.get(fh)
         if isinstance(handle, bytes):
             return handle[off : off + size]
@@ -365,6 +373,7 @@ class SeglogFS(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EBADF)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
+        self.requests["write"] += 1
         handle = self._handles.get(fh)
         if not isinstance(handle, _AppendHandle):
             raise pyfuse3.FUSEError(errno.EBADF)

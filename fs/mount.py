@@ -4,10 +4,12 @@
 `umount`) or the process gets SIGINT/SIGTERM, then closes the data dir as after a clean
 shutdown. The scheduler (retention, flushes, compaction, checkpoints) runs in the same trio loop,
 its work in a worker thread, and after work that changes what views show the kernel is told.
+SIGUSR1 logs how many requests of each kind the filesystem has served (also logged at unmount).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -65,9 +67,17 @@ async def _main(operations: SeglogFS, scheduler: Scheduler | None, ready: Callab
                     return
 
         nursery.start_soon(stop_on_signals)
+
+        async def report_on_sigusr1() -> None:
+            with trio.open_signal_receiver(signal.SIGUSR1) as signals:
+                async for _ in signals:
+                    logger.info("requests %s", json.dumps(dict(sorted(operations.requests.items()))))
+
+        nursery.start_soon(report_on_sigusr1)
         ready()
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # unmounted from outside: stop the background work
+    logger.info("requests %s", json.dumps(dict(sorted(operations.requests.items()))))
 
 
 def serve(

@@ -1,0 +1,83 @@
+"""Real mounts for the filesystem tests: `seglogfs mount -f` in a subprocess, always unmounted
+(and the process gone) after the test, even when it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+FUSERMOUNT = shutil.which("fusermount3") or "fusermount"
+
+
+class Mount:
+    def __init__(self, data: Path, mountpoint: Path, options: list[str]) -> None:
+        self.data = data
+        self.path = mountpoint
+        self.log = mountpoint.parent / f"{mountpoint.name}.log"
+        self._log_file = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mount_tools.cli", "mount", str(data), str(mountpoint), "-f", *options],
+            cwd=REPO,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mountpoint):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"mount failed: {self.log.read_text()}")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if os.path.ismount(self.path):
+            subprocess.run([FUSERMOUNT, "-u", "-z", str(self.path)], check=False, capture_output=True)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self._log_file.close()
+
+    def requests(self) -> dict[str, int]:
+        """The filesystem's request counters now (it logs them on SIGUSR1)."""
+        marker = self.output().count("requests ")
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while self.output().count("requests ") == marker:
+            assert time.monotonic() < deadline, "the mount did not report its requests"
+            time.sleep(0.01)
+        line = self.output().rsplit("requests ", 1)[1].splitlines()[0]
+        return json.loads(line)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+    """`mount(data_dir, *options)` mounts (the data dir is created if need be) and returns the
+    Mount; every mount made is unmounted after the test."""
+    made: list[Mount] = []
+
+    def make(data: Path | None = None, *options: str) -> Mount:
+        data = data or tmp_path / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        mountpoint = tmp_path / f"mnt{len(made)}"
+        mountpoint.mkdir()
+        made.append(Mount(data, mountpoint, list(options)))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.stop()

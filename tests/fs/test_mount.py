@@ -1,0 +1,125 @@
+"""The mount driven by real tools: shell appends, tail, head, dd, wc, grep, less, tail -f."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.fs.conftest import Mount
+
+
+def sh(command: str, **kwargs) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, check=True, timeout=60, **kwargs)
+
+
+def consume(data: Path, topic: str, *extra: str) -> bytes:
+    done = subprocess.run(
+        [sys.executable, "-m", "mount_tools.cli", "consume", str(data), "--topic", topic, "--from-beginning", *extra],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    return done.stdout
+
+
+def test_append_then_tail_wc_head_dd(mount) -> None:
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    partition = m.path / "t" / "0"
+    sh(f"printf 'a\\nb\\n' >> {partition}/append")
+    assert sh(f"tail -n 2 {partition}/records").stdout == b"a\nb\n"
+    sh(f"seq 1 5000 >> {partition}/append")
+    records = partition / "records"
+    expected = b"a\nb\n" + b"".join(b"%d\n" % i for i in range(1, 5001))
+    assert records.stat().st_size == len(expected)
+    assert sh(f"wc -l < {records}").stdout.strip() == b"5002"
+    assert sh(f"head -c 1000 {records}").stdout == expected[:1000]
+    assert sh(f"tail -c 777 {records}").stdout == expected[-777:]
+    assert sh(f"dd if={records} bs=100 skip=37 count=12 status=none").stdout == expected[3700:4900]
+    assert sh(f"grep -c '^49' {records}").stdout.strip() == b"111"
+    assert records.read_bytes() == expected
+    # The views equal what seglogfs consume prints.
+    assert records.read_bytes() == consume(m.data, "t")
+    assert (partition / "records.jsonl").read_bytes() == consume(m.data, "t", "--format", "jsonl")
+
+
+def test_view_options_and_append_options(mount) -> None:
+    m: Mount = mount(None, "-o", "print.key,print.offset,key.separator=:,parse.key")
+    os.mkdir(m.path / "t")
+    sh(f"printf 'k1:v1\\nk2:v2\\n' >> {m.path}/t/0/append")
+    assert (m.path / "t" / "0" / "records").read_bytes() == b"Offset:0:k1:v1\nOffset:1:k2:v2\n"
+
+
+def test_partial_line_waits_for_close(mount) -> None:
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    with open(m.path / "t" / "0" / "append", "ab", buffering=0) as handle:
+        handle.write(b"one\ntw")
+        assert (m.path / "t" / "0" / "records").read_bytes() == b"one\n"
+        handle.write(b"o\nthr")
+        assert (m.path / "t" / "0" / "records").read_bytes() == b"one\ntwo\n"
+    assert (m.path / "t" / "0" / "records").read_bytes() == b"one\ntwo\nthr\n"
+
+
+@pytest.mark.parametrize("follower", ["tail", "less"])
+def test_followers_see_appends_within_two_seconds(mount, follower: str) -> None:
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    records = m.path / "t" / "0" / "records"
+    sh(f"printf 'first\\n' >> {m.path}/t/0/append")
+    if follower == "tail":
+        process = subprocess.Popen(["tail", "-f", str(records)], stdout=subprocess.PIPE)
+        reader = process.stdout
+    else:
+        master, slave = os.openpty()
+        process = subprocess.Popen(
+            ["less", "+F", str(records)],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env={**os.environ, "TERM": "xterm", "LINES": "24", "COLUMNS": "80"},
+        )
+        os.close(slave)
+        reader = os.fdopen(master, "rb", buffering=0)
+    try:
+        os.set_blocking(reader.fileno(), False)
+        seen = b""
+        time.sleep(0.5)
+        before, started = m.requests(), time.monotonic()
+        for i in range(5):
+            line = b"line-%d-%f" % (i, time.time())
+            sh(f"printf '{line.decode()}\\n' >> {m.path}/t/0/append")
+            written = time.monotonic()
+            while line not in seen:
+                assert time.monotonic() - written < 2.0, f"{follower} did not show {line!r} within 2 s: {seen[-300:]!r}"
+                time.sleep(0.02)
+                with contextlib.suppress(BlockingIOError, OSError):  # nothing new yet
+                    seen += reader.read(65536) or b""
+            time.sleep(0.5)
+        after = m.requests()
+        rate = (after.get("getattr", 0) - before.get("getattr", 0)) / (time.monotonic() - started)
+        assert rate < 20, f"{follower} cost {rate:.1f} getattr requests a second"
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        reader.close()
+
+
+def test_mkdir_creates_a_topic_and_bad_names_are_refused(mount) -> None:
+    m: Mount = mount()
+    os.mkdir(m.path / "orders")
+    assert sorted(os.listdir(m.path / "orders")) == ["0", "config"]
+    with pytest.raises(OSError) as raised:
+        os.mkdir(m.path / "bad name")
+    assert raised.value.errno == 22  # EINVAL
+    with pytest.raises(OSError) as raised:
+        os.mkdir(m.path / "orders")
+    assert raised.value.errno == 17  # EEXIST
