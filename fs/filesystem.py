@@ -6,7 +6,11 @@
     MNT/<topic>/<p>/append.jsonl  write-only: one JSON record per line
     MNT/<topic>/<p>/records       read-only text view from the log start offset
     MNT/<topic>/<p>/records.jsonl read-only JSON Lines view
+    MNT/<topic>/<p>/by-offset/N[.jsonl]  records from the first offset ≥ N (ls: segment bases)
+    MNT/<topic>/<p>/by-time/T[.jsonl]    records from the first timestamp ≥ T (ms or ISO-8601)
     MNT/<topic>/<p>/status        JSON: offsets, segments, effective config
+    MNT/<topic>/append[.jsonl]    write-only: records go where Kafka's default partitioner sends
+                                  them (murmur2 of the key; null keys round-robin per write)
 
 Handlers run on the trio loop and send every engine call to a worker thread; a partition's
 appends are serialised by the engine's partition lock. Views are `fs.views.View`s; after an
@@ -34,7 +38,7 @@ import pyfuse3
 import trio
 
 from engine import DataDir, PartitionLog
-from engine.console import LineFormat, TextFormat, record_from_json
+from engine.console import LineFormat, TextFormat, parse_timestamp, record_from_json
 from engine.errors import (
     ConfigError,
     CorruptRecordError,
@@ -50,7 +54,8 @@ from engine.errors import (
     UnsupportedFormatError,
 )
 from engine.naming import validate_topic
-from fs.views import View, jsonl_renderer, text_renderer
+from engine.partitioner import RoundRobin, partition_for_key
+from fs.views import Layout, View, jsonl_renderer, text_renderer
 
 logger = logging.getLogger(__name__)
 
@@ -101,23 +106,25 @@ class _Node:
     kind: str  # root | topic | partition | config | append | append.jsonl | records | records.jsonl | status
     topic: str | None = None
     partition: int | None = None
+    start: int | None = None  # first offset of a by-offset / by-time view
     looked_up: bool = False
 
     @property
     def is_dir(self) -> bool:
-        return self.kind in ("root", "topic", "partition")
+        return self.kind in ("root", "topic", "partition", "by-offset", "by-time")
 
 
-_PARTITION_FILES = ("append", "append.jsonl", "records", "records.jsonl", "status")
-_TOPIC_FILES = ("config",)
-_VIEW_KINDS = ("records", "records.jsonl")
-_APPEND_KINDS = ("append", "append.jsonl")
+_PARTITION_ENTRIES = ("append", "append.jsonl", "records", "records.jsonl", "by-offset", "by-time", "status")
+_TOPIC_FILES = ("append", "append.jsonl", "config")
+_VIEW_KINDS = ("records", "records.jsonl", "offset-view", "offset-view.jsonl")
+_APPEND_KINDS = ("append", "append.jsonl", "topic-append", "topic-append.jsonl")
+_TOPIC_KINDS = {"append": "topic-append", "append.jsonl": "topic-append.jsonl", "config": "config"}
 
 
 @dataclass
 class _AppendHandle:
     node: _Node
-    log: PartitionLog
+    logs: list[PartitionLog]  # one for a partition's append file, every partition for a topic's
     pending: bytearray = field(default_factory=bytearray)
 
 
@@ -134,23 +141,31 @@ class SeglogFS(pyfuse3.Operations):
         self._nodes: dict[int, _Node] = {pyfuse3.ROOT_INODE: _Node(pyfuse3.ROOT_INODE, "root")}
         self._by_key: dict[tuple[Any, ...], int] = {("root",): pyfuse3.ROOT_INODE}
         self._next_inode = pyfuse3.ROOT_INODE + 1
-        self._views: dict[tuple[str, int, str, int], View] = {}
+        self._layouts: dict[tuple[str, int, str], Layout] = {}
         self._handles: dict[int, Any] = {}
         self._next_fh = 1
         self._topic_lock = threading.Lock()
+        self._round_robin = RoundRobin()
         self._mounted_ms = self._clock()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
 
     # -- nodes ---------------------------------------------------------------------------------
-    def _node(self, kind: str, topic: str | None = None, partition: int | None = None) -> _Node:
-        key = (kind, topic, partition)
+    def _node(
+        self,
+        kind: str,
+        topic: str | None = None,
+        partition: int | None = None,
+        name: str = "",
+        start: int | None = None,
+    ) -> _Node:
+        key = (kind, topic, partition, name)
         inode = self._by_key.get(key)
         if inode is None:
             inode = self._next_inode
             self._next_inode += 1
             self._by_key[key] = inode
-            self._nodes[inode] = _Node(inode, kind, topic, partition)
+            self._nodes[inode] = _Node(inode, kind, topic, partition, start)
         return self._nodes[inode]
 
     def _get(self, inode: int) -> _Node:
@@ -166,29 +181,69 @@ class SeglogFS(pyfuse3.Operations):
         if node.kind == "topic":
             assert node.topic is not None
             partitions = topics.get(node.topic, [])
-            return [(name, self._node(name, node.topic)) for name in _TOPIC_FILES] + [
-                (str(p), self._node("partition", node.topic, p)) for p in partitions
-            ]
+            files = [(name, self._node(_TOPIC_KINDS[name], node.topic)) for name in _TOPIC_FILES]
+            return files + [(str(p), self._node("partition", node.topic, p)) for p in partitions]
         if node.kind == "partition":
-            return [(name, self._node(name, node.topic, node.partition)) for name in _PARTITION_FILES]
+            return [(name, self._node(name, node.topic, node.partition)) for name in _PARTITION_ENTRIES]
+        if node.kind == "by-offset":
+            log = self._log(node)
+            bases = [max(s.base_offset, log.log_start_offset) for s in log.segments]
+            return [
+                (f"{base}{suffix}", self._offset_view(node, base, suffix))
+                for base in bases
+                for suffix in ("", ".jsonl")
+            ]
+        if node.kind == "by-time":
+            return []  # any time can be looked up; there is nothing to list
         raise pyfuse3.FUSEError(errno.ENOTDIR)
+
+    def _child(self, parent: _Node, name: str) -> _Node:
+        """The child called `name`: a listed entry, or a by-offset / by-time view."""
+        if parent.kind in ("by-offset", "by-time"):
+            stem, suffix = (name[:-6], ".jsonl") if name.endswith(".jsonl") else (name, "")
+            log = self._log(parent)
+            if parent.kind == "by-offset":
+                if not stem.isdigit():
+                    raise pyfuse3.FUSEError(errno.ENOENT)
+                offset = int(stem)
+                if not log.log_start_offset <= offset <= log.log_end_offset:
+                    raise pyfuse3.FUSEError(errno.ENOENT)
+            else:
+                try:
+                    found = log.offset_for_timestamp(parse_timestamp(stem))
+                except TimestampParseError:
+                    raise pyfuse3.FUSEError(errno.ENOENT) from None
+                offset = log.log_end_offset if found is None else max(found.offset, log.log_start_offset)
+            return self._offset_view(parent, offset, suffix, name)
+        for child_name, child in self._children(parent):
+            if child_name == name:
+                return child
+        raise pyfuse3.FUSEError(errno.ENOENT)
+
+    def _offset_view(self, parent: _Node, offset: int, suffix: str, name: str | None = None) -> _Node:
+        kind = "offset-view" + suffix
+        return self._node(kind, parent.topic, parent.partition, f"{parent.kind}/{name or offset}", start=offset)
 
     def _log(self, node: _Node) -> PartitionLog:
         assert node.topic is not None and node.partition is not None
         return self.data_dir.partition(node.topic, node.partition)
 
-    def _view(self, node: _Node) -> View:
-        log = self._log(node)
-        start = log.log_start_offset
-        key = (log.topic, log.partition, node.kind, start)
-        view = self._views.get(key)
-        if view is None:
-            if node.kind == "records":
+    def _layout(self, log: PartitionLog, fmt: str) -> Layout:
+        """The partition's layout in a format ("text" or "jsonl"), shared by all its views."""
+        key = (log.topic, log.partition, fmt)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if fmt == "text":
                 render = text_renderer(self.options.text_format, log.partition)
             else:
                 render = jsonl_renderer(log.topic, log.partition)
-            view = self._views[key] = View(log, start, render)
-        return view
+            layout = self._layouts[key] = Layout(log, render)
+        return layout
+
+    def _view(self, node: _Node) -> View:
+        log = self._log(node)
+        fmt = "jsonl" if node.kind.endswith(".jsonl") else "text"
+        return View(self._layout(log, fmt), log.log_start_offset if node.start is None else node.start)
 
     # -- attributes ----------------------------------------------------------------------------
     def _attributes(self, node: _Node) -> pyfuse3.EntryAttributes:
@@ -268,11 +323,9 @@ class SeglogFS(pyfuse3.Operations):
         def find() -> pyfuse3.EntryAttributes:
             if text == "..":
                 return self._attributes(parent)
-            for child_name, child in self._children(parent):
-                if child_name == text:
-                    child.looked_up = True
-                    return self._attributes(child)
-            raise pyfuse3.FUSEError(errno.ENOENT)
+            child = self._child(parent, text)
+            child.looked_up = True
+            return self._attributes(child)
 
         return await self._run(find, f"lookup {text}")
 
@@ -352,8 +405,8 @@ class SeglogFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EACCES)
             if self.options.read_only:
                 raise pyfuse3.FUSEError(errno.EROFS)
-            log = await self._run(lambda: self._log(node), "open")
-            return pyfuse3.FileInfo(fh=self._new_fh(_AppendHandle(node, log)), direct_io=True, nonseekable=True)
+            logs = await self._run(lambda: self._append_logs(node), "open")
+            return pyfuse3.FileInfo(fh=self._new_fh(_AppendHandle(node, logs)), direct_io=True, nonseekable=True)
         if access != os.O_RDONLY:
             raise pyfuse3.FUSEError(errno.EACCES)
         if node.kind in _VIEW_KINDS:
@@ -361,6 +414,12 @@ class SeglogFS(pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=self._new_fh(view), keep_cache=True)
         content = await self._run(lambda: self._small_file(node), "open")
         return pyfuse3.FileInfo(fh=self._new_fh(content), direct_io=True)
+
+    def _append_logs(self, node: _Node) -> list[PartitionLog]:
+        if node.partition is not None:
+            return [self._log(node)]
+        assert node.topic is not None
+        return [self.data_dir.partition(node.topic, p) for p in self.data_dir.topics().get(node.topic, [])]
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         self.requests["read"] += 1
@@ -386,49 +445,55 @@ class SeglogFS(pyfuse3.Operations):
         return len(buf)
 
     async def _append(self, handle: _AppendHandle, lines: bytes) -> None:
-        """Lines of one write → one append (split at max.message.bytes by the engine); all or
-        nothing: a bad line fails the whole write."""
-        node, log = handle.node, handle.log
-        where = f"{log.topic}/{log.partition}/{node.kind}"
+        """Lines of one write → one append per partition (split at max.message.bytes by the
+        engine); all or nothing per partition: a bad line fails the whole write before anything
+        is stored."""
+        node, logs = handle.node, handle.logs
+        jsonl = node.kind.endswith(".jsonl")
+        where = (
+            f"{node.topic}/{'' if node.partition is None else f'{node.partition}/'}{node.kind.removeprefix('topic-')}"
+        )
 
-        def append() -> None:
-            keys: list[bytes | None] = []
-            values: list[bytes | None] = []
-            headers: list[tuple[tuple[str, bytes | None], ...]] = []
-            timestamps: list[int] = []
+        def append() -> list[PartitionLog]:
             now = self._clock()
+            null_slot = self._round_robin.next(len(logs))
+            columns: dict[int, tuple[list, list, list, list]] = {}
             for number, line in enumerate(lines.split(b"\n")[:-1], start=1):
-                if node.kind == "append":
-                    key, value = self.options.line_format.parse(line, f"{where} line {number}")
-                    keys.append(key)
-                    values.append(value)
-                    headers.append(())
-                    timestamps.append(now)
-                else:
+                if jsonl:
                     parsed = record_from_json(line, f"{where} line {number}")
-                    keys.append(parsed.key)
-                    values.append(parsed.value)
-                    headers.append(tuple(parsed.headers))
-                    timestamps.append(now if parsed.timestamp is None else parsed.timestamp)
-            if values:
-                log.append_records(
+                    key, value, headers = parsed.key, parsed.value, tuple(parsed.headers)
+                    timestamp = now if parsed.timestamp is None else parsed.timestamp
+                else:
+                    key, value = self.options.line_format.parse(line, f"{where} line {number}")
+                    headers, timestamp = (), now
+                slot = 0 if len(logs) == 1 else (null_slot if key is None else partition_for_key(key, len(logs)))
+                column = columns.setdefault(slot, ([], [], [], []))
+                column[0].append(value)
+                column[1].append(key)
+                column[2].append(headers)
+                column[3].append(timestamp)
+            for slot, (values, keys, headers_list, timestamps) in sorted(columns.items()):
+                logs[slot].append_records(
                     values,
                     keys=keys if any(k is not None for k in keys) else None,
-                    headers=headers if any(headers) else None,
+                    headers=headers_list if any(headers_list) else None,
                     timestamps=timestamps,
                     now_ms=now,
                 )
+            return [logs[slot] for slot in columns]
 
-        await self._run(append, f"write {where}")
-        await self.notify_grown(log)
+        for log in await self._run(append, f"write {where}"):
+            await self.notify_grown(log)
 
     async def notify_grown(self, log: PartitionLog) -> None:
         """Tell the kernel that the partition's views changed size (off the loop: the call may
         block). Views the kernel never looked up need no telling."""
         inodes = [
-            self._by_key[key]
-            for key in ((kind, log.topic, log.partition) for kind in _VIEW_KINDS)
-            if key in self._by_key and self._nodes[self._by_key[key]].looked_up
+            node.inode
+            for node in list(self._nodes.values())
+            if node.kind in _VIEW_KINDS
+            and node.looked_up
+            and (node.topic, node.partition) == (log.topic, log.partition)
         ]
         for inode in inodes:
             try:
@@ -454,8 +519,13 @@ class SeglogFS(pyfuse3.Operations):
         handle = self._handles.get(fh)
         if isinstance(handle, _AppendHandle):
             await self.flush(fh)
-            log = handle.log
-            await self._run(log.flush, "fsync")
+            logs = handle.logs
+
+            def flush_all() -> None:
+                for log in logs:
+                    log.flush()
+
+            await self._run(flush_all, "fsync")
 
     async def release(self, fh: int) -> None:
         self._handles.pop(fh, None)

@@ -1,17 +1,22 @@
 """Views: a partition rendered as text or JSON Lines from an offset, as a file with an exact size
 and random access.
 
-A view's bytes are the rendering of every record from its start offset on, segment after
-segment. The mapping between view bytes and the log is sparse, in the spirit of the offset
-index: per segment, the rendered size and a mark every `mark_bytes` of output (the view position
-and the file position of the batch that starts there). `size()` sums the segments; `read(pos, n)`
-finds the segment by bisection, then the mark at or below the position, and renders from that
-batch: a look-up plus a small read, whatever the partition's size.
+All views of one partition in one format share a `Layout`: the rendering of the whole partition,
+segment after segment, described sparsely, in the spirit of the offset index. Per segment it
+keeps the rendered size and a mark every `mark_bytes` of output: the view position, the file
+position and the base offset of the batch that starts there. A view from offset N is the layout
+from the position of the first record with offset ≥ N:
 
-The marks are derived data: built by rendering a segment once (the active segment only for what
-was appended since the last look) and rebuilt whenever a segment is replaced (compaction) or
-leaves (retention). A view over a sealed segment never changes; the active segment's part only
-grows.
+    size      = total - position(N)
+    read(p,n) = the layout's bytes from position(N) + p
+
+`position(N)` is a bisection to the segment, then to the mark at or below N, then the rendering of
+the batches from that mark to N: a look-up plus a small read, whatever the partition's size; and
+so is `read`. A view over sealed segments never changes; the active segment's part only grows.
+
+A layout is derived data: a segment is measured by rendering it once (the active segment only for
+what was appended since the last look); a segment replaced by compaction or removed by retention
+leaves the layout, and its replacement is measured afresh.
 """
 
 from __future__ import annotations
@@ -55,113 +60,136 @@ def jsonl_renderer(topic: str, partition: int) -> Render:
 
 @dataclass
 class _SegmentLayout:
-    """Where a segment's rendering lies: marks (view position → file position), rendered size,
-    and how far into the file it has been rendered."""
+    """Where a segment's rendering lies: marks (view position, file position and base offset of
+    the batch there), rendered size, and how far into the file it has been rendered."""
 
     segment: LogSegment
     scanned_to: int = 0
     size: int = 0
     marks_view: array = field(default_factory=lambda: array("q", [0]))
     marks_file: array = field(default_factory=lambda: array("q", [0]))
+    marks_offset: array = field(default_factory=lambda: array("q", [-1]))
     since_mark: int = 0
 
 
-class View:
-    """One partition from `start_offset`, rendered by `render`. Thread-safe."""
+def _checked(segment: LogSegment, position: int, end: int) -> Iterator[tuple[BatchHeader, memoryview]]:
+    for header, batch in segment.iter_batches(position, end):
+        problem = check_batch(header, batch)
+        if problem is not None:
+            raise CorruptRecordError(segment.log_path, header.position, problem)
+        yield header, batch
 
-    def __init__(self, log: PartitionLog, start_offset: int, render: Render, mark_bytes: int = MARK_BYTES) -> None:
+
+class Layout:
+    """The rendering of one partition in one format. Thread-safe."""
+
+    def __init__(self, log: PartitionLog, render: Render, mark_bytes: int = MARK_BYTES) -> None:
         self.log = log
-        self.start_offset = start_offset
-        self._render = render
+        self.render = render
         self._mark_bytes = mark_bytes
         self._lock = threading.Lock()
         self._layouts: dict[int, _SegmentLayout] = {}  # id(segment) → layout
         self._order: list[_SegmentLayout] = []
-        self._starts: list[int] = []  # view position where each segment's rendering begins
+        self._starts: list[int] = []  # layout position where each segment's rendering begins
+        self._bases: list[int] = []
 
-    def size(self) -> int:
-        """The view's exact size now."""
+    def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+        """Bring the layout up to date with the log; (segments, their start positions, bases)."""
         with self._lock:
-            self._refresh()
-            return self._starts[-1] + self._order[-1].size if self._order else 0
-
-    def read(self, position: int, length: int) -> bytes:
-        """Up to `length` bytes from view position `position` (fewer only at the end)."""
-        with self._lock:
-            self._refresh()
-            order, starts = list(self._order), list(self._starts)
-        out = bytearray()
-        slot = bisect.bisect_right(starts, position) - 1
-        while slot < len(order) and len(out) < length:
-            layout = order[slot]
-            local = position + len(out) - starts[slot]
-            if slot >= 0 and local < layout.size:
-                for at, chunk in self._render_from(layout, local):
-                    begin = max(local - at, 0)
-                    out += chunk[begin : begin + length - len(out)]
-                    if len(out) >= length:
-                        break
-            slot += 1
-        return bytes(out)
-
-    # -- the layout ------------------------------------------------------------------------------
-    def _refresh(self) -> None:
-        segments = [s for s in self.log.segments if s.base_offset >= self._floor_base()]
-        layouts = []
-        for segment in segments:
-            layout = self._layouts.get(id(segment))
-            if layout is None or layout.segment is not segment:
-                layout = _SegmentLayout(segment)
-            self._extend(layout)
-            layouts.append(layout)
-        self._layouts = {id(layout.segment): layout for layout in layouts}
-        self._order = layouts
-        starts, total = [], 0
-        for layout in layouts:
-            starts.append(total)
-            total += layout.size
-        self._starts = starts
-
-    def _floor_base(self) -> int:
-        bases = [s.base_offset for s in self.log.segments]
-        slot = bisect.bisect_right(bases, self.start_offset) - 1
-        return bases[max(slot, 0)] if bases else 0
-
-    def _batches(self, segment: LogSegment, position: int, end: int) -> Iterator[tuple[BatchHeader, memoryview]]:
-        for header, batch in segment.iter_batches(position, end):
-            problem = check_batch(header, batch)
-            if problem is not None:
-                raise CorruptRecordError(segment.log_path, header.position, problem)
-            yield header, batch
+            layouts = []
+            for segment in self.log.segments:
+                layout = self._layouts.get(id(segment))
+                if layout is None or layout.segment is not segment:
+                    layout = _SegmentLayout(segment)
+                self._extend(layout)
+                layouts.append(layout)
+            self._layouts = {id(layout.segment): layout for layout in layouts}
+            starts, total = [], 0
+            for layout in layouts:
+                starts.append(total)
+                total += layout.size
+            self._order, self._starts = layouts, starts
+            self._bases = [layout.segment.base_offset for layout in layouts]
+            return self._order, self._starts, self._bases
 
     def _extend(self, layout: _SegmentLayout) -> None:
         """Render what the segment gained since the last look (all of it, the first time)."""
         segment = layout.segment
-        end = segment.refresh_size() if not segment.writable else segment.size
+        end = segment.size if segment.writable else segment.refresh_size()
         if end <= layout.scanned_to:
             return
-        for header, batch in self._batches(segment, layout.scanned_to, end):
-            if header.last_offset >= self.start_offset:
-                if layout.since_mark >= self._mark_bytes:
-                    layout.marks_view.append(layout.size)
-                    layout.marks_file.append(header.position)
-                    layout.since_mark = 0
-                rendered = len(self._render(header, batch, self.start_offset))
-                layout.size += rendered
-                layout.since_mark += rendered
+        for header, batch in _checked(segment, layout.scanned_to, end):
+            if layout.since_mark >= self._mark_bytes:
+                layout.marks_view.append(layout.size)
+                layout.marks_file.append(header.position)
+                layout.marks_offset.append(header.base_offset)
+                layout.since_mark = 0
+            rendered = len(self.render(header, batch, 0))
+            layout.size += rendered
+            layout.since_mark += rendered
             layout.scanned_to = header.next_position
-            if layout.size == 0:  # nothing rendered yet: the first mark moves past skipped batches
-                layout.marks_file[0] = layout.scanned_to
 
-    def _render_from(self, layout: _SegmentLayout, local: int) -> Iterator[tuple[int, bytes]]:
-        """(view position within the segment, bytes) of each batch from the mark at or below
-        `local`, up to what the layout has measured."""
-        mark = bisect.bisect_right(layout.marks_view, local) - 1
-        at = layout.marks_view[mark]
-        for header, batch in self._batches(layout.segment, layout.marks_file[mark], layout.scanned_to):
-            if header.last_offset < self.start_offset:
+    def position(self, offset: int) -> tuple[int, int]:
+        """(layout position of the first record with offset ≥ `offset`, total size)."""
+        order, starts, bases = self.snapshot()
+        if not order:
+            return 0, 0
+        total = starts[-1] + order[-1].size
+        slot = max(bisect.bisect_right(bases, offset) - 1, 0)
+        layout = order[slot]
+        mark = max(bisect.bisect_right(layout.marks_offset, offset) - 1, 0)
+        at = starts[slot] + layout.marks_view[mark]
+        for header, batch in _checked(layout.segment, layout.marks_file[mark], layout.scanned_to):
+            if header.last_offset < offset:
+                at += len(self.render(header, batch, 0))
                 continue
-            chunk = self._render(header, batch, self.start_offset)
-            if at + len(chunk) > local:
-                yield at, chunk
-            at += len(chunk)
+            if header.base_offset < offset:
+                at += len(self.render(header, batch, 0)) - len(self.render(header, batch, offset))
+            return at, total
+        return starts[slot] + layout.size, total
+
+    def read(self, position: int, length: int) -> bytes:
+        """Up to `length` layout bytes from `position`."""
+        with self._lock:
+            order, starts = list(self._order), list(self._starts)
+        out = bytearray()
+        slot = max(bisect.bisect_right(starts, position) - 1, 0)
+        while slot < len(order) and len(out) < length:
+            layout = order[slot]
+            local = position + len(out) - starts[slot]
+            if 0 <= local < layout.size:
+                mark = bisect.bisect_right(layout.marks_view, local) - 1
+                at = layout.marks_view[mark]
+                for header, batch in _checked(layout.segment, layout.marks_file[mark], layout.scanned_to):
+                    chunk = self.render(header, batch, 0)
+                    if at + len(chunk) > local:
+                        begin = max(local - at, 0)
+                        out += chunk[begin : begin + length - len(out)]
+                        if len(out) >= length:
+                            break
+                    at += len(chunk)
+            slot += 1
+        return bytes(out)
+
+
+class View:
+    """A partition from `start_offset` on, as a file: `size()` and `read()`."""
+
+    def __init__(self, layout: Layout, start_offset: int) -> None:
+        self.layout = layout
+        self.start_offset = start_offset
+
+    def size(self) -> int:
+        begin, total = self.layout.position(self.start_offset)
+        return total - begin
+
+    def read(self, position: int, length: int) -> bytes:
+        begin, total = self.layout.position(self.start_offset)
+        if position >= total - begin:
+            return b""
+        return self.layout.read(begin + position, min(length, total - begin - position))
+
+
+def make_view(log: PartitionLog, start_offset: int, render: Render, mark_bytes: int = MARK_BYTES) -> View:
+    """A view with a layout of its own (tests, one-off use)."""
+    return View(Layout(log, render, mark_bytes), start_offset)

@@ -116,7 +116,16 @@ def test_followers_see_appends_within_two_seconds(mount, follower: str) -> None:
 def test_mkdir_creates_a_topic_and_bad_names_are_refused(mount) -> None:
     m: Mount = mount()
     os.mkdir(m.path / "orders")
-    assert sorted(os.listdir(m.path / "orders")) == ["0", "config"]
+    assert sorted(os.listdir(m.path / "orders")) == ["0", "append", "append.jsonl", "config"]
+    assert sorted(os.listdir(m.path / "orders" / "0")) == [
+        "append",
+        "append.jsonl",
+        "by-offset",
+        "by-time",
+        "records",
+        "records.jsonl",
+        "status",
+    ]
     with pytest.raises(OSError) as raised:
         os.mkdir(m.path / "bad name")
     assert raised.value.errno == 22  # EINVAL

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine import BrokerConfig, PartitionLog
 from engine.config import apply_topic_overrides
 from engine.console import TextFormat, record_to_json
-from fs.views import View, jsonl_renderer, text_renderer
+from fs.views import Layout, View, jsonl_renderer, text_renderer
 from tests.conftest import NOW_MS
 
 
@@ -40,14 +40,22 @@ def test_view_bytes_equal_a_full_rendering(tmp_path_factory, batches, start, mar
     root = tmp_path_factory.mktemp("logs")
     log = make_log(root / "t-0")
     text_format = TextFormat(print_offset=True, print_key=True)
-    text = View(log, start, text_renderer(text_format, 0), mark_bytes=mark_bytes)
-    jsonl = View(log, start, jsonl_renderer("t", 0), mark_bytes=mark_bytes)
+    # Views from different offsets share one layout per format, as the mount's do.
+    text_layout = Layout(log, text_renderer(text_format, 0), mark_bytes=mark_bytes)
+    jsonl_layout = Layout(log, jsonl_renderer("t", 0), mark_bytes=mark_bytes)
+    text, jsonl = View(text_layout, start), View(jsonl_layout, start)
+    whole = View(text_layout, 0)
     for values in batches:
         log.append_records(values, keys=[b"k"] * len(values), now_ms=NOW_MS)
         if rng.random() < 0.5:  # look in between appends too: views grow incrementally
             for view, expected in ((text, expected_text(log, start, text_format)), (jsonl, expected_jsonl(log, start))):
                 assert view.size() == len(expected)
-    for view, expected in ((text, expected_text(log, start, text_format)), (jsonl, expected_jsonl(log, start))):
+    checks = [
+        (text, expected_text(log, start, text_format)),
+        (jsonl, expected_jsonl(log, start)),
+        (whole, expected_text(log, 0, text_format)),
+    ]
+    for view, expected in checks:
         assert view.size() == len(expected)
         assert view.read(0, len(expected) + 10) == expected
         for _ in range(20):
