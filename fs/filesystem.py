@@ -79,6 +79,12 @@ _ERRNO: list[tuple[type[BaseException], int]] = [
 ]
 
 
+def refuse(number: int, what: str) -> pyfuse3.FUSEError:
+    """The error for a request the filesystem turns down, logged with what and where."""
+    logger.warning("%s: %s (%s)", what, os.strerror(number), errno.errorcode.get(number, number))
+    return pyfuse3.FUSEError(number)
+
+
 def errno_for(error: BaseException) -> int:
     """The one table from engine errors (and OS errors) to errno values."""
     if isinstance(error, pyfuse3.FUSEError):
@@ -204,15 +210,19 @@ class SeglogFS(pyfuse3.Operations):
             log = self._log(parent)
             if parent.kind == "by-offset":
                 if not stem.isdigit():
-                    raise pyfuse3.FUSEError(errno.ENOENT)
+                    raise refuse(errno.ENOENT, f"{log.topic}/{log.partition}/by-offset/{name}: not an offset")
                 offset = int(stem)
                 if not log.log_start_offset <= offset <= log.log_end_offset:
-                    raise pyfuse3.FUSEError(errno.ENOENT)
+                    raise refuse(
+                        errno.ENOENT,
+                        f"{log.topic}/{log.partition}/by-offset/{name}: outside the log "
+                        f"({log.log_start_offset}..{log.log_end_offset})",
+                    )
             else:
                 try:
                     found = log.offset_for_timestamp(parse_timestamp(stem))
-                except TimestampParseError:
-                    raise pyfuse3.FUSEError(errno.ENOENT) from None
+                except TimestampParseError as error:
+                    raise refuse(errno.ENOENT, f"{log.topic}/{log.partition}/by-time/{name}: {error}") from None
                 offset = log.log_end_offset if found is None else max(found.offset, log.log_start_offset)
             return self._offset_view(parent, offset, suffix, name)
         for child_name, child in self._children(parent):
@@ -338,7 +348,7 @@ class SeglogFS(pyfuse3.Operations):
         node = self._get(inode)
         # `>` on an append file truncates it to 0 first: nothing to do, it is always empty.
         if fields.update_size and not (node.kind in _APPEND_KINDS and attr.st_size == 0):
-            raise pyfuse3.FUSEError(errno.EPERM if node.kind in _VIEW_KINDS else errno.EINVAL)
+            raise refuse(errno.EPERM if node.kind in _VIEW_KINDS else errno.EINVAL, f"truncate {self._where(node)}")
         return await self.getattr(inode, ctx)
 
     async def opendir(self, inode: int, ctx: Any) -> int:
@@ -367,7 +377,9 @@ class SeglogFS(pyfuse3.Operations):
         parent = self._get(parent_inode)
         topic = os.fsdecode(name)
         if parent.kind != "root":
-            raise pyfuse3.FUSEError(errno.EPERM)
+            raise refuse(errno.EPERM, f"mkdir {self._where(parent)}/{topic}: topics only at the top")
+        if self.options.read_only:
+            raise refuse(errno.EROFS, f"mkdir {topic}")
 
         def create() -> pyfuse3.EntryAttributes:
             validate_topic(topic)
@@ -399,16 +411,16 @@ class SeglogFS(pyfuse3.Operations):
         node = self._get(inode)
         access = flags & os.O_ACCMODE
         if node.is_dir:
-            raise pyfuse3.FUSEError(errno.EISDIR)
+            raise refuse(errno.EISDIR, f"open {self._where(node)}")
         if node.kind in _APPEND_KINDS:
             if access == os.O_RDONLY:
-                raise pyfuse3.FUSEError(errno.EACCES)
+                raise refuse(errno.EACCES, f"read {self._where(node)}: append files are write-only")
             if self.options.read_only:
-                raise pyfuse3.FUSEError(errno.EROFS)
+                raise refuse(errno.EROFS, f"write {self._where(node)}")
             logs = await self._run(lambda: self._append_logs(node), "open")
             return pyfuse3.FileInfo(fh=self._new_fh(_AppendHandle(node, logs)), direct_io=True, nonseekable=True)
         if access != os.O_RDONLY:
-            raise pyfuse3.FUSEError(errno.EACCES)
+            raise refuse(errno.EACCES, f"write {self._where(node)}: read-only file")
         if node.kind in _VIEW_KINDS:
             view = await self._run(lambda: self._view(node), "open")
             return pyfuse3.FileInfo(fh=self._new_fh(view), keep_cache=True)
@@ -538,13 +550,35 @@ class SeglogFS(pyfuse3.Operations):
 
     # -- refused -------------------------------------------------------------------------------
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM)
+        raise refuse(errno.EPERM, f"unlink {self._where(self._get(parent_inode))}/{os.fsdecode(name)}")
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM)
+        raise refuse(errno.EPERM, f"rmdir {self._where(self._get(parent_inode))}/{os.fsdecode(name)}")
 
-    async def rename(self, *args: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EPERM)
+    async def rename(  # noqa: PLR0917 (pyfuse3's signature)
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
+    ) -> None:
+        raise refuse(errno.EPERM, f"rename {self._where(self._get(parent_inode_old))}/{os.fsdecode(name_old)}")
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EPERM)
+        raise refuse(errno.EPERM, f"create {self._where(self._get(parent_inode))}/{os.fsdecode(name)}")
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise refuse(errno.EPERM, f"mknod {self._where(self._get(parent_inode))}/{os.fsdecode(name)}")
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise refuse(errno.EPERM, f"symlink {self._where(self._get(parent_inode))}/{os.fsdecode(name)}")
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        raise refuse(errno.EPERM, f"link {self._where(self._get(inode))}")
+
+    def _where(self, node: _Node) -> str:
+        """A node's path in the mount, for log lines."""
+        if node.kind == "root":
+            return ""
+        parts = [node.topic or ""]
+        if node.partition is not None:
+            parts.append(str(node.partition))
+        if not node.is_dir or node.kind in ("by-offset", "by-time"):
+            parts.append(node.kind.removeprefix("topic-"))
+        return "/".join(parts)
