@@ -93,10 +93,15 @@ def read_offset_checkpoint(path: Path) -> dict[TopicPartition, int]:
     return out
 
 
-def write_offset_checkpoint(path: Path, offsets: Mapping[TopicPartition, int]) -> None:
+def format_offset_checkpoint(offsets: Mapping[TopicPartition, int]) -> str:
+    """An offset checkpoint file's text: version line, count line, `topic partition offset`."""
     lines = [str(CURRENT_VERSION), str(len(offsets))]
     lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
-    write_atomically(path, "\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def write_offset_checkpoint(path: Path, offsets: Mapping[TopicPartition, int]) -> None:
+    write_atomically(path, format_offset_checkpoint(offsets))
 
 
 def read_leader_epochs(path: Path) -> list[tuple[int, int]]:

@@ -11,6 +11,7 @@
     MNT/<topic>/<p>/status        JSON: offsets, segments, effective config
     MNT/<topic>/append[.jsonl]    write-only: records go where Kafka's default partitioner sends
                                   them (murmur2 of the key; null keys round-robin per write)
+    MNT/.logdir/                  read-only mirror of the log dir for backups (fs.mirror)
 
 Handlers run on the trio loop and send every engine call to a worker thread; a partition's
 appends are serialised by the engine's partition lock. Views are `fs.views.View`s; after an
@@ -55,6 +56,7 @@ from engine.errors import (
 )
 from engine.naming import validate_topic
 from engine.partitioner import RoundRobin, partition_for_key
+from fs.mirror import Mirror, MirrorEntry
 from fs.views import Layout, View, jsonl_renderer, text_renderer
 
 logger = logging.getLogger(__name__)
@@ -115,8 +117,13 @@ class _Node:
     start: int | None = None  # first offset of a by-offset / by-time view
     looked_up: bool = False
 
+    path: tuple[str, ...] = ()  # below .logdir, for mirror nodes
+    entry: MirrorEntry | None = None  # a mirror node as last resolved
+
     @property
     def is_dir(self) -> bool:
+        if self.kind == "mirror":
+            return self.entry is None or self.entry.is_dir
         return self.kind in ("root", "topic", "partition", "by-offset", "by-time")
 
 
@@ -152,6 +159,7 @@ class SeglogFS(pyfuse3.Operations):
         self._next_fh = 1
         self._topic_lock = threading.Lock()
         self._round_robin = RoundRobin()
+        self.mirror = Mirror(data_dir)
         self._mounted_ms = self._clock()
         self._uid, self._gid = os.getuid(), os.getgid()
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
@@ -183,7 +191,10 @@ class SeglogFS(pyfuse3.Operations):
     def _children(self, node: _Node) -> list[tuple[str, _Node]]:
         topics = self.data_dir.topics()
         if node.kind == "root":
-            return [(topic, self._node("topic", topic)) for topic in sorted(topics)]
+            mirror = self._mirror_node(())
+            return [(".logdir", mirror)] + [(topic, self._node("topic", topic)) for topic in sorted(topics)]
+        if node.kind == "mirror":
+            return [(name, self._mirror_node((*node.path, name))) for name in self.mirror.names(node.path)]
         if node.kind == "topic":
             assert node.topic is not None
             partitions = topics.get(node.topic, [])
@@ -202,6 +213,15 @@ class SeglogFS(pyfuse3.Operations):
         if node.kind == "by-time":
             return []  # any time can be looked up; there is nothing to list
         raise pyfuse3.FUSEError(errno.ENOTDIR)
+
+    def _mirror_node(self, path: tuple[str, ...]) -> _Node:
+        node = self._node("mirror", name="/".join(path))
+        node.path = path
+        try:
+            node.entry = self.mirror.entry(path)
+        except FileNotFoundError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+        return node
 
     def _child(self, parent: _Node, name: str) -> _Node:
         """The child called `name`: a listed entry, or a by-offset / by-time view."""
@@ -225,6 +245,8 @@ class SeglogFS(pyfuse3.Operations):
                     raise refuse(errno.ENOENT, f"{log.topic}/{log.partition}/by-time/{name}: {error}") from None
                 offset = log.log_end_offset if found is None else max(found.offset, log.log_start_offset)
             return self._offset_view(parent, offset, suffix, name)
+        if parent.kind == "mirror" or (parent.kind == "root" and name == ".logdir"):
+            return self._mirror_node((*parent.path, name) if parent.kind == "mirror" else ())
         for child_name, child in self._children(parent):
             if child_name == name:
                 return child
@@ -267,6 +289,15 @@ class SeglogFS(pyfuse3.Operations):
         attr.st_blksize = 4096
         stamp_ns = self._mounted_ms * 1_000_000
         writable = not self.options.read_only
+        if node.kind == "mirror":
+            entry = node.entry = self.mirror.entry(node.path)
+            attr.st_mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+            attr.st_nlink = 2 if entry.is_dir else 1
+            attr.st_size = entry.size
+            attr.st_blocks = (entry.size + 511) // 512
+            attr.st_atime_ns = attr.st_mtime_ns = attr.st_ctime_ns = entry.mtime_ns or stamp_ns
+            attr.attr_timeout = 0  # rsync must see what a mirrored file is now
+            return attr
         if node.is_dir:
             attr.st_mode = stat.S_IFDIR | (0o755 if writable else 0o555)
             attr.st_nlink = 2
@@ -424,6 +455,9 @@ class SeglogFS(pyfuse3.Operations):
         if node.kind in _VIEW_KINDS:
             view = await self._run(lambda: self._view(node), "open")
             return pyfuse3.FileInfo(fh=self._new_fh(view), keep_cache=True)
+        if node.kind == "mirror":
+            entry = await self._run(lambda: self.mirror.entry(node.path), f"open .logdir/{'/'.join(node.path)}")
+            return pyfuse3.FileInfo(fh=self._new_fh(entry), direct_io=True)
         content = await self._run(lambda: self._small_file(node), "open")
         return pyfuse3.FileInfo(fh=self._new_fh(content), direct_io=True)
 
@@ -441,6 +475,9 @@ class SeglogFS(pyfuse3.Operations):
         if isinstance(handle, View):
             view = handle
             return await self._run(lambda: view.read(off, size), "read")
+        if isinstance(handle, MirrorEntry):
+            entry = handle
+            return await self._run(lambda: Mirror.read(entry, off, size), "read .logdir")
         raise pyfuse3.FUSEError(errno.EBADF)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
