@@ -301,6 +301,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a config setting (repeatable)")
 
 
+_COMMANDS = ("produce", "consume", "dump", "clean", "delete-records", "mount", "umount", "check")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seglogfs",
@@ -374,7 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if len(arguments) >= 2 and arguments[0] not in _COMMANDS and not arguments[0].startswith("-"):
+        # `seglogfs SOURCE MNT -o opts`: how mount(8) and fstab run a FUSE filesystem
+        # (`mount -t fuse.seglogfs SOURCE MNT`, through mount.fuse3).
+        arguments = ["mount", *arguments]
+    args = parser.parse_args(arguments)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -132,3 +132,33 @@ def test_mkdir_creates_a_topic_and_bad_names_are_refused(mount) -> None:
     with pytest.raises(OSError) as raised:
         os.mkdir(m.path / "orders")
     assert raised.value.errno == 17  # EEXIST
+
+
+def test_mount_type_and_fstab_line(tmp_path: Path) -> None:
+    """`mount -t fuse.seglogfs` and an fstab line run through mount.fuse3 (seglogfs on PATH)."""
+    import shutil
+
+    assert shutil.which("seglogfs"), "scripts/dev setup puts seglogfs on PATH for mount(8)"
+    data, mountpoint = tmp_path / "data", tmp_path / "mnt"
+    mountpoint.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "mount_tools.cli", "produce", str(data), "--topic", "t"],
+        input=b"hello\n",
+        cwd=REPO,
+        check=True,
+    )
+    fstab = tmp_path / "fstab"
+    fstab.write_text(f"{data} {mountpoint} fuse.seglogfs ro,noauto,print.offset 0 0\n")
+    for command, expected in (
+        (["mount", "-t", "fuse.seglogfs", str(data), str(mountpoint), "-o", "ro"], b"hello\n"),
+        (["mount", "--fstab", str(fstab), str(mountpoint)], b"Offset:0\thello\n"),
+    ):
+        subprocess.run(command, check=True, timeout=60)
+        try:
+            assert (mountpoint / "t" / "0" / "records").read_bytes() == expected
+        finally:
+            subprocess.run(["umount", str(mountpoint)], check=True, timeout=60)
+        deadline = time.monotonic() + 10
+        while os.path.ismount(mountpoint) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.ismount(mountpoint)
