@@ -56,7 +56,7 @@ from engine.errors import (
 )
 from engine.naming import validate_topic
 from engine.partitioner import RoundRobin, partition_for_key
-from fs.mirror import Mirror, MirrorEntry
+from fs.mirror import Mirror, MirrorEntry, MirrorFile
 from fs.views import Layout, View, jsonl_renderer, text_renderer
 
 logger = logging.getLogger(__name__)
@@ -454,10 +454,14 @@ class SeglogFS(pyfuse3.Operations):
             raise refuse(errno.EACCES, f"write {self._where(node)}: read-only file")
         if node.kind in _VIEW_KINDS:
             view = await self._run(lambda: self._view(node), "open")
-            return pyfuse3.FileInfo(fh=self._new_fh(view), keep_cache=True)
+            # No page cache for views: a read racing an append could leave a cached page that
+            # ends in zeros where the new records now are (the kernel zero-fills a short read).
+            return pyfuse3.FileInfo(fh=self._new_fh(view), direct_io=True)
         if node.kind == "mirror":
-            entry = await self._run(lambda: self.mirror.entry(node.path), f"open .logdir/{'/'.join(node.path)}")
-            return pyfuse3.FileInfo(fh=self._new_fh(entry), direct_io=True)
+            opened = await self._run(
+                lambda: MirrorFile(self.mirror.entry(node.path)), f"open .logdir/{'/'.join(node.path)}"
+            )
+            return pyfuse3.FileInfo(fh=self._new_fh(opened), direct_io=True)
         content = await self._run(lambda: self._small_file(node), "open")
         return pyfuse3.FileInfo(fh=self._new_fh(content), direct_io=True)
 
@@ -475,9 +479,9 @@ class SeglogFS(pyfuse3.Operations):
         if isinstance(handle, View):
             view = handle
             return await self._run(lambda: view.read(off, size), "read")
-        if isinstance(handle, MirrorEntry):
-            entry = handle
-            return await self._run(lambda: Mirror.read(entry, off, size), "read .logdir")
+        if isinstance(handle, MirrorFile):
+            opened = handle
+            return await self._run(lambda: opened.read(off, size), "read .logdir")
         raise pyfuse3.FUSEError(errno.EBADF)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -506,6 +510,10 @@ class SeglogFS(pyfuse3.Operations):
         def append() -> list[PartitionLog]:
             now = self._clock()
             null_slot = self._round_robin.next(len(logs))
+            if not jsonl and len(logs) == 1 and self.options.line_format == LineFormat():
+                # Plain lines into one partition: every line is a value, nothing to parse.
+                logs[0].append_records(lines.split(b"\n")[:-1], timestamps=now, now_ms=now)
+                return logs
             columns: dict[int, tuple[list, list, list, list]] = {}
             for number, line in enumerate(lines.split(b"\n")[:-1], start=1):
                 if jsonl:
@@ -577,7 +585,9 @@ class SeglogFS(pyfuse3.Operations):
             await self._run(flush_all, "fsync")
 
     async def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        handle = self._handles.pop(fh, None)
+        if isinstance(handle, MirrorFile):
+            handle.close()
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, _ in inode_list:

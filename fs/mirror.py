@@ -168,17 +168,25 @@ class Mirror:
         index = segment.offset_index if path == segment.offset_index_path else segment.time_index
         return Mirror._file(path, index.size_in_bytes)
 
-    @staticmethod
-    def read(entry: MirrorEntry, offset: int, length: int) -> bytes:
-        """Bytes of a file entry as resolved when it was opened."""
-        end = min(offset + length, entry.size)
+
+class MirrorFile:
+    """An open mirror file: the entry as resolved at open, and its file held open (a segment
+    renamed `.deleted` meanwhile stays readable)."""
+
+    def __init__(self, entry: MirrorEntry) -> None:
+        self.entry = entry
+        self._fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC) if entry.path is not None else None
+
+    def read(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self.entry.size)
         if offset >= end:
             return b""
-        if entry.content is not None:
-            return entry.content[offset:end]
-        assert entry.path is not None
-        fd = os.open(entry.path, os.O_RDONLY)
-        try:
-            return os.pread(fd, end - offset, offset)
-        finally:
-            os.close(fd)
+        if self._fd is None:
+            assert self.entry.content is not None
+            return self.entry.content[offset:end]
+        return os.pread(self._fd, end - offset, offset)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

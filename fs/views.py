@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import threading
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ from engine.segment import LogSegment
 
 Render = Callable[[BatchHeader, memoryview, int], bytes]
 MARK_BYTES = 32 * 1024
+_RENDERED_CACHE = 16  # recently rendered batches: an open, a stat and a read of one place share them
 
 
 def text_renderer(text_format: TextFormat, partition: int) -> Render:
@@ -92,6 +94,23 @@ class Layout:
         self._order: list[_SegmentLayout] = []
         self._starts: list[int] = []  # layout position where each segment's rendering begins
         self._bases: list[int] = []
+        self._rendered: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
+        self._rendered_lock = threading.Lock()
+
+    def _render(self, segment: LogSegment, header: BatchHeader, batch: memoryview, min_offset: int) -> bytes:
+        """`render`, remembering the last few batches rendered."""
+        key = (id(segment), header.position, min_offset if min_offset > header.base_offset else 0)
+        with self._rendered_lock:
+            cached = self._rendered.get(key)
+            if cached is not None:
+                self._rendered.move_to_end(key)
+                return cached
+        rendered = self.render(header, batch, key[2])
+        with self._rendered_lock:
+            self._rendered[key] = rendered
+            while len(self._rendered) > _RENDERED_CACHE:
+                self._rendered.popitem(last=False)
+        return rendered
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases)."""
@@ -139,12 +158,14 @@ class Layout:
         layout = order[slot]
         mark = max(bisect.bisect_right(layout.marks_offset, offset) - 1, 0)
         at = starts[slot] + layout.marks_view[mark]
-        for header, batch in _checked(layout.segment, layout.marks_file[mark], layout.scanned_to):
+        segment = layout.segment
+        for header, batch in _checked(segment, layout.marks_file[mark], layout.scanned_to):
             if header.last_offset < offset:
-                at += len(self.render(header, batch, 0))
+                at += len(self._render(segment, header, batch, 0))
                 continue
             if header.base_offset < offset:
-                at += len(self.render(header, batch, 0)) - len(self.render(header, batch, offset))
+                whole = len(self._render(segment, header, batch, 0))
+                at += whole - len(self._render(segment, header, batch, offset))
             return at, total
         return starts[slot] + layout.size, total
 
@@ -161,7 +182,7 @@ class Layout:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
                 for header, batch in _checked(layout.segment, layout.marks_file[mark], layout.scanned_to):
-                    chunk = self.render(header, batch, 0)
+                    chunk = self._render(layout.segment, header, batch, 0)
                     if at + len(chunk) > local:
                         begin = max(local - at, 0)
                         out += chunk[begin : begin + length - len(out)]

@@ -1,0 +1,279 @@
+"""Mount benchmarks: each figure a ratio to its baseline measured in the same run.
+
+    .venv/bin/python -m bench.fs_bench [--gib 1.0] [--big-gib 10] [--only NAME ...]
+
+    logdir      reading a 1 GiB segment through MNT/.logdir vs reading it directly (dd bs=1M)
+    cat         `cat records > /dev/null` vs `seglogfs consume > /dev/null` (same partition)
+    append      `cat file >> MNT/t/0/append` vs the engine's append of the same lines
+    follow      append-to-visible latency for a follower reading the view (p50, p90)
+    by-offset   open + first byte of by-offset/N on a big partition: the first look (the layout
+                is measured once per segment) and later opens (p50)
+    partitions  mount time and the mount process's memory with 1,000 partitions
+
+Results print as they come and are written to bench/results/fs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine import BrokerConfig, DataDir
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+NOW_MS = 1_763_800_000_000
+FUSERMOUNT = shutil.which("fusermount3") or "fusermount"
+
+
+class Mounted:
+    def __init__(self, data: Path, mountpoint: Path, *options: str) -> None:
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        self.path = mountpoint
+        started = time.perf_counter()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mount_tools.cli", "mount", str(data), str(mountpoint), "-f", *options],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        while not os.path.ismount(mountpoint):
+            if self.process.poll() is not None:
+                raise RuntimeError("mount failed")
+            time.sleep(0.005)
+        self.mount_seconds = time.perf_counter() - started
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def close(self) -> None:
+        subprocess.run([FUSERMOUNT, "-u", "-z", str(self.path)], check=False, capture_output=True)
+        self.process.wait(timeout=60)
+
+    def __enter__(self) -> Mounted:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def timed(work: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def run(command: list[str], **kwargs) -> None:
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **kwargs)
+
+
+def fill(data: Path, topic: str, total_bytes: int, record_bytes: int = 100, segment_bytes: int = 1 << 30) -> int:
+    """Text-like records (`record-<n> xxxx…`) until the partition holds `total_bytes`."""
+    config = BrokerConfig.load(overrides=[f"log.segment.bytes={segment_bytes}"], log_dirs=[data])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition_for_append(topic, 0, now_ms=NOW_MS)[0]
+        pad = b"x" * (record_bytes - 16)
+        n = 0
+        while log.size_in_bytes() < total_bytes:
+            values = [b"record-%08d " % (n + i) + pad for i in range(2000)]
+            log.append_records(values, timestamps=NOW_MS + n, now_ms=NOW_MS)
+            n += 2000
+        return log.log_end_offset
+
+
+def bench_logdir(root: Path, total: int) -> dict:
+    data = root / "logdir-data"
+    fill(data, "t", total, record_bytes=1000)
+    segment = next((data / "t-0").glob("*.log"))
+    size = segment.stat().st_size
+    run(["cat", str(segment)])  # page cache warm for both
+    direct = timed(lambda: run(["dd", f"if={segment}", "of=/dev/null", "bs=1M", "status=none"]))
+    with Mounted(data, root / "logdir-mnt") as m:
+        mirrored = m.path / ".logdir" / "t-0" / segment.name
+        run(["cat", str(mirrored)])
+        through = timed(lambda: run(["dd", f"if={mirrored}", "of=/dev/null", "bs=1M", "status=none"]))
+    shutil.rmtree(data)
+    return {
+        "segment_bytes": size,
+        "direct_MB_per_s": size / direct / 1e6,
+        "logdir_MB_per_s": size / through / 1e6,
+        "ratio": direct / through,
+    }
+
+
+def bench_cat(root: Path, total: int) -> dict:
+    data = root / "cat-data"
+    records = fill(data, "t", total)
+    consume = timed(
+        lambda: run(
+            [sys.executable, "-m", "mount_tools.cli", "consume", str(data), "--topic", "t", "--from-beginning"],
+            cwd=REPO,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    with Mounted(data, root / "cat-mnt") as m:
+        view = m.path / "t" / "0" / "records"
+        first = timed(lambda: run(["cat", str(view)]))  # measures the layout as it goes
+        again = timed(lambda: run(["cat", str(view)]))
+    shutil.rmtree(data)
+    return {
+        "records": records,
+        "consume_seconds": consume,
+        "cat_first_seconds": first,
+        "cat_again_seconds": again,
+        "ratio_first": consume / first,
+        "ratio_again": consume / again,
+    }
+
+
+def bench_append(root: Path, total: int) -> dict:
+    lines_file = root / "lines.txt"
+    with open(lines_file, "wb") as out:
+        written = 0
+        n = 0
+        while written < total:
+            chunk = b"".join(b"line-%09d %s\n" % (n + i, b"y" * 84) for i in range(10000))
+            out.write(chunk)
+            written += len(chunk)
+            n += 10000
+    lines = lines_file.read_bytes().split(b"\n")[:-1]
+
+    def engine_append() -> None:
+        with DataDir.open(BrokerConfig.load(log_dirs=[root / "append-engine"]), now_ms=NOW_MS) as data_dir:
+            log = data_dir.partition_for_append("t", 0, now_ms=NOW_MS)[0]
+            for start in range(0, len(lines), 10000):
+                log.append_records(lines[start : start + 10000], now_ms=NOW_MS)
+
+    engine = timed(engine_append)
+    with Mounted(root / "append-data", root / "append-mnt") as m:
+        os.mkdir(m.path / "t")
+        through = timed(lambda: run(["bash", "-c", f"cat {lines_file} >> {m.path}/t/0/append"]))
+    shutil.rmtree(root / "append-engine")
+    shutil.rmtree(root / "append-data")
+    lines_file.unlink()
+    return {
+        "bytes": written,
+        "engine_MB_per_s": written / engine / 1e6,
+        "mount_MB_per_s": written / through / 1e6,
+        "ratio": engine / through,
+    }
+
+
+def bench_follow(root: Path, samples: int = 200) -> dict:
+    with Mounted(root / "follow-data", root / "follow-mnt") as m:
+        os.mkdir(m.path / "t")
+        append = os.open(m.path / "t" / "0" / "append", os.O_WRONLY | os.O_APPEND)
+        reader = os.open(m.path / "t" / "0" / "records", os.O_RDONLY)
+        latencies = []
+        position = 0
+        for i in range(samples):
+            line = b"follow-%d\n" % i
+            start = time.perf_counter()
+            os.write(append, line)
+            while True:  # what a follower does: fstat, then read what is new
+                size = os.fstat(reader).st_size
+                if size > position:
+                    data = os.pread(reader, size - position, position)
+                    if data.endswith(line):
+                        position = size
+                        break
+            latencies.append((time.perf_counter() - start) * 1000)
+            time.sleep(0.005)
+        os.close(append)
+        os.close(reader)
+    latencies.sort()
+    return {
+        "samples": samples,
+        "p50_ms": statistics.median(latencies),
+        "p90_ms": latencies[int(samples * 0.9)],
+        "max_ms": latencies[-1],
+    }
+
+
+def bench_by_offset(root: Path, big: int, samples: int = 200) -> dict:
+    data = root / "big-data"
+    end = fill(data, "t", big, segment_bytes=256 << 20)
+    rng = random.Random(1)
+    with Mounted(data, root / "big-mnt") as m:
+        directory = m.path / "t" / "0" / "by-offset"
+
+        def first_byte(n: int) -> float:
+            start = time.perf_counter()
+            with open(directory / str(n), "rb") as handle:
+                handle.read(1)
+            return (time.perf_counter() - start) * 1000
+
+        cold = first_byte(end // 2)
+        warm = sorted(first_byte(rng.randrange(end)) for _ in range(samples))
+    shutil.rmtree(data)
+    return {
+        "partition_records": end,
+        "partition_bytes": big,
+        "first_open_ms": cold,
+        "p50_ms": statistics.median(warm),
+        "p90_ms": warm[int(samples * 0.9)],
+    }
+
+
+def bench_partitions(root: Path, partitions: int = 1000) -> dict:
+    data = root / "many-data"
+    with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("many", partitions, now_ms=NOW_MS)
+        for p in range(partitions):
+            data_dir.partition("many", p).append_records([b"one", b"two"], now_ms=NOW_MS)
+    with Mounted(data, root / "many-mnt") as m:
+        mount_seconds = m.mount_seconds
+        listing = timed(lambda: os.listdir(m.path / "many"))
+        rss = m.rss_mb()
+    shutil.rmtree(data)
+    return {"partitions": partitions, "mount_seconds": mount_seconds, "ls_seconds": listing, "rss_MB": rss}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--big-gib", type=float, default=10.0, help="size of the by-offset partition")
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+    total = int(args.gib * (1 << 30))
+    root = Path(tempfile.mkdtemp(prefix="seglogfs-fsbench-"))
+    benches: dict[str, Callable[[], dict]] = {
+        "logdir": lambda: bench_logdir(root, total),
+        "cat": lambda: bench_cat(root, total),
+        "append": lambda: bench_append(root, total),
+        "follow": lambda: bench_follow(root),
+        "partitions": lambda: bench_partitions(root),
+        "by-offset": lambda: bench_by_offset(root, int(args.big_gib * (1 << 30))),
+    }
+    results = {}
+    try:
+        for name, bench in benches.items():
+            if args.only and name not in args.only:
+                continue
+            results[name] = bench()
+            print(f"{name}: {json.dumps(results[name], indent=1)}", flush=True)
+    finally:
+        for mountpoint in root.glob("*-mnt"):
+            subprocess.run([FUSERMOUNT, "-u", "-z", str(mountpoint)], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+    results["peak_rss_of_bench_MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "fs.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
