@@ -81,17 +81,26 @@ def run(command: list[str], **kwargs) -> None:
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, **kwargs)
 
 
-def fill(data: Path, topic: str, total_bytes: int, record_bytes: int = 100, segment_bytes: int = 1 << 30) -> int:
-    """Text-like records (`record-<n> xxxx…`) until the partition holds `total_bytes`."""
+def fill(
+    data: Path,
+    topic: str,
+    total_bytes: int,
+    *,
+    record_bytes: int = 100,
+    segment_bytes: int = 1 << 30,
+    batch: int = 2000,
+) -> int:
+    """Text-like records (`record-<n> xxxx…`) until the partition holds `total_bytes`, `batch`
+    records to a record batch."""
     config = BrokerConfig.load(overrides=[f"log.segment.bytes={segment_bytes}"], log_dirs=[data])
     with DataDir.open(config, now_ms=NOW_MS) as data_dir:
         log = data_dir.partition_for_append(topic, 0, now_ms=NOW_MS)[0]
         pad = b"x" * (record_bytes - 16)
         n = 0
         while log.size_in_bytes() < total_bytes:
-            values = [b"record-%08d " % (n + i) + pad for i in range(2000)]
+            values = [b"record-%08d " % (n + i) + pad for i in range(batch)]
             log.append_records(values, timestamps=NOW_MS + n, now_ms=NOW_MS)
-            n += 2000
+            n += batch
         return log.log_end_offset
 
 
@@ -206,7 +215,8 @@ def bench_follow(root: Path, samples: int = 200) -> dict:
 
 def bench_by_offset(root: Path, big: int, samples: int = 200) -> dict:
     data = root / "big-data"
-    end = fill(data, "t", big, segment_bytes=256 << 20)
+    # Batches of ~16 KiB, the size a Kafka producer sends by default (batch.size=16384).
+    end = fill(data, "t", big, segment_bytes=256 << 20, batch=160)
     rng = random.Random(1)
     with Mounted(data, root / "big-mnt") as m:
         directory = m.path / "t" / "0" / "by-offset"
