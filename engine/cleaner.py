@@ -277,7 +277,10 @@ def _record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
             raise ValueError(f"record {i} of length {length} runs past the records section")
         fits = min(count - i, window, (end - position) // stride)
         starts = position + np.arange(fits, dtype=np.int64) * stride
-        lengths, bodies = _zigzag_varints(buf, starts)
+        try:
+            lengths, bodies = _zigzag_varints(buf, starts)
+        except ValueError:  # a guessed start inside a record's bytes: not a run, walk instead
+            break
         proven = bodies + lengths == starts + stride
         run = fits if bool(proven.all()) else int(np.argmin(proven))
         bounds[i + 1 : i + 1 + run] = starts[:run] + stride
@@ -297,15 +300,7 @@ def _record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
     return bounds
 
 
-def _varint_at(section: bytes, position: int) -> tuple[int, int]:
-    z = section[position]
-    if z < 0x80:
-        return (z >> 1) ^ -(z & 1), position + 1
-    z2 = section[position + 1]
-    if z2 < 0x80:
-        zz = (z & 0x7F) | (z2 << 7)
-        return (zz >> 1) ^ -(zz & 1), position + 2
-    return varint.decode(section, position)
+_varint_at = varint.decode_at
 
 
 def batch_records(header: BatchHeader, batch: bytes | memoryview) -> BatchRecords:

@@ -260,17 +260,7 @@ def _decode_headers(buf: bytes, position: int) -> tuple[tuple[Header, ...], int]
     return tuple(headers), position
 
 
-def _varint_at(buf: bytes, position: int) -> tuple[int, int]:
-    """One zig-zag varint: the one- and two-byte cases without a loop, longer ones by
-    `varint.decode`."""
-    first = buf[position]
-    if first < 0x80:
-        return (first >> 1) ^ -(first & 1), position + 1
-    second = buf[position + 1]
-    if second < 0x80:
-        zigzag = (first & 0x7F) | (second << 7)
-        return (zigzag >> 1) ^ -(zigzag & 1), position + 2
-    return varint.decode(buf, position)
+_varint_at = varint.decode_at
 
 
 def records_section(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes:

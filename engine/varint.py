@@ -48,6 +48,19 @@ def decode(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int
             raise ValueError("varint longer than ten bytes")
 
 
+def decode_at(buf: bytes, position: int) -> tuple[int, int]:
+    """`decode` with the one- and two-byte cases (nearly every varint of a record) done without
+    a loop."""
+    first = buf[position]
+    if first < 0x80:
+        return (first >> 1) ^ -(first & 1), position + 1
+    second = buf[position + 1]
+    if second < 0x80:
+        zigzag = (first & 0x7F) | (second << 7)
+        return (zigzag >> 1) ^ -(zigzag & 1), position + 2
+    return decode(buf, position)
+
+
 def encode_many(
     values: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
