@@ -185,6 +185,18 @@ class LogConfig:
         return out
 
 
+def broker_name_for(name: str) -> str:
+    """The broker-level name that sets a topic-level setting's default (`message.timestamp.type`
+    → `log.message.timestamp.type`); other names are returned as they are."""
+    setting = TOPIC_SETTINGS.get(name)
+    if setting is None or not setting.broker_names:
+        return name
+    for broker_name, factor in setting.broker_names:
+        if factor == 1:
+            return broker_name
+    return name
+
+
 def _field(name: str) -> str:
     return name.replace(".", "_")
 

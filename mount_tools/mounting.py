@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from engine import BrokerConfig
+from engine.config import broker_name_for
 from engine.console import LineFormat, TextFormat
 from engine.errors import ConfigError
 
@@ -83,7 +84,8 @@ def parse_mount_options(
                 if key in _APPEND_OPTIONS:
                     append[key] = text
             elif sep:
-                overrides.append(f"{key}={value}")
+                # A topic-level name (`message.timestamp.type`) sets the default of every topic.
+                overrides.append(f"{broker_name_for(key)}={value}")
             else:
                 raise ConfigError(f"-o {option}: unknown mount option")
     return view, append, overrides, flags

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,12 @@ def test_mount_type_and_fstab_line(tmp_path: Path) -> None:
         while os.path.ismount(mountpoint) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not os.path.ismount(mountpoint)
+
+
+def test_kafka_settings_as_mount_options(mount) -> None:
+    m: Mount = mount(None, "-o", "message.timestamp.type=LogAppendTime,num.partitions=2")
+    os.mkdir(m.path / "t")
+    assert sorted(os.listdir(m.path / "t")) == ["0", "1", "append", "append.jsonl", "config"]
+    (m.path / "t" / "0" / "append.jsonl").write_bytes(b'{"value":"v","timestamp":5}\n')
+    record = json.loads((m.path / "t" / "0" / "records.jsonl").read_bytes())
+    assert record["timestampType"] == "LogAppendTime" and record["timestamp"] != 5
