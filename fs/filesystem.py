@@ -115,6 +115,7 @@ class _Node:
     topic: str | None = None
     partition: int | None = None
     start: int | None = None  # first offset of a by-offset / by-time view
+    key: tuple[Any, ...] = ()  # its key in the inode table
     looked_up: bool = False
 
     path: tuple[str, ...] = ()  # below .logdir, for mirror nodes
@@ -153,6 +154,7 @@ class SeglogFS(pyfuse3.Operations):
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._nodes: dict[int, _Node] = {pyfuse3.ROOT_INODE: _Node(pyfuse3.ROOT_INODE, "root")}
         self._by_key: dict[tuple[Any, ...], int] = {("root",): pyfuse3.ROOT_INODE}
+        self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
         self._next_inode = pyfuse3.ROOT_INODE + 1
         self._layouts: dict[tuple[str, int, str], Layout] = {}
         self._handles: dict[int, Any] = {}
@@ -179,7 +181,9 @@ class SeglogFS(pyfuse3.Operations):
             inode = self._next_inode
             self._next_inode += 1
             self._by_key[key] = inode
-            self._nodes[inode] = _Node(inode, kind, topic, partition, start)
+            self._nodes[inode] = _Node(inode, kind, topic, partition, start, key)
+            if kind in _VIEW_KINDS and topic is not None and partition is not None:
+                self._views_of.setdefault((topic, partition), set()).add(inode)
         return self._nodes[inode]
 
     def _get(self, inode: int) -> _Node:
@@ -545,13 +549,8 @@ class SeglogFS(pyfuse3.Operations):
     async def notify_grown(self, log: PartitionLog) -> None:
         """Tell the kernel that the partition's views changed size (off the loop: the call may
         block). Views the kernel never looked up need no telling."""
-        inodes = [
-            node.inode
-            for node in list(self._nodes.values())
-            if node.kind in _VIEW_KINDS
-            and node.looked_up
-            and (node.topic, node.partition) == (log.topic, log.partition)
-        ]
+        views = self._views_of.get((log.topic, log.partition), set())
+        inodes = [inode for inode in views if inode in self._nodes and self._nodes[inode].looked_up]
         for inode in inodes:
             try:
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, True)
@@ -590,10 +589,18 @@ class SeglogFS(pyfuse3.Operations):
             handle.close()
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        # The kernel forgets an inode with all its lookups at once: a by-offset / by-time view
+        # or a mirror entry it forgets is dropped (there can be any number of them); fixed
+        # entries keep their inode for good.
         for inode, _ in inode_list:
             node = self._nodes.get(inode)
-            if node is not None:
-                node.looked_up = False
+            if node is None:
+                continue
+            node.looked_up = False
+            if node.kind.startswith("offset-view") or (node.kind == "mirror" and node.path):
+                del self._nodes[inode]
+                self._by_key.pop(node.key, None)
+                self._views_of.get((node.topic or "", node.partition or 0), set()).discard(inode)
 
     # -- refused -------------------------------------------------------------------------------
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
