@@ -462,9 +462,7 @@ class SeglogFS(pyfuse3.Operations):
             # ends in zeros where the new records now are (the kernel zero-fills a short read).
             return pyfuse3.FileInfo(fh=self._new_fh(view), direct_io=True)
         if node.kind == "mirror":
-            opened = await self._run(
-                lambda: MirrorFile(self.mirror.entry(node.path)), f"open .logdir/{'/'.join(node.path)}"
-            )
+            opened = await self._run(lambda: MirrorFile(self.mirror, node.path), f"open .logdir/{'/'.join(node.path)}")
             return pyfuse3.FileInfo(fh=self._new_fh(opened), direct_io=True)
         content = await self._run(lambda: self._small_file(node), "open")
         return pyfuse3.FileInfo(fh=self._new_fh(content), direct_io=True)

@@ -171,13 +171,24 @@ class Mirror:
 
 class MirrorFile:
     """An open mirror file: the entry as resolved at open, and its file held open (a segment
-    renamed `.deleted` meanwhile stays readable)."""
+    renamed `.deleted` meanwhile stays readable). A read past the size seen at open looks again:
+    the active segment may have grown since, and a reader (rsync) may expect the size a later
+    stat reported."""
 
-    def __init__(self, entry: MirrorEntry) -> None:
-        self.entry = entry
+    def __init__(self, mirror: Mirror, parts: tuple[str, ...]) -> None:
+        self._mirror = mirror
+        self._parts = parts
+        self.entry = entry = mirror.entry(parts)
         self._fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC) if entry.path is not None else None
 
     def read(self, offset: int, length: int) -> bytes:
+        if offset + length > self.entry.size and self.entry.path is not None:
+            try:
+                again = self._mirror.entry(self._parts)
+            except FileNotFoundError:  # deleted since it was opened: what was there stays
+                again = self.entry
+            if again.path == self.entry.path and again.size > self.entry.size:
+                self.entry = again
         end = min(offset + length, self.entry.size)
         if offset >= end:
             return b""

@@ -20,9 +20,10 @@ def rsync(source: Path, target: Path) -> tuple[list[str], str]:
         ["rsync", "-a", "--stats", "--out-format=%n", f"{source}/", f"{target}/"],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
         timeout=120,
     )
+    assert done.returncode == 0, f"rsync exited {done.returncode}: {done.stderr}"
     names = [line for line in done.stdout.splitlines() if line and not line.startswith(("Number", "Total"))]
     names = [n for n in names if "/" in n and not n.endswith("/")] + [n for n in names if "/" not in n and "." in n]
     return names, done.stdout
