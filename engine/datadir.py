@@ -239,6 +239,24 @@ class DataDir:
         overrides = self._topic_overrides.get(topic)
         return self.config.log_config(overrides, f"config of topic {topic}")
 
+    def set_topic_overrides(self, topic: str, overrides: Mapping[str, str]) -> LogConfig:
+        """Replace a topic's config overrides (kafka-configs --alter, the whole set at once):
+        checked first, stored, then in effect for every partition of the topic. Raises
+        ConfigError for an unknown name or a bad value, changing nothing."""
+        self._check_writable()
+        logs = [log for (t, _), log in sorted(self._logs.items()) if t == topic]
+        if not logs:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        source = f"config of topic {topic}"
+        checked = validate_topic_overrides(overrides, source)
+        config = self.config.log_config(checked, source)
+        self._topic_overrides[topic] = checked
+        self._write_topic_overrides()
+        for log in logs:
+            with log.lock:
+                log.config = config
+        return config
+
     # -- topics and partitions ------------------------------------------------------------------
     def topics(self) -> dict[str, list[int]]:
         """Topic → its partitions, sorted."""

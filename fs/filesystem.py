@@ -1,7 +1,8 @@
 """The FUSE filesystem: topics and partitions as directories (DESIGN.md §2), on pyfuse3 + trio.
 
     MNT/<topic>/                  mkdir creates a topic with num.partitions partitions
-    MNT/<topic>/config            the topic's overrides, `key=value` lines
+    MNT/<topic>/config            the topic's overrides, `key=value` lines; writing it replaces
+                                  them (kafka-configs --alter), checked line by line
     MNT/<topic>/<p>/append        write-only: lines → records (kafka-console-producer)
     MNT/<topic>/<p>/append.jsonl  write-only: one JSON record per line
     MNT/<topic>/<p>/records       read-only text view from the log start offset
@@ -39,6 +40,7 @@ import pyfuse3
 import trio
 
 from engine import DataDir, PartitionLog
+from engine.config import validate_topic_overrides
 from engine.console import LineFormat, TextFormat, parse_timestamp, record_from_json
 from engine.errors import (
     ConfigError,
@@ -133,6 +135,14 @@ _TOPIC_FILES = ("append", "append.jsonl", "config")
 _VIEW_KINDS = ("records", "records.jsonl", "offset-view", "offset-view.jsonl")
 _APPEND_KINDS = ("append", "append.jsonl", "topic-append", "topic-append.jsonl")
 _TOPIC_KINDS = {"append": "topic-append", "append.jsonl": "topic-append.jsonl", "config": "config"}
+
+
+@dataclass
+class _ConfigHandle:
+    """A topic's `config` open for writing: the new `key=value` lines, applied on close."""
+
+    topic: str
+    text: bytearray = field(default_factory=bytearray)
 
 
 @dataclass
@@ -312,7 +322,7 @@ class SeglogFS(pyfuse3.Operations):
                 attr.st_mode = stat.S_IFREG | (0o200 if writable else 0)
                 attr.st_size = 0
             else:
-                attr.st_mode = stat.S_IFREG | 0o444
+                attr.st_mode = stat.S_IFREG | (0o644 if node.kind == "config" and writable else 0o444)
                 attr.st_size = len(self._small_file(node)) if node.kind in ("status", "config") else 0
                 if node.kind in _VIEW_KINDS:
                     attr.st_size = self._view(node).size()
@@ -382,7 +392,7 @@ class SeglogFS(pyfuse3.Operations):
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
         node = self._get(inode)
         # `>` on an append file truncates it to 0 first: nothing to do, it is always empty.
-        if fields.update_size and not (node.kind in _APPEND_KINDS and attr.st_size == 0):
+        if fields.update_size and not (node.kind in (*_APPEND_KINDS, "config") and attr.st_size == 0):
             raise refuse(errno.EPERM if node.kind in _VIEW_KINDS else errno.EINVAL, f"truncate {self._where(node)}")
         return await self.getattr(inode, ctx)
 
@@ -454,6 +464,11 @@ class SeglogFS(pyfuse3.Operations):
                 raise refuse(errno.EROFS, f"write {self._where(node)}")
             logs = await self._run(lambda: self._append_logs(node), "open")
             return pyfuse3.FileInfo(fh=self._new_fh(_AppendHandle(node, logs)), direct_io=True, nonseekable=True)
+        if node.kind == "config" and access != os.O_RDONLY:
+            if self.options.read_only:
+                raise refuse(errno.EROFS, f"write {self._where(node)}")
+            assert node.topic is not None
+            return pyfuse3.FileInfo(fh=self._new_fh(_ConfigHandle(node.topic)), direct_io=True)
         if access != os.O_RDONLY:
             raise refuse(errno.EACCES, f"write {self._where(node)}: read-only file")
         if node.kind in _VIEW_KINDS:
@@ -489,6 +504,10 @@ class SeglogFS(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self.requests["write"] += 1
         handle = self._handles.get(fh)
+        if isinstance(handle, _ConfigHandle):
+            handle.text[off : off + len(buf)] = buf
+            await self._run(lambda: self._parse_config(handle), f"write {handle.topic}/config")
+            return len(buf)
         if not isinstance(handle, _AppendHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
         data = handle.pending + buf
@@ -549,12 +568,17 @@ class SeglogFS(pyfuse3.Operations):
         block). Views the kernel never looked up need no telling."""
         views = self._views_of.get((log.topic, log.partition), set())
         inodes = [inode for inode in views if inode in self._nodes and self._nodes[inode].looked_up]
+        await self._invalidate(inodes)
+
+    @staticmethod
+    async def _invalidate(inodes: list[int]) -> None:
+        """Drop the kernel's cached attributes of `inodes` (sizes changed)."""
         for inode in inodes:
             try:
                 await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, True)
             except OSError as error:  # ENOENT: the kernel has forgotten the inode
                 if error.errno != errno.ENOENT:
-                    logger.warning("invalidating %s-%d views: %s", log.topic, log.partition, error)
+                    logger.warning("invalidating inode %d: %s", inode, error)
 
     async def notify_all(self) -> None:
         """After background work (retention, compaction): every view may have changed."""
@@ -562,8 +586,34 @@ class SeglogFS(pyfuse3.Operations):
             for partition in partitions:
                 await self.notify_grown(self.data_dir.partition(topic, partition))
 
+    @staticmethod
+    def _parse_config(handle: _ConfigHandle) -> dict[str, str]:
+        """`key=value` lines (blank lines and `#` comments skipped); a complete line that is not
+        one fails the write that brought it."""
+        overrides = {}
+        lines = bytes(handle.text).decode("utf-8", "replace").split("\n")
+        for number, line in enumerate(lines[:-1] if not handle.text.endswith(b"\n") else lines, start=1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            key, sep, value = text.partition("=")
+            if not sep:
+                raise ConfigError(f"{handle.topic}/config line {number}: expected key=value, got {text!r}")
+            overrides[key.strip()] = value.strip()
+        validate_topic_overrides(overrides, f"{handle.topic}/config")
+        return overrides
+
     async def flush(self, fh: int) -> None:
         handle = self._handles.get(fh)
+        if isinstance(handle, _ConfigHandle):
+            topic = handle.topic
+            handle.text += b"\n"  # a last line without its newline counts
+            overrides = await self._run(lambda: self._parse_config(handle), f"write {topic}/config")
+            handle.text = handle.text[:-1]
+            await self._run(lambda: self.data_dir.set_topic_overrides(topic, overrides), f"write {topic}/config")
+            inode = self._by_key.get(("config", topic, None, ""))
+            await self._invalidate([] if inode is None else [inode])
+            return
         if isinstance(handle, _AppendHandle) and handle.pending:
             # A trailing partial line is a record once the file is closed.
             pending, handle.pending = bytes(handle.pending) + b"\n", bytearray()

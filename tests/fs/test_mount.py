@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import subprocess
@@ -172,3 +173,24 @@ def test_kafka_settings_as_mount_options(mount) -> None:
     (m.path / "t" / "0" / "append.jsonl").write_bytes(b'{"value":"v","timestamp":5}\n')
     record = json.loads((m.path / "t" / "0" / "records.jsonl").read_bytes())
     assert record["timestampType"] == "LogAppendTime" and record["timestamp"] != 5
+
+
+def test_topic_config_is_written_through_the_mount(mount) -> None:
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    config = m.path / "t" / "config"
+    assert config.read_bytes() == b""
+    config.write_bytes(b"# a comment\nretention.ms=1000\ncleanup.policy=compact\n")
+    assert config.read_bytes() == b"cleanup.policy=compact\nretention.ms=1000\n"
+    status = json.loads((m.path / "t" / "0" / "status").read_bytes())
+    assert status["config"]["retention.ms"] == "1000" and status["config"]["cleanup.policy"] == "compact"
+    with pytest.raises(OSError) as raised:  # now compacted: a record needs a key
+        (m.path / "t" / "0" / "append").write_bytes(b"no key\n")
+    assert raised.value.errno == errno.EINVAL
+    for bad in (b"retention.ms=soon\n", b"no.such.setting=1\n", b"just words\n"):
+        with pytest.raises(OSError) as raised:
+            config.write_bytes(bad)
+        assert raised.value.errno == errno.EINVAL, bad
+    assert config.read_bytes() == b"cleanup.policy=compact\nretention.ms=1000\n"
+    config.write_bytes(b"")
+    assert config.read_bytes() == b""
