@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine import varint
-from engine.errors import CorruptRecordError, EngineError, UnsupportedFormatError
+from engine.errors import CorruptRecordError, EngineError
 from engine.loader import segment_for
 from engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
 from engine.records import (
@@ -56,7 +56,6 @@ from engine.records import (
     ProducerState,
     TimestampType,
     build_batch,
-    check_batch,
     decode_records,
     empty_batch,
     rebuild_batch,
@@ -537,14 +536,7 @@ def _batches(segment: LogSegment, start_offset: int = 0) -> Iterator[tuple[Batch
     if start_offset > segment.base_offset:
         position = segment.offset_index.lookup(start_offset).position
     end = segment.size
-    for header, batch in segment.iter_batches(position, end):
-        if header.magic != 2:
-            raise UnsupportedFormatError(
-                f"{segment.log_path}: legacy message format (magic {header.magic}) at position {header.position}"
-            )
-        problem = check_batch(header, batch)
-        if problem is not None:
-            raise CorruptRecordError(segment.log_path, header.position, problem)
+    for header, batch in segment.checked_batches(position, end):
         position = header.next_position
         yield header, batch
     if position < end:
@@ -653,8 +645,7 @@ class Cleaner:
                     except ValueError as exc:
                         raise CorruptRecordError(segment.log_path, header.position, str(exc)) from exc
                     if kept is not None:
-                        writer.add(kept)
-                        horizon = BatchHeader.parse(kept).delete_horizon_ms
+                        horizon = writer.add(kept).delete_horizon_ms
                         if horizon is not None:
                             earliest = stats.earliest_delete_horizon
                             stats.earliest_delete_horizon = horizon if earliest is None else min(earliest, horizon)
@@ -750,11 +741,13 @@ class _SegmentWriter:
         self._buffer = bytearray()
         self._headers: list[BatchHeader] = []
 
-    def add(self, batch: bytes | bytearray | memoryview) -> None:
-        self._headers.append(BatchHeader.parse(batch, 0, len(self._buffer)))
+    def add(self, batch: bytes | bytearray | memoryview) -> BatchHeader:
+        header = BatchHeader.parse(batch, 0, len(self._buffer))
+        self._headers.append(header)
         self._buffer += batch
         if len(self._buffer) >= _WRITE_CHUNK_BYTES:
             self.close()
+        return header
 
     def close(self) -> None:
         if self._buffer:

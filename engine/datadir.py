@@ -118,6 +118,7 @@ class DataDir:
         self._closed = False
         self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
         self._cleaner_checkpoints: dict[TopicPartition, int] = {}
+        self._cleaner_checkpoints_written: dict[TopicPartition, int] | None = None
         self._uncleanable: dict[TopicPartition, str] = {}
         self._delete_horizons: dict[TopicPartition, int | None] = {}
 
@@ -406,6 +407,12 @@ class DataDir:
         return report
 
     def _write_cleaner_checkpoints(self) -> None:
+        """Write `cleaner-offset-checkpoint` of every log dir, when it changed since the last
+        write (the scheduler asks every log.cleaner.backoff.ms)."""
+        current = {key: offset for key, offset in self._cleaner_checkpoints.items() if key in self._logs}
+        if current == self._cleaner_checkpoints_written:
+            return
+        self._cleaner_checkpoints_written = current
         for log_dir in self.config.log_dirs:
             write_offset_checkpoint(
                 log_dir / CLEANER_OFFSET_CHECKPOINT,

@@ -252,6 +252,19 @@ class LogSegment:
                 offset = header.size_in_bytes
             position += offset
 
+    def checked_batches(
+        self, start_position: int = 0, end_position: int | None = None
+    ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
+        """`iter_batches`, each batch checked whole (magic, length, CRC) before it is yielded:
+        CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
+        legacy data. For whoever uses every batch it reads (views, the cleaner)."""
+        for header, batch in self.iter_batches(start_position, end_position):
+            reason = check_batch(header, batch)
+            if reason is not None:
+                self.check_not_legacy(header.position)
+                raise CorruptRecordError(self.log_path, header.position, reason)
+            yield header, batch
+
     def _iter_mapped_batches(self) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Like iter_batches from 0, over a read-only mapping of the file instead of copies of
         it: recovery checks every byte once, in place. Only for the writer's own segments, under

@@ -25,13 +25,12 @@ import bisect
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.console import TextFormat, record_to_json
-from engine.errors import CorruptRecordError
 from engine.log import PartitionLog
-from engine.records import BatchHeader, check_batch, decode_records
+from engine.records import BatchHeader, decode_records
 from engine.segment import LogSegment
 
 Render = Callable[[BatchHeader, memoryview, int], bytes]
@@ -72,14 +71,6 @@ class _SegmentLayout:
     marks_file: array = field(default_factory=lambda: array("q", [0]))
     marks_offset: array = field(default_factory=lambda: array("q", [-1]))
     since_mark: int = 0
-
-
-def _checked(segment: LogSegment, position: int, end: int) -> Iterator[tuple[BatchHeader, memoryview]]:
-    for header, batch in segment.iter_batches(position, end):
-        problem = check_batch(header, batch)
-        if problem is not None:
-            raise CorruptRecordError(segment.log_path, header.position, problem)
-        yield header, batch
 
 
 class Layout:
@@ -137,7 +128,7 @@ class Layout:
         end = segment.size if segment.writable else segment.refresh_size()
         if end <= layout.scanned_to:
             return
-        for header, batch in _checked(segment, layout.scanned_to, end):
+        for header, batch in segment.checked_batches(layout.scanned_to, end):
             if layout.since_mark >= self._mark_bytes:
                 layout.marks_view.append(layout.size)
                 layout.marks_file.append(header.position)
@@ -159,7 +150,7 @@ class Layout:
         mark = max(bisect.bisect_right(layout.marks_offset, offset) - 1, 0)
         at = starts[slot] + layout.marks_view[mark]
         segment = layout.segment
-        for header, batch in _checked(segment, layout.marks_file[mark], layout.scanned_to):
+        for header, batch in segment.checked_batches(layout.marks_file[mark], layout.scanned_to):
             if header.last_offset < offset:
                 at += len(self._render(segment, header, batch, 0))
                 continue
@@ -181,7 +172,7 @@ class Layout:
             if 0 <= local < layout.size:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
-                for header, batch in _checked(layout.segment, layout.marks_file[mark], layout.scanned_to):
+                for header, batch in layout.segment.checked_batches(layout.marks_file[mark], layout.scanned_to):
                     chunk = self._render(layout.segment, header, batch, 0)
                     if at + len(chunk) > local:
                         begin = max(local - at, 0)

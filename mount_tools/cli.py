@@ -34,7 +34,7 @@ from mount_tools.progress import Progress
 EXIT_OK = 0
 EXIT_DATA = 1
 EXIT_USAGE = 2
-EXIT_LOCKED = 3
+EXIT_LOCKED = mounting.EXIT_LOCKED
 EXIT_CHECK_FAILED = 4
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 

@@ -23,10 +23,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine import BrokerConfig
+from engine import BrokerConfig, LogDirLockedError
 from engine.config import broker_name_for
 from engine.console import LineFormat, TextFormat
 from engine.errors import ConfigError
+
+EXIT_LOCKED = 3  # as the CLI's exit codes say
 
 _VIEW_OPTIONS = {
     "print.key",
@@ -125,9 +127,9 @@ def _serve_in_background(broker_config: BrokerConfig, mountpoint: Path, options:
             said = pipe.read().decode(errors="replace")
         if said == "ok":
             return 0
-        os.waitpid(pid, 0)
+        _, status = os.waitpid(pid, 0)
         print(f"seglogfs: {said or 'the mount process died'}", file=sys.stderr)
-        return 1
+        return os.waitstatus_to_exitcode(status) or 1  # the child exits as the CLI would
     os.close(read_end)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -145,7 +147,7 @@ def _serve_in_background(broker_config: BrokerConfig, mountpoint: Path, options:
     except BaseException as error:  # reported to the waiting parent
         with contextlib.suppress(OSError):
             os.write(write_end, str(error).encode())
-        os._exit(1)
+        os._exit(EXIT_LOCKED if isinstance(error, LogDirLockedError) else 1)
     os._exit(0)
 
 

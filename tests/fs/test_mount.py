@@ -194,3 +194,19 @@ def test_topic_config_is_written_through_the_mount(mount) -> None:
     assert config.read_bytes() == b"cleanup.policy=compact\nretention.ms=1000\n"
     config.write_bytes(b"")
     assert config.read_bytes() == b""
+
+
+def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path) -> None:
+    m: Mount = mount()
+    second = tmp_path / "second"
+    second.mkdir()
+    for args, code, said in (
+        ([str(m.data), str(second)], 3, "is in use by process"),  # the first mount holds the lock
+        ([str(m.data), str(second), "-o", "bogus"], 1, "-o bogus: unknown mount option"),
+        ([str(m.data), str(tmp_path / "missing")], 1, "mount point is not a directory"),
+    ):
+        command = [sys.executable, "-m", "mount_tools.cli", "mount", *args]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, timeout=60, check=False)
+        lines = done.stderr.decode().strip().splitlines()
+        assert done.returncode == code and len(lines) == 1 and said in lines[0], (args, done)
+    assert not os.path.ismount(second)
