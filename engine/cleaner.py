@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine import varint
+from engine.columns import RecordColumns, record_columns
 from engine.errors import CorruptRecordError, EngineError
 from engine.loader import segment_for
 from engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
@@ -59,7 +59,6 @@ from engine.records import (
     decode_records,
     empty_batch,
     rebuild_batch,
-    records_section,
 )
 
 if TYPE_CHECKING:
@@ -211,129 +210,54 @@ class OffsetMap:
 
 @dataclass(slots=True)
 class BatchRecords:
-    """Where each record of a batch lies in its uncompressed records section, with the fields
-    the cleaner decides on. Record `i` is `section[bounds[i]:bounds[i + 1]]`, length prefix
-    included."""
+    """A batch's records column-wise (engine.columns) with the fields the cleaner decides on."""
 
-    section: bytes
-    bounds: np.ndarray
-    offsets: np.ndarray
-    timestamps: np.ndarray
+    columns: RecordColumns
     has_key: np.ndarray
     first_hash: np.ndarray
     second_hash: np.ndarray
     null_value: np.ndarray
 
     def __len__(self) -> int:
-        return len(self.offsets)
+        return len(self.columns)
 
+    @property
+    def section(self) -> bytes:
+        return self.columns.section
 
-_PADDING = bytes(10)
-_BYTE_SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
+    @property
+    def bounds(self) -> np.ndarray:
+        return self.columns.bounds
 
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.columns.offsets
 
-def _zigzag_varints(buf: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The zig-zag varints starting at `positions` of `buf` (padded with ten zero bytes), and
-    the positions after them: one- and two-byte varints (nearly all of them) column-wise, longer
-    ones through a ten-byte window."""
-    first = buf[positions].astype(np.uint64)
-    long = first >= 0x80
-    if not bool(long.any()):
-        zigzag, sizes = first, np.ones(len(positions), np.int64)
-    else:
-        second = buf[positions + 1].astype(np.uint64)
-        if not bool((long & (second >= 0x80)).any()):
-            zigzag = np.where(long, (first & np.uint64(0x7F)) | (second << np.uint64(7)), first)
-            sizes = 1 + long.astype(np.int64)
-        else:
-            window = buf[positions[:, None] + np.arange(10)].astype(np.uint64)
-            more = window >= 0x80
-            if bool(more.all(axis=1).any()):
-                raise ValueError("a varint runs over ten bytes")
-            sizes = np.argmin(more, axis=1) + 1
-            used = np.arange(10) < sizes[:, None]
-            zigzag = (((window & np.uint64(0x7F)) << _BYTE_SHIFTS) * used).sum(axis=1, dtype=np.uint64)
-    values = (zigzag >> np.uint64(1)).astype(np.int64) ^ -(zigzag & np.uint64(1)).astype(np.int64)
-    return values, positions + sizes
-
-
-def _record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
-    """The start of each record (at its length prefix) and the end of the last.
-
-    Records of a batch often come in runs of one size (the same value size, offset deltas of the
-    same varint length): a run is guessed from its first record's size and proven column-wise
-    (each guessed start holds a length that ends exactly at the next guess). Records of mixed
-    sizes are walked one by one."""
-    end = len(section)
-    bounds = np.empty(count + 1, np.int64)
-    bounds[0] = 0
-    i = position = 0
-    window = 64
-    while i < count:
-        length, body = _varint_at(section, position)
-        stride = body - position + length
-        if length < 0 or position + stride > end:
-            raise ValueError(f"record {i} of length {length} runs past the records section")
-        fits = min(count - i, window, (end - position) // stride)
-        starts = position + np.arange(fits, dtype=np.int64) * stride
-        try:
-            lengths, bodies = _zigzag_varints(buf, starts)
-        except ValueError:  # a guessed start inside a record's bytes: not a run, walk instead
-            break
-        proven = bodies + lengths == starts + stride
-        run = fits if bool(proven.all()) else int(np.argmin(proven))
-        bounds[i + 1 : i + 1 + run] = starts[:run] + stride
-        i += run
-        position += run * stride
-        if run < 8:
-            break  # mixed sizes: walk the rest
-        window *= 2
-    for j in range(i, count):
-        length, position = _varint_at(section, position)
-        position += length
-        if length < 0 or position > end:
-            raise ValueError(f"record {j} of length {length} runs past the records section")
-        bounds[j + 1] = position
-    if position != end:
-        raise ValueError(f"{end - position} bytes follow the last record of the batch")
-    return bounds
-
-
-_varint_at = varint.decode_at
+    @property
+    def timestamps(self) -> np.ndarray:
+        return self.columns.timestamps
 
 
 def batch_records(header: BatchHeader, batch: bytes | memoryview) -> BatchRecords:
-    """Lay out a valid batch's records column-wise (raises ValueError when malformed)."""
-    section = records_section(header, batch)
-    count = header.records_count
-    buf = np.frombuffer(section + _PADDING, np.uint8)
-    bounds = _record_bounds(section, count, buf)
-    # A record: length, attributes (1 byte), timestamp delta, offset delta, key length, key,
-    # value length, value, headers. The length prefix is one varint at bounds[i].
-    _, body = _zigzag_varints(buf, bounds[:-1])
-    timestamp_deltas, position = _zigzag_varints(buf, body + 1)
-    offset_deltas, position = _zigzag_varints(buf, position)
-    key_lengths, key_starts = _zigzag_varints(buf, position)
-    value_lengths, after = _zigzag_varints(buf, key_starts + np.maximum(key_lengths, 0))
-    if count and bool((after > bounds[1:]).any()):
-        raise ValueError("a record's key runs past its end")
-    has_key = key_lengths >= 0
+    """Lay out a valid batch's records column-wise and hash their keys (raises ValueError when
+    malformed)."""
+    columns = record_columns(header, batch)
+    count = len(columns)
+    has_key = columns.key_lengths >= 0
     first = np.zeros(count, np.uint64)
     second = np.zeros(count, np.uint32)
     if bool(has_key.any()):
         keyed = np.flatnonzero(has_key)
-        starts = key_starts[keyed].tolist()
-        ends = (key_starts[keyed] + key_lengths[keyed]).tolist()
-        first[keyed], second[keyed] = key_hashes([section[s:e] for s, e in zip(starts, ends, strict=True)])
+        starts = columns.key_starts[keyed]
+        ends = (starts + columns.key_lengths[keyed]).tolist()
+        section = columns.section
+        first[keyed], second[keyed] = key_hashes([section[s:e] for s, e in zip(starts.tolist(), ends, strict=True)])
     return BatchRecords(
-        section=section,
-        bounds=bounds,
-        offsets=header.base_offset + offset_deltas,
-        timestamps=header.base_timestamp + timestamp_deltas,
+        columns=columns,
         has_key=has_key,
         first_hash=first,
         second_hash=second,
-        null_value=value_lengths < 0,
+        null_value=columns.value_lengths < 0,
     )
 
 

@@ -30,8 +30,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _encode_json_string
 
+import numpy as np
+
+from engine.columns import RecordColumns, record_columns
 from engine.errors import InvalidRecordError, TimestampParseError
-from engine.records import Header, Record
+from engine.records import BatchHeader, Header, Record, decode_records
 
 
 def parse_timestamp(text: str) -> int:
@@ -267,3 +270,149 @@ def record_from_json(line: bytes | str, where: str) -> JsonRecord:
         headers=tuple(headers),
         timestamp=timestamp,
     )
+
+
+# -- whole batches at a time ------------------------------------------------------------------------
+# `consume` and the mount's views render millions of records: a renderer lays a batch out
+# column-wise (engine.columns) and formats its records without a Record object each. Batches with
+# headers (when they are shown) are decoded record by record: the result is the same bytes.
+
+
+class TextRenderer:
+    """Batches as kafka-console-consumer prints them (`TextFormat`) for one partition."""
+
+    def __init__(self, text_format: TextFormat, partition: int) -> None:
+        self.text_format = text_format
+        self.partition = partition
+
+    def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[bytes]:
+        """The lines (separator included) of the batch's records with offsets ≥ `min_offset`;
+        none for a control batch. Raises ValueError when the records section is malformed."""
+        if header.is_control:
+            return []
+        fmt = self.text_format
+        if fmt.print_headers:
+            return [fmt.render(r, self.partition) for r in decode_records(header, batch) if r.offset >= min_offset]
+        columns = record_columns(header, batch)
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        fields = self._fields(header, columns, first)
+        end = fmt.line_separator
+        if not fields:
+            return [end] * (len(columns) - first)
+        if len(fields) == 1:
+            return [field + end for field in fields[0]]
+        separator = fmt.key_separator
+        return [separator.join(parts) + end for parts in zip(*fields, strict=True)]
+
+    def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
+        """`lines` joined."""
+        fmt = self.text_format
+        if header.is_control or fmt.print_headers:
+            return b"".join(self.lines(header, batch, min_offset))
+        columns = record_columns(header, batch)
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        if first >= len(columns):
+            return b""
+        fields = self._fields(header, columns, first)
+        end = fmt.line_separator
+        if len(fields) == 1:  # the usual case: values only
+            return end.join(fields[0]) + end
+        return b"".join(self.lines(header, batch, min_offset))
+
+    def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+        """`len(render(header, batch))`, computed from the record columns without rendering
+        (except when headers are shown)."""
+        fmt = self.text_format
+        if header.is_control or fmt.print_headers:
+            return len(self.render(header, batch))
+        columns = record_columns(header, batch)
+        count = len(columns)
+        if count == 0:
+            return 0
+        null = len(fmt.null_literal)
+        fields = 0
+        total = count * len(fmt.line_separator)
+        if fmt.print_timestamp:
+            fields += 1
+            name = len(header.timestamp_type.display_name) + 1
+            total += count * name + int(_decimal_widths(columns.consumer_timestamps()).sum())
+        if fmt.print_partition:
+            fields += 1
+            total += count * len(b"Partition:%d" % self.partition)
+        if fmt.print_offset:
+            fields += 1
+            total += count * len("Offset:") + int(_decimal_widths(columns.offsets).sum())
+        for shown, lengths in ((fmt.print_key, columns.key_lengths), (fmt.print_value, columns.value_lengths)):
+            if shown:
+                fields += 1
+                total += int(np.where(lengths < 0, null, lengths).sum())
+        if fields > 1:
+            total += count * (fields - 1) * len(fmt.key_separator)
+        return total
+
+    def _fields(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[list[bytes]]:
+        fmt = self.text_format
+        null = fmt.null_literal
+        fields: list[list[bytes]] = []
+        if fmt.print_timestamp:
+            name = header.timestamp_type.display_name.encode() + b":"
+            fields.append([name + b"%d" % t for t in columns.consumer_timestamps()[first:].tolist()])
+        if fmt.print_partition:
+            fields.append([b"Partition:%d" % self.partition] * (len(columns) - first))
+        if fmt.print_offset:
+            fields.append([b"Offset:%d" % o for o in columns.offsets[first:].tolist()])
+        if fmt.print_key:
+            fields.append(columns.keys(null)[first:])  # type: ignore[arg-type]
+        if fmt.print_value:
+            fields.append(columns.values(null)[first:])  # type: ignore[arg-type]
+        return fields
+
+
+class JsonLinesRenderer:
+    """Batches as JSON Lines (`record_to_json`) for one partition."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._prefix = f'{{"topic":{_encode_json_string(topic)},"partition":{partition},"offset":'
+
+    def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[str]:
+        """The JSON object (no newline) of each of the batch's records with offsets ≥
+        `min_offset`; none for a control batch. Raises ValueError when malformed."""
+        if header.is_control:
+            return []
+        columns = record_columns(header, batch)
+        if bool(columns.header_counts.any()):
+            records = decode_records(header, batch)
+            return [record_to_json(r, self.topic, self.partition) for r in records if r.offset >= min_offset]
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        prefix = self._prefix
+        kind = header.timestamp_type.display_name
+        return [
+            f'{prefix}{offset},"timestamp":{timestamp},"timestampType":"{kind}",'
+            f'"key":{_bytes_json_text(key)},"value":{_bytes_json_text(value)},"headers":[]}}'
+            for offset, timestamp, key, value in zip(
+                columns.offsets[first:].tolist(),
+                columns.consumer_timestamps()[first:].tolist(),
+                columns.keys()[first:],
+                columns.values()[first:],
+                strict=True,
+            )
+        ]
+
+    def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
+        """`lines` as UTF-8, each ended by a newline."""
+        lines = self.lines(header, batch, min_offset)
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+    def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+        """`len(render(header, batch))`."""
+        return len(self.render(header, batch))
+
+
+_POWERS_OF_TEN = np.array([10**k for k in range(1, 19)], np.int64)
+
+
+def _decimal_widths(values: np.ndarray) -> np.ndarray:
+    """The number of characters of each integer written in decimal (a minus sign included)."""
+    return np.searchsorted(_POWERS_OF_TEN, np.abs(values), side="right") + 1 + (values < 0)

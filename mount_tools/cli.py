@@ -25,8 +25,8 @@ from typing import BinaryIO
 
 from engine import BrokerConfig, DataDir, EngineError, LogDirLockedError, PartitionLog
 from engine.check import check_log_dirs
-from engine.console import LineFormat, TextFormat, parse_timestamp, record_from_json, record_to_json
-from engine.errors import ConfigError, InvalidRecordError, OffsetOutOfRangeError
+from engine.console import JsonLinesRenderer, LineFormat, TextFormat, TextRenderer, parse_timestamp, record_from_json
+from engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError
 from engine.partitioner import RoundRobin, partition_for_key
 from mount_tools import dump, mounting
 from mount_tools.progress import Progress
@@ -191,20 +191,40 @@ def cmd_consume(args: argparse.Namespace) -> int:
         try:
             for log in logs:
                 start = _start_offset(args, log)
-                for record in log.records(start):
-                    if args.max_messages is not None and count >= args.max_messages:
-                        break
-                    if text_format is not None:
-                        out.write(text_format.render(record, log.partition))
-                    else:
-                        out.write(record_to_json(record, log.topic, log.partition).encode("utf-8") + b"\n")
-                    count += 1
+                remaining = None if args.max_messages is None else args.max_messages - count
+                count += _write_records(out, log, start, text_format, remaining)
             out.flush()
         except BrokenPipeError:
             _quiet_broken_pipe()
             return EXIT_OK
     print(f"Processed a total of {count} messages", file=sys.stderr)
     return EXIT_OK
+
+
+def _write_records(
+    out: BinaryIO, log: PartitionLog, start: int, text_format: TextFormat | None, limit: int | None
+) -> int:
+    """Write the partition's records from `start` (at most `limit`), a batch at a time; how many."""
+    text = TextRenderer(text_format, log.partition) if text_format is not None else None
+    jsonl = JsonLinesRenderer(log.topic, log.partition)
+    count = 0
+    for segment, header, batch in log.batches(start):
+        room = None if limit is None else limit - count
+        if room is not None and room <= 0:
+            break
+        try:
+            if text is not None:
+                lines = text.lines(header, batch, start)[:room]
+                out.write(b"".join(lines))
+                count += len(lines)
+            else:
+                objects = jsonl.lines(header, batch, start)[:room]
+                if objects:
+                    out.write(("\n".join(objects) + "\n").encode())
+                count += len(objects)
+        except Exception as error:  # a codec or varint error inside a batch whose CRC held
+            raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
+    return count
 
 
 def _quiet_broken_pipe() -> None:

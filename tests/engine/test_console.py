@@ -1,0 +1,95 @@
+"""The batch renderers (`consume` and the views use them) against record-at-a-time rendering."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from engine.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
+
+NOW_MS = 1_763_800_000_000
+
+records_strategy = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.binary(max_size=12), st.text(max_size=8).map(str.encode)),
+        st.one_of(st.none(), st.binary(max_size=200), st.text(max_size=30).map(str.encode)),
+        st.integers(-(2**33), 2**33),
+    ),
+    min_size=1,
+    max_size=80,
+)
+formats = st.builds(
+    TextFormat,
+    print_timestamp=st.booleans(),
+    print_partition=st.booleans(),
+    print_offset=st.booleans(),
+    print_headers=st.booleans(),
+    print_key=st.booleans(),
+    print_value=st.booleans(),
+    key_separator=st.sampled_from([b"\t", b":", b" | "]),
+    line_separator=st.sampled_from([b"\n", b"\r\n", b"--"]),
+    null_literal=st.sampled_from([b"null", b""]),
+)
+
+
+def make_batch(records, *, codec: str, gap: int, log_append_time: bool, with_headers: bool) -> bytes:
+    return bytes(
+        build_batch(
+            [value for _, value, _ in records],
+            keys=[key for key, _, _ in records],
+            headers=[(("h", b"x"),) if with_headers and i % 3 == 0 else () for i in range(len(records))],
+            timestamps=[NOW_MS + delta for _, _, delta in records],
+            base_offset=5000,
+            compression=CompressionType[codec.upper()],
+            timestamp_type=TimestampType.LOG_APPEND_TIME if log_append_time else TimestampType.CREATE_TIME,
+            offset_deltas=[i * (gap + 1) for i in range(len(records))],
+        )
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    records_strategy,
+    formats,
+    st.sampled_from(["none", "gzip", "zstd"]),
+    st.integers(0, 2),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 200),
+)
+def test_batch_rendering_equals_record_rendering(
+    records, text_format: TextFormat, codec: str, gap: int, log_append_time: bool, with_headers: bool, skip: int
+) -> None:
+    batch = make_batch(records, codec=codec, gap=gap, log_append_time=log_append_time, with_headers=with_headers)
+    header = BatchHeader.parse(batch)
+    decoded = decode_records(header, batch)
+    min_offset = header.base_offset + skip
+    chosen = [r for r in decoded if r.offset >= min_offset]
+
+    text = TextRenderer(text_format, 7)
+    expected_lines = [text_format.render(r, 7) for r in chosen]
+    assert text.lines(header, batch, min_offset) == expected_lines
+    assert text.render(header, batch, min_offset) == b"".join(expected_lines)
+    assert text.measure(header, batch) == sum(len(text_format.render(r, 7)) for r in decoded)
+
+    jsonl = JsonLinesRenderer("t.1", 7)
+    expected_json = [record_to_json(r, "t.1", 7) for r in chosen]
+    assert jsonl.lines(header, batch, min_offset) == expected_json
+    rendered = jsonl.render(header, batch, min_offset)
+    assert rendered == "".join(line + "\n" for line in expected_json).encode()
+    assert jsonl.measure(header, batch) == len(jsonl.render(header, batch))
+    for line, record in zip(rendered.splitlines(), chosen, strict=True):
+        assert json.loads(line)["offset"] == record.offset
+
+
+def test_control_batches_render_nothing() -> None:
+    batch = bytes(
+        build_batch([b"\x00\x00\x00\x00\x00\x00"], keys=[b"\x00\x00\x00\x00"], timestamps=NOW_MS, is_control=True)
+    )
+    header = BatchHeader.parse(batch)
+    assert TextRenderer(TextFormat(), 0).render(header, batch) == b""
+    assert TextRenderer(TextFormat(print_headers=True), 0).lines(header, batch) == []
+    assert JsonLinesRenderer("t", 0).render(header, batch) == b""
