@@ -6,8 +6,9 @@
     cat         `cat records > /dev/null` vs `seglogfs consume > /dev/null` (same partition)
     append      `cat file >> MNT/t/0/append` vs the engine's append of the same lines
     follow      append-to-visible latency for a follower reading the view (p50, p90)
-    by-offset   open + first byte of by-offset/N on a big partition: the first look (the layout
-                is measured once per segment) and later opens (p50)
+    by-offset   open + first byte of by-offset/N on a big partition: the first look ever (every
+                segment is measured), the first after a remount (sealed segments' layouts kept
+                in the view cache) and later opens (p50)
     partitions  mount time and the mount process's memory with 1,000 partitions
 
 Results print as they come and are written to bench/results/fs.json.
@@ -42,8 +43,9 @@ class Mounted:
         mountpoint.mkdir(parents=True, exist_ok=True)
         self.path = mountpoint
         started = time.perf_counter()
+        cache = f"view.cache={data.parent / (data.name + '-view-cache')}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mount_tools.cli", "mount", str(data), str(mountpoint), "-f", *options],
+            [sys.executable, "-m", "mount_tools.cli", "mount", str(data), str(mountpoint), "-f", "-o", cache, *options],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -138,14 +140,18 @@ def bench_cat(root: Path, total: int) -> dict:
         view = m.path / "t" / "0" / "records"
         first = timed(lambda: run(["cat", str(view)]))  # measures the layout as it goes
         again = timed(lambda: run(["cat", str(view)]))
+    with Mounted(data, root / "cat-mnt") as m:  # a new mount: sealed segments' layouts kept
+        remounted = timed(lambda: run(["cat", str(m.path / "t" / "0" / "records")]))
     shutil.rmtree(data)
     return {
         "records": records,
         "consume_seconds": consume,
         "cat_first_seconds": first,
         "cat_again_seconds": again,
+        "cat_remounted_seconds": remounted,
         "ratio_first": consume / first,
         "ratio_again": consume / again,
+        "ratio_remounted": consume / remounted,
     }
 
 
@@ -218,22 +224,26 @@ def bench_by_offset(root: Path, big: int, samples: int = 200) -> dict:
     # Batches of ~16 KiB, the size a Kafka producer sends by default (batch.size=16384).
     end = fill(data, "t", big, segment_bytes=256 << 20, batch=160)
     rng = random.Random(1)
+
+    def first_byte(m: Mounted, n: int) -> float:
+        start = time.perf_counter()
+        with open(m.path / "t" / "0" / "by-offset" / str(n), "rb") as handle:
+            handle.read(1)
+        return (time.perf_counter() - start) * 1000
+
     with Mounted(data, root / "big-mnt") as m:
-        directory = m.path / "t" / "0" / "by-offset"
-
-        def first_byte(n: int) -> float:
-            start = time.perf_counter()
-            with open(directory / str(n), "rb") as handle:
-                handle.read(1)
-            return (time.perf_counter() - start) * 1000
-
-        cold = first_byte(end // 2)
-        warm = sorted(first_byte(rng.randrange(end)) for _ in range(samples))
+        cold = first_byte(m, end // 2)  # every segment is measured
+    with Mounted(data, root / "big-mnt") as m:  # a new mount: sealed segments' layouts kept
+        remounted = first_byte(m, end // 3)
+        warm = sorted(first_byte(m, rng.randrange(end)) for _ in range(samples))
+    segments = len(list((data / "t-0").glob("*.log")))
     shutil.rmtree(data)
     return {
         "partition_records": end,
         "partition_bytes": big,
-        "first_open_ms": cold,
+        "segments": segments,
+        "first_open_ever_ms": cold,
+        "first_open_after_remount_ms": remounted,
         "p50_ms": statistics.median(warm),
         "p90_ms": warm[int(samples * 0.9)],
     }

@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -59,7 +60,7 @@ from engine.errors import (
 from engine.naming import validate_topic
 from engine.partitioner import RoundRobin, partition_for_key
 from fs.mirror import Mirror, MirrorEntry, MirrorFile
-from fs.views import Layout, View, jsonl_renderer, text_renderer
+from fs.views import Layout, LayoutStore, View, jsonl_renderer, text_renderer
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ T = TypeVar("T")
 
 # Attributes and entries stay valid until the filesystem says otherwise (invalidation).
 _TIMEOUT_S = 3600.0
+_READ_AHEAD_BYTES = 1 << 20  # rendered ahead of a sequential reader of a view
 _ERRNO: list[tuple[type[BaseException], int]] = [
     (ReadOnlyError, errno.EROFS),
     (RecordTooLargeError, errno.EFBIG),
@@ -108,6 +110,7 @@ class MountOptions:
     text_format: TextFormat = field(default_factory=TextFormat)
     line_format: LineFormat = field(default_factory=LineFormat)
     read_only: bool = False
+    view_cache: Path | None = None  # where sealed segments' view layouts are kept (LayoutStore)
 
 
 @dataclass
@@ -167,6 +170,9 @@ class SeglogFS(pyfuse3.Operations):
         self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
         self._next_inode = pyfuse3.ROOT_INODE + 1
         self._layouts: dict[tuple[str, int, str], Layout] = {}
+        self._reading_ahead: set[int] = set()  # file handles with a read-ahead under way
+        self.background: trio.Nursery | None = None  # where read-ahead runs (set by the mount)
+        self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
         self._handles: dict[int, Any] = {}
         self._next_fh = 1
         self._topic_lock = threading.Lock()
@@ -280,10 +286,13 @@ class SeglogFS(pyfuse3.Operations):
         layout = self._layouts.get(key)
         if layout is None:
             if fmt == "text":
-                render = text_renderer(self.options.text_format, log.partition)
+                renderer = text_renderer(self.options.text_format, log.partition)
+                format_key = repr(self.options.text_format)
             else:
-                render = jsonl_renderer(log.topic, log.partition)
-            layout = self._layouts[key] = Layout(log, render)
+                renderer = jsonl_renderer(log.topic, log.partition)
+                format_key = "jsonl"
+            layout = Layout(log, renderer, store=self._layout_store, format_key=format_key)
+            self._layouts[key] = layout
         return layout
 
     def _view(self, node: _Node) -> View:
@@ -495,11 +504,43 @@ class SeglogFS(pyfuse3.Operations):
             return handle[off : off + size]
         if isinstance(handle, View):
             view = handle
-            return await self._run(lambda: view.read(off, size), "read")
+            data = view.read_cached(off, size)  # rendered already: served on the loop
+            if data is not None:
+                self.requests["read_cached"] += 1
+            else:
+                data = await self._run(lambda: view.read(off, size), "read")
+            self._maybe_read_ahead(fh, view, off, off + len(data))
+            return data
         if isinstance(handle, MirrorFile):
             opened = handle
             return await self._run(lambda: opened.read(off, size), "read .logdir")
         raise pyfuse3.FUSEError(errno.EBADF)
+
+    def keep_layouts(self) -> None:
+        """At unmount: store what is measured of every view layout (see fs.views.LayoutStore)."""
+        for layout in list(self._layouts.values()):
+            layout.keep()
+
+    def _maybe_read_ahead(self, fh: int, view: View, off: int, end: int) -> None:
+        """A sequential reader (`cat`, `grep`, `dd`) gets the next pages rendered in the background
+        while it handles this read (the kernel's own read-ahead is off: views are direct I/O)."""
+        sequential = off == view.read_end and off > 0
+        view.read_end = end
+        if not sequential or self.background is None or fh in self._reading_ahead:
+            return
+        if not view.wants_read_ahead(end):
+            return
+        self._reading_ahead.add(fh)
+
+        async def read_ahead() -> None:
+            try:
+                await trio.to_thread.run_sync(view.read_ahead, end, _READ_AHEAD_BYTES)
+            except Exception as error:  # the reader's own read reports errors; this is a guess
+                logger.debug("read-ahead of fh %d at %d: %s", fh, end, error)
+            finally:
+                self._reading_ahead.discard(fh)
+
+        self.background.start_soon(read_ahead)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self.requests["write"] += 1

@@ -57,6 +57,7 @@ async def _background(operations: SeglogFS, scheduler: Scheduler | None) -> None
 
 async def _main(operations: SeglogFS, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
+        operations.background = nursery
         nursery.start_soon(_background, operations, scheduler)
 
         async def stop_on_signals() -> None:
@@ -110,5 +111,6 @@ def serve(
             trio.run(_main, operations, scheduler, ready)
         finally:
             pyfuse3.close(unmount=True)
+            operations.keep_layouts()
     finally:
         data_dir.close()

@@ -10,59 +10,69 @@ from the position of the first record with offset ≥ N:
     size      = total - position(N)
     read(p,n) = the layout's bytes from position(N) + p
 
-`position(N)` is a bisection to the segment, then to the mark at or below N, then the rendering of
-the batches from that mark to N: a look-up plus a small read, whatever the partition's size; and
-so is `read`. A view over sealed segments never changes; the active segment's part only grows.
+The batches between two marks are a page: read with one small read of the segment, rendered, and
+kept in a small cache, so `position(N)` is a bisection to the segment, then to the mark at or
+below N, then one page; `read` is the pages it covers. Whatever the partition's size, that is a
+look-up plus a small read. A view over sealed segments never changes; the active segment's part
+only grows.
 
-A layout is derived data: a segment is measured by rendering it once (the active segment only for
-what was appended since the last look); a segment replaced by compaction or removed by retention
-leaves the layout, and its replacement is measured afresh.
+A layout is derived data. A segment is measured by rendering it once (the active segment only
+for what was appended since the last look); a segment replaced by compaction or removed by
+retention leaves the layout, and its replacement is measured afresh. Sealed segments' layouts
+are kept in a `LayoutStore` outside the data dir, so the next mount does not measure them again.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import logging
+import os
+import struct
 import threading
+import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, overload
 
-from engine.console import TextFormat, record_to_json
+from engine.console import JsonLinesRenderer, TextFormat, TextRenderer
 from engine.log import PartitionLog
-from engine.records import BatchHeader, decode_records
+from engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from engine.segment import LogSegment
 
-Render = Callable[[BatchHeader, memoryview, int], bytes]
+logger = logging.getLogger(__name__)
+
+
+class Renderer(Protocol):
+    """How a batch's records look in a view (engine.console's TextRenderer, JsonLinesRenderer)."""
+
+    def render(self, header: BatchHeader, batch: memoryview, min_offset: int = 0) -> bytes: ...
+
+    def measure(self, header: BatchHeader, batch: memoryview) -> int: ...
+
+
 MARK_BYTES = 32 * 1024
-_RENDERED_CACHE = 16  # recently rendered batches: an open, a stat and a read of one place share them
+_PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 
 
-def text_renderer(text_format: TextFormat, partition: int) -> Render:
-    """Render a batch's records (offsets ≥ the given minimum) as console-consumer lines."""
-
-    def render(header: BatchHeader, batch: memoryview, min_offset: int) -> bytes:
-        records = decode_records(header, batch)
-        return b"".join(text_format.render(r, partition) for r in records if r.offset >= min_offset)
-
-    return render
+def text_renderer(text_format: TextFormat, partition: int) -> Renderer:
+    """A partition's records as console-consumer lines."""
+    return TextRenderer(text_format, partition)
 
 
-def jsonl_renderer(topic: str, partition: int) -> Render:
-    """Render a batch's records (offsets ≥ the given minimum) as JSON Lines."""
-
-    def render(header: BatchHeader, batch: memoryview, min_offset: int) -> bytes:
-        records = decode_records(header, batch)
-        lines = [record_to_json(r, topic, partition) for r in records if r.offset >= min_offset]
-        return ("\n".join(lines) + "\n").encode() if lines else b""
-
-    return render
+def jsonl_renderer(topic: str, partition: int) -> Renderer:
+    """A partition's records as JSON Lines."""
+    return JsonLinesRenderer(topic, partition)
 
 
 @dataclass
 class _SegmentLayout:
     """Where a segment's rendering lies: marks (view position, file position and base offset of
-    the batch there), rendered size, and how far into the file it has been rendered."""
+    the batch there), rendered size, and how far into the file it has been rendered. `sealed`:
+    measured to the end of a segment that no longer grows."""
 
     segment: LogSegment
     scanned_to: int = 0
@@ -71,73 +81,332 @@ class _SegmentLayout:
     marks_file: array = field(default_factory=lambda: array("q", [0]))
     marks_offset: array = field(default_factory=lambda: array("q", [-1]))
     since_mark: int = 0
+    sealed: bool = False
+    last_batch: tuple[int, int] = (-1, 0)  # (position, CRC) of the last batch measured
+
+    def page_bounds(self, mark: int) -> tuple[int, int]:
+        """The file positions of the batches between mark `mark` and the next."""
+        end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to
+        return self.marks_file[mark], end
+
+
+class LayoutStore:
+    """Measured layouts of segments, kept on disk between mounts (derived data: deleting the
+    directory only costs a measure).
+
+    One directory per partition and format (named by a hash of the partition dir's real path and
+    the format), one file per segment, `<base offset>.layout`, little-endian:
+
+        magic "SLVL" · version u32 · log file inode u64 · base offset u64 · mark_bytes u64
+        · measured to (file position) u64 · rendered size u64 · last batch position i64 · its
+        CRC u32 · marks u32 · marks_view, marks_file, marks_offset (i64 each) · CRC-32 of
+        everything before, u32
+
+    A layout is used only for the same file (inode) still holding, at the same position, the
+    batch it was measured up to (same CRC): a segment rewritten by compaction, or truncated by
+    recovery, is measured again. A segment that grew since (the active one) is measured from
+    where its layout ends. Files are written to a temporary name and renamed, so a crash leaves
+    either the old file or the new. Thread-safe."""
+
+    _HEADER = struct.Struct("<4sIQQQQQqII")
+    _MAGIC = b"SLVL"
+    _VERSION = 2
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def directory(self, log: PartitionLog, format_key: str) -> Path:
+        name = f"{os.path.realpath(log.directory)}\0{format_key}".encode("utf-8", "surrogateescape")
+        return self.root / f"{log.topic}-{log.partition}.{hashlib.sha256(name).hexdigest()[:24]}"
+
+    @staticmethod
+    def _inode(segment: LogSegment) -> int | None:
+        try:
+            return os.stat(segment.log_path).st_ino
+        except OSError:
+            return None
+
+    @staticmethod
+    def _path(directory: Path, segment: LogSegment) -> Path:
+        return directory / f"{segment.base_offset:020d}.layout"
+
+    def load(self, directory: Path, segment: LogSegment, mark_bytes: int) -> _SegmentLayout | None:
+        """The stored layout of a segment, or None (none stored, or stale, or damaged). Sealed
+        when the file ends where the layout does; the caller decides whether it may grow."""
+        path = self._path(directory, segment)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        head = self._HEADER.size
+        if len(data) < head + 4 or zlib.crc32(data[:-4]) != int.from_bytes(data[-4:], "little"):
+            return None
+        magic, version, inode, base_offset, marks_every, scanned_to, rendered, last_position, last_crc, count = (
+            self._HEADER.unpack_from(data)
+        )
+        if (
+            (magic, version) != (self._MAGIC, self._VERSION)
+            or base_offset != segment.base_offset
+            or marks_every != mark_bytes
+            or len(data) != head + 24 * count + 4
+            or inode != self._inode(segment)
+            or segment.refresh_size() < scanned_to
+        ):
+            return None
+        if last_position >= 0 and not self._holds_batch(segment, last_position, last_crc, scanned_to):
+            return None
+        arrays = []
+        for i in range(3):
+            column = array("q")
+            column.frombytes(data[head + 8 * count * i : head + 8 * count * (i + 1)])
+            arrays.append(column)
+        return _SegmentLayout(
+            segment,
+            scanned_to,
+            rendered,
+            arrays[0],
+            arrays[1],
+            arrays[2],
+            since_mark=rendered - arrays[0][-1],
+            sealed=segment.size == scanned_to,
+            last_batch=(last_position, last_crc),
+        )
+
+    @staticmethod
+    def _holds_batch(segment: LogSegment, position: int, crc: int, next_position: int) -> bool:
+        """Whether the segment file has a batch with this CRC at `position`, ending at
+        `next_position` (read through a descriptor of its own: the segment's stays unopened)."""
+        try:
+            fd = os.open(segment.log_path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
+            finally:
+                os.close(fd)
+            header = BatchHeader.parse(memoryview(data), 0, position)
+        except (OSError, ValueError, struct.error):
+            return False
+        return header.crc == crc and header.next_position == next_position
+
+    def save(self, directory: Path, layout: _SegmentLayout, mark_bytes: int) -> None:
+        """Keep a segment's layout; a failure is logged and otherwise ignored."""
+        segment = layout.segment
+        inode = self._inode(segment)
+        if inode is None:
+            return
+        count = len(layout.marks_view)
+        data = bytearray(
+            self._HEADER.pack(
+                self._MAGIC,
+                self._VERSION,
+                inode,
+                segment.base_offset,
+                mark_bytes,
+                layout.scanned_to,
+                layout.size,
+                *layout.last_batch,
+                count,
+            )
+        )
+        for column in (layout.marks_view, layout.marks_file, layout.marks_offset):
+            data += column.tobytes()
+        data += zlib.crc32(data).to_bytes(4, "little")
+        path = self._path(directory, segment)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            temporary.write_bytes(data)
+            os.replace(temporary, path)
+        except OSError as error:
+            logger.warning("cannot keep the view layout of %s in %s: %s", segment.log_path, directory, error)
+            temporary.unlink(missing_ok=True)
+
+    def discard(self, directory: Path, segment: LogSegment) -> None:
+        """Forget a segment that left the log (removed by retention, replaced by compaction)."""
+        self._path(directory, segment).unlink(missing_ok=True)
+
+
+Page = list[tuple[BatchHeader, bytes]]
+
+
+class _PageCache:
+    """Recently rendered pages of every layout, bounded in bytes: an open, a stat and the reads of
+    one place share them. Keys hold the layout and segment objects themselves (not their ids,
+    which a later object may reuse). Thread-safe."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._pages: OrderedDict[tuple[object, ...], tuple[Page, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._rendering: dict[tuple[object, ...], threading.Event] = {}
+
+    def get(self, key: tuple[object, ...]) -> Page | None:
+        with self._lock:
+            entry = self._pages.get(key)
+            if entry is None:
+                return None
+            self._pages.move_to_end(key)
+            return entry[0]
+
+    def render_once(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page:
+        """The page under `key`, rendered by `render` unless it is cached or another thread is
+        rendering it already (then that thread's result: a read and a read-ahead of the same
+        page render it once)."""
+        with self._lock:
+            waiting = self._rendering.get(key)
+            if waiting is None:
+                self._rendering[key] = done = threading.Event()
+        if waiting is not None:
+            waiting.wait()
+            page = self.get(key)
+            return page if page is not None else render()  # its rendering failed: try ourselves
+        try:
+            page = render()
+            self.put(key, page)
+            return page
+        finally:
+            with self._lock:
+                del self._rendering[key]
+            done.set()
+
+    def put(self, key: tuple[object, ...], page: Page) -> None:
+        weight = sum(len(rendered) for _, rendered in page) + 100 * len(page)
+        with self._lock:
+            if key in self._pages:
+                return
+            self._pages[key] = (page, weight)
+            self._bytes += weight
+            while self._bytes > self.capacity_bytes and len(self._pages) > 1:
+                _, (_, dropped) = self._pages.popitem(last=False)
+                self._bytes -= dropped
+
+
+_PAGES = _PageCache(_PAGE_CACHE_BYTES)
 
 
 class Layout:
     """The rendering of one partition in one format. Thread-safe."""
 
-    def __init__(self, log: PartitionLog, render: Render, mark_bytes: int = MARK_BYTES) -> None:
+    def __init__(
+        self,
+        log: PartitionLog,
+        renderer: Renderer,
+        mark_bytes: int = MARK_BYTES,
+        *,
+        store: LayoutStore | None = None,
+        format_key: str = "",
+    ) -> None:
         self.log = log
-        self.render = render
+        self.renderer = renderer
         self._mark_bytes = mark_bytes
+        self._store = store
+        self._store_directory = store.directory(log, format_key) if store is not None else None
         self._lock = threading.Lock()
-        self._layouts: dict[int, _SegmentLayout] = {}  # id(segment) → layout
         self._order: list[_SegmentLayout] = []
         self._starts: list[int] = []  # layout position where each segment's rendering begins
         self._bases: list[int] = []
-        self._rendered: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
-        self._rendered_lock = threading.Lock()
-
-    def _render(self, segment: LogSegment, header: BatchHeader, batch: memoryview, min_offset: int) -> bytes:
-        """`render`, remembering the last few batches rendered."""
-        key = (id(segment), header.position, min_offset if min_offset > header.base_offset else 0)
-        with self._rendered_lock:
-            cached = self._rendered.get(key)
-            if cached is not None:
-                self._rendered.move_to_end(key)
-                return cached
-        rendered = self.render(header, batch, key[2])
-        with self._rendered_lock:
-            self._rendered[key] = rendered
-            while len(self._rendered) > _RENDERED_CACHE:
-                self._rendered.popitem(last=False)
-        return rendered
+        self.generation = 0  # changes when a segment joins or leaves: positions may move
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
-        """Bring the layout up to date with the log; (segments, their start positions, bases)."""
+        """Bring the layout up to date with the log; (segments, their start positions, bases).
+        Sealed segments cost nothing: only the last segment is looked at again."""
         with self._lock:
-            layouts = []
-            for segment in self.log.segments:
-                layout = self._layouts.get(id(segment))
-                if layout is None or layout.segment is not segment:
-                    layout = _SegmentLayout(segment)
-                self._extend(layout)
-                layouts.append(layout)
-            self._layouts = {id(layout.segment): layout for layout in layouts}
-            starts, total = [], 0
-            for layout in layouts:
-                starts.append(total)
-                total += layout.size
-            self._order, self._starts = layouts, starts
-            self._bases = [layout.segment.base_offset for layout in layouts]
+            segments = self.log.segments
+            order = self._order
+            unchanged = len(segments) == len(order) and all(
+                a is b.segment for a, b in zip(segments, order, strict=True)
+            )
+            if not unchanged:
+                order = self._relayout(segments)
+            changed = not unchanged
+            for layout in order[-2:]:  # the last segment grows; the one before may have just been sealed
+                if not layout.sealed:
+                    before = layout.size
+                    self._extend(layout, last=layout is order[-1])
+                    changed = changed or layout.size != before
+            if changed:
+                starts, total = [], 0
+                for layout in order:
+                    starts.append(total)
+                    total += layout.size
+                self._order, self._starts = order, starts
+                self._bases = [layout.segment.base_offset for layout in order]
             return self._order, self._starts, self._bases
 
-    def _extend(self, layout: _SegmentLayout) -> None:
-        """Render what the segment gained since the last look (all of it, the first time)."""
+    def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
+        """Layouts for a changed segment list: kept, loaded from the store, or measured."""
+        known = {id(layout.segment): layout for layout in self._order}
+        order = []
+        for i, segment in enumerate(segments):
+            layout = known.pop(id(segment), None)
+            if layout is None or layout.segment is not segment:
+                layout = None
+                if self._store is not None and self._store_directory is not None:
+                    layout = self._store.load(self._store_directory, segment, self._mark_bytes)
+                layout = layout or _SegmentLayout(segment)
+                if i == len(segments) - 1:
+                    layout.sealed = False  # the last segment may grow
+            if not layout.sealed and i < len(segments) - 1:
+                self._extend(layout, last=False)
+            order.append(layout)
+        if self._store is not None and self._store_directory is not None:
+            for gone in known.values():
+                if gone.segment.base_offset not in {s.base_offset for s in segments}:
+                    self._store.discard(self._store_directory, gone.segment)
+        self.generation += 1
+        return order
+
+    def _extend(self, layout: _SegmentLayout, *, last: bool) -> None:
+        """Render what the segment gained since the last look (all of it, the first time); a
+        segment that is not the last one is then sealed and kept in the store."""
         segment = layout.segment
         end = segment.size if segment.writable else segment.refresh_size()
-        if end <= layout.scanned_to:
-            return
-        for header, batch in segment.checked_batches(layout.scanned_to, end):
-            if layout.since_mark >= self._mark_bytes:
-                layout.marks_view.append(layout.size)
-                layout.marks_file.append(header.position)
-                layout.marks_offset.append(header.base_offset)
-                layout.since_mark = 0
-            rendered = len(self.render(header, batch, 0))
-            layout.size += rendered
-            layout.since_mark += rendered
-            layout.scanned_to = header.next_position
+        if end > layout.scanned_to:
+            for header, batch in segment.checked_batches(layout.scanned_to, end):
+                if layout.since_mark >= self._mark_bytes:
+                    layout.marks_view.append(layout.size)
+                    layout.marks_file.append(header.position)
+                    layout.marks_offset.append(header.base_offset)
+                    layout.since_mark = 0
+                rendered = self.renderer.measure(header, batch)
+                layout.size += rendered
+                layout.since_mark += rendered
+                layout.scanned_to = header.next_position
+                layout.last_batch = (header.position, header.crc)
+        if not last and layout.scanned_to == end:
+            layout.sealed = True
+            if self._store is not None and self._store_directory is not None:
+                self._store.save(self._store_directory, layout, self._mark_bytes)
+
+    def keep(self) -> None:
+        """Store the layout of the last segment as measured so far (at unmount): the next mount
+        measures only what was appended after. Sealed segments were stored when sealed."""
+        with self._lock:
+            if self._store is not None and self._store_directory is not None and self._order:
+                last = self._order[-1]
+                if not last.sealed:
+                    self._store.save(self._store_directory, last, self._mark_bytes)
+
+    @overload
+    def _page(self, layout: _SegmentLayout, mark: int, *, cached_only: Literal[False] = False) -> Page: ...
+
+    @overload
+    def _page(self, layout: _SegmentLayout, mark: int, *, cached_only: bool) -> Page | None: ...
+
+    def _page(self, layout: _SegmentLayout, mark: int, *, cached_only: bool = False) -> Page | None:
+        """The batches between mark `mark` and the next, each with its rendering (None when
+        `cached_only` and it is not in the cache)."""
+        segment = layout.segment
+        start, end = layout.page_bounds(mark)
+        key = (self, segment, start, end)
+        page = _PAGES.get(key)
+        if page is None and not cached_only:
+            page = _PAGES.render_once(key, lambda: self._render_page(segment, start, end))
+        return page
+
+    def _render_page(self, segment: LogSegment, start: int, end: int) -> Page:
+        render = self.renderer.render
+        return [(header, render(header, batch)) for header, batch in segment.checked_batches(start, end)]
 
     def position(self, offset: int) -> tuple[int, int]:
         """(layout position of the first record with offset ≥ `offset`, total size)."""
@@ -149,59 +418,128 @@ class Layout:
         layout = order[slot]
         mark = max(bisect.bisect_right(layout.marks_offset, offset) - 1, 0)
         at = starts[slot] + layout.marks_view[mark]
-        segment = layout.segment
-        for header, batch in segment.checked_batches(layout.marks_file[mark], layout.scanned_to):
+        # The first batch reaching `offset` is in this page, or it is the next page's first.
+        for header, rendered in self._page(layout, mark):
             if header.last_offset < offset:
-                at += len(self._render(segment, header, batch, 0))
+                at += len(rendered)
                 continue
             if header.base_offset < offset:
-                whole = len(self._render(segment, header, batch, 0))
-                at += whole - len(self._render(segment, header, batch, offset))
+                batch = memoryview(layout.segment.pread(header.position, header.size_in_bytes))
+                at += len(rendered) - len(self.renderer.render(header, batch, offset))
             return at, total
-        return starts[slot] + layout.size, total
+        return at, total
 
     def read(self, position: int, length: int) -> bytes:
         """Up to `length` layout bytes from `position`."""
+        return b"".join(chunk for chunk in self._chunks(position, length, cached_only=False) if chunk is not None)
+
+    def known_size(self) -> int:
+        """The total size as last measured (no look at the log)."""
         with self._lock:
-            order, starts = list(self._order), list(self._starts)
+            order, starts = self._order, self._starts
+        return starts[-1] + order[-1].size if order else 0
+
+    def read_cached(self, position: int, length: int) -> bytes | None:
+        """`length` layout bytes from `position` when all of them are measured and rendered
+        already (no I/O, no rendering: cheap enough for the event loop), else None."""
+        with self._lock:
+            order, starts = self._order, self._starts
+        if not order or position + length > starts[-1] + order[-1].size:
+            return None
         out = bytearray()
+        for chunk in self._chunks(position, length, cached_only=True):
+            if chunk is None:
+                return None
+            out += chunk
+        return bytes(out)
+
+    def _chunks(self, position: int, length: int, *, cached_only: bool) -> Iterator[bytes | None]:
+        """The pieces of the layout bytes [position, position + length); with `cached_only`, None
+        (and the end) at the first page not rendered yet."""
+        with self._lock:
+            order, starts = self._order, self._starts
+        wanted = length
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
-        while slot < len(order) and len(out) < length:
+        while slot < len(order) and wanted > 0:
             layout = order[slot]
-            local = position + len(out) - starts[slot]
+            local = position + length - wanted - starts[slot]
             if 0 <= local < layout.size:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
-                for header, batch in layout.segment.checked_batches(layout.marks_file[mark], layout.scanned_to):
-                    chunk = self._render(layout.segment, header, batch, 0)
-                    if at + len(chunk) > local:
-                        begin = max(local - at, 0)
-                        out += chunk[begin : begin + length - len(out)]
-                        if len(out) >= length:
-                            break
-                    at += len(chunk)
+                while mark < len(layout.marks_view) and wanted > 0:
+                    page = self._page(layout, mark, cached_only=cached_only)
+                    if page is None:
+                        yield None
+                        return
+                    for _, chunk in page:
+                        if at + len(chunk) > local:
+                            begin = max(local - at, 0)
+                            piece = chunk[begin : begin + wanted]
+                            wanted -= len(piece)
+                            yield piece
+                            if wanted <= 0:
+                                break
+                        at += len(chunk)
+                    mark += 1
             slot += 1
-        return bytes(out)
 
 
 class View:
-    """A partition from `start_offset` on, as a file: `size()` and `read()`."""
+    """A partition from `start_offset` on, as a file: `size()` and `read()`. Thread-safe."""
 
     def __init__(self, layout: Layout, start_offset: int) -> None:
         self.layout = layout
         self.start_offset = start_offset
+        self._begin: tuple[int, int] = (-1, 0)  # (layout generation, position of start_offset)
+        self.read_end = -1  # where the last read ended: a read from there is sequential
+
+    def _extent(self) -> tuple[int, int]:
+        """(where the view begins in the layout, the layout's total size). Where the view begins
+        moves only when segments join or leave the layout, so it is found once per generation;
+        except while the start offset is beyond the log end (records below it may still come)."""
+        generation, begin = self._begin
+        order, starts, _ = self.layout.snapshot()
+        total = starts[-1] + order[-1].size if order else 0
+        if generation != self.layout.generation or begin > total:
+            generation = self.layout.generation
+            log_end_offset = self.layout.log.log_end_offset
+            begin, total = self.layout.position(self.start_offset)
+            self._begin = (generation if self.start_offset <= log_end_offset else -1, begin)
+        return begin, total
 
     def size(self) -> int:
-        begin, total = self.layout.position(self.start_offset)
+        begin, total = self._extent()
         return total - begin
 
     def read(self, position: int, length: int) -> bytes:
-        begin, total = self.layout.position(self.start_offset)
+        begin, total = self._extent()
         if position >= total - begin:
             return b""
         return self.layout.read(begin + position, min(length, total - begin - position))
 
+    def read_cached(self, position: int, length: int) -> bytes | None:
+        """`read`, when it needs no I/O and no rendering (else None): for the event loop."""
+        generation, begin = self._begin
+        if generation != self.layout.generation:
+            return None
+        return self.layout.read_cached(begin + position, length)
 
-def make_view(log: PartitionLog, start_offset: int, render: Render, mark_bytes: int = MARK_BYTES) -> View:
+    def wants_read_ahead(self, position: int) -> bool:
+        """Whether the page at `position` is measured but not rendered yet: worth rendering
+        before a sequential reader gets there."""
+        generation, begin = self._begin
+        if generation != self.layout.generation:
+            return False
+        return self.layout.known_size() > begin + position and self.read_cached(position, 1) is None
+
+    def read_ahead(self, position: int, length: int) -> None:
+        """Render the pages of [position, position + length) into the cache."""
+        generation, begin = self._begin
+        if generation == self.layout.generation:
+            for _ in self.layout._chunks(begin + position, length, cached_only=False):
+                pass
+
+
+def make_view(log: PartitionLog, start_offset: int, renderer: Renderer, mark_bytes: int = MARK_BYTES) -> View:
     """A view with a layout of its own (tests, one-off use)."""
-    return View(Layout(log, render, mark_bytes), start_offset)
+    return View(Layout(log, renderer, mark_bytes), start_offset)

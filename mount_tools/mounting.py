@@ -66,17 +66,22 @@ _IGNORED = {
 
 def parse_mount_options(
     items: list[str] | None,
-) -> tuple[dict[str, str], dict[str, str], list[str], set[str]]:
-    """`-o` values → (view properties, append properties, Kafka overrides, FUSE flags)."""
+) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
+    """`-o` values → (view properties, append properties, Kafka overrides, mount settings: the
+    FUSE flags `ro`, `allow_other`, `default_permissions` and `view.cache`)."""
     view: dict[str, str] = {}
     append: dict[str, str] = {}
     overrides: list[str] = []
-    flags: set[str] = set()
+    flags: dict[str, str] = {}
     for item in items or ():
         for option in filter(None, item.split(",")):
             key, sep, value = option.partition("=")
             if key in ("ro", "allow_other", "default_permissions") and not sep:
-                flags.add(key)
+                flags[key] = "true"
+            elif key == "view.cache":
+                if not value:
+                    raise ConfigError(f"-o {option}: give a directory, or none")
+                flags[key] = value
             elif key in _IGNORED or key.startswith("x-"):
                 continue
             elif key in _VIEW_OPTIONS or key in _APPEND_OPTIONS:
@@ -93,6 +98,17 @@ def parse_mount_options(
     return view, append, overrides, flags
 
 
+def view_cache_directory(option: str | None) -> Path | None:
+    """Where measured view layouts are kept between mounts: `-o view.cache=DIR`, `none` for
+    nowhere; by default /var/cache/seglogfs for root, else $XDG_CACHE_HOME/seglogfs."""
+    if option is not None:
+        return None if option == "none" else Path(option).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/cache/seglogfs")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "seglogfs"
+
+
 def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
     from fs.filesystem import MountOptions  # noqa: PLC0415 (pyfuse3 only for the mount)
     from fs.mount import serve  # noqa: PLC0415
@@ -102,6 +118,7 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
         text_format=TextFormat.from_properties(view),
         line_format=LineFormat.from_properties(append),
         read_only="ro" in flags,
+        view_cache=view_cache_directory(flags.get("view.cache")),
     )
     mountpoint = Path(args.mountpoint)
     if not mountpoint.is_dir():

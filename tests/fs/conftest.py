@@ -67,7 +67,8 @@ class Mount:
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
     """`mount(data_dir, *options)` mounts (the data dir is created if need be) and returns the
-    Mount; every mount made is unmounted after the test."""
+    Mount; every mount made is unmounted after the test. Layouts are kept in the test's own
+    directory unless the options say where (`view.cache=`)."""
     made: list[Mount] = []
 
     def make(data: Path | None = None, *options: str) -> Mount:
@@ -75,6 +76,8 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
         data.mkdir(parents=True, exist_ok=True)
         mountpoint = tmp_path / f"mnt{len(made)}"
         mountpoint.mkdir()
+        if not any("view.cache=" in option for option in options):
+            options = (*options, "-o", f"view.cache={tmp_path / 'view-cache'}")
         made.append(Mount(data, mountpoint, list(options)))
         return made[-1]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine import BrokerConfig, PartitionLog
 from engine.config import apply_topic_overrides
 from engine.console import TextFormat, record_to_json
-from fs.views import Layout, View, jsonl_renderer, text_renderer
+from fs.views import Layout, LayoutStore, View, jsonl_renderer, text_renderer
 from tests.conftest import NOW_MS
 
 
@@ -62,4 +62,88 @@ def test_view_bytes_equal_a_full_rendering(tmp_path_factory, batches, start, mar
             position = rng.randrange(len(expected) + 5)
             length = rng.randrange(1, 3000)
             assert view.read(position, length) == expected[position : position + length]
+    log.close()
+
+
+class CountingRenderer:
+    """A renderer that counts the batches it measures."""
+
+    def __init__(self, renderer) -> None:
+        self.renderer = renderer
+        self.measured = 0
+
+    def render(self, header, batch, min_offset=0):
+        return self.renderer.render(header, batch, min_offset)
+
+    def measure(self, header, batch):
+        self.measured += 1
+        return self.renderer.measure(header, batch)
+
+
+def fill(log: PartitionLog, batches: int, tag: bytes = b"v") -> None:
+    for i in range(batches):
+        log.append_records([tag + b"-%d-%d" % (i, j) for j in range(5)], keys=[b"k"] * 5, now_ms=NOW_MS)
+
+
+def test_layouts_kept_in_the_store_are_not_measured_again(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    fill(log, 40)
+    assert len(log.segments) >= 3
+    store = LayoutStore(tmp_path / "cache")
+    text_format = TextFormat(print_offset=True)
+    first = CountingRenderer(text_renderer(text_format, 0))
+    layout = Layout(log, first, mark_bytes=64, store=store, format_key="text")
+    assert View(layout, 0).size() == len(expected_text(log, 0, text_format))
+    assert first.measured == 40
+    layout.keep()  # the active segment too, as at unmount
+
+    again = CountingRenderer(text_renderer(text_format, 0))
+    view = View(Layout(log, again, mark_bytes=64, store=store, format_key="text"), 0)
+    expected = expected_text(log, 0, text_format)
+    assert view.size() == len(expected)
+    assert view.read(0, len(expected)) == expected
+    assert again.measured == 0
+
+    fill(log, 3, b"more")  # the active segment grew: only the new batches are measured
+    later = CountingRenderer(text_renderer(text_format, 0))
+    view = View(Layout(log, later, mark_bytes=64, store=store, format_key="text"), 17)
+    expected = expected_text(log, 17, text_format)
+    assert view.read(0, len(expected) + 5) == expected
+    assert later.measured == 3
+    # Another format has layouts of its own.
+    other = CountingRenderer(jsonl_renderer("t", 0))
+    assert View(Layout(log, other, store=store, format_key="jsonl"), 0).size() == len(expected_jsonl(log, 0))
+    assert other.measured == 43
+    log.close()
+
+
+def test_stale_or_damaged_layouts_are_measured_afresh(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    fill(log, 40)
+    assert len(log.segments) >= 3
+    store = LayoutStore(tmp_path / "cache")
+    text_format = TextFormat()
+    layout = Layout(log, text_renderer(text_format, 0), mark_bytes=64, store=store, format_key="text")
+    View(layout, 0).size()
+    layout.keep()
+    # The active segment loses its tail (as recovery truncates) and gets other records of the
+    # same size in its place: its stored layout no longer fits.
+    before = log.segments[-1].size
+    cut = log.log_end_offset - 5  # the last batch
+    log.truncate_to(cut, NOW_MS)
+    log.append_records([b"X-%d-%d" % (cut // 5, j) for j in range(5)], keys=[b"k"] * 5, now_ms=NOW_MS)
+    # A sealed segment's layout file is damaged.
+    directory = store.directory(log, "text")
+    damaged = directory / f"{log.segments[0].base_offset:020d}.layout"
+    data = bytearray(damaged.read_bytes())
+    data[40] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    assert log.segments[-1].size == before  # the same size: only the last batch's CRC tells
+    counting = CountingRenderer(text_renderer(text_format, 0))
+    view = View(Layout(log, counting, mark_bytes=64, store=store, format_key="text"), 0)
+    expected = expected_text(log, 0, text_format)
+    assert view.size() == len(expected)
+    assert view.read(0, len(expected)) == expected
+    last_batches = sum(1 for _ in log.segments[-1].checked_batches())
+    assert counting.measured == sum(1 for _ in log.segments[0].checked_batches()) + last_batches
     log.close()
