@@ -278,6 +278,24 @@ def record_from_json(line: bytes | str, where: str) -> JsonRecord:
 # headers (when they are shown) are decoded record by record: the result is the same bytes.
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedBatch:
+    """A batch's rendering with where each record's part ends in it (`ends[i]`, cumulative), so
+    that the part from any offset on is known without rendering again."""
+
+    data: bytes
+    offsets: np.ndarray
+    ends: np.ndarray
+
+    def bytes_from(self, offset: int) -> int:
+        """How many of the bytes belong to records with offsets ≥ `offset`."""
+        first = int(np.searchsorted(self.offsets, offset))
+        return len(self.data) - (int(self.ends[first - 1]) if first else 0)
+
+
+_NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
 class TextRenderer:
     """Batches as kafka-console-consumer prints them (`TextFormat`) for one partition."""
 
@@ -311,44 +329,64 @@ class TextRenderer:
             return b"".join(self.lines(header, batch, min_offset))
         columns = record_columns(header, batch)
         first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        if first >= len(columns):
-            return b""
-        fields = self._fields(header, columns, first)
-        end = fmt.line_separator
-        if len(fields) == 1:  # the usual case: values only
-            return end.join(fields[0]) + end
-        return b"".join(self.lines(header, batch, min_offset))
+        return self._render_columns(header, columns, first)
+
+    def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
+        """`render` of the whole batch, with where each record's line ends."""
+        fmt = self.text_format
+        if header.is_control:
+            return _NO_RECORDS
+        if fmt.print_headers:
+            records = decode_records(header, batch)
+            lines = [fmt.render(r, self.partition) for r in records]
+            return RenderedBatch(b"".join(lines), np.array([r.offset for r in records], np.int64), _ends(lines))
+        columns = record_columns(header, batch)
+        return RenderedBatch(
+            self._render_columns(header, columns, 0), columns.offsets, np.cumsum(self._sizes(header, columns))
+        )
 
     def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
         """`len(render(header, batch))`, computed from the record columns without rendering
         (except when headers are shown)."""
-        fmt = self.text_format
-        if header.is_control or fmt.print_headers:
+        if header.is_control or self.text_format.print_headers:
             return len(self.render(header, batch))
-        columns = record_columns(header, batch)
+        return int(self._sizes(header, record_columns(header, batch)).sum())
+
+    def _render_columns(self, header: BatchHeader, columns: RecordColumns, first: int) -> bytes:
+        if first >= len(columns):
+            return b""
+        fields = self._fields(header, columns, first)
+        end = self.text_format.line_separator
+        if len(fields) == 1:  # the usual case: values only
+            return end.join(fields[0]) + end
+        if not fields:
+            return end * (len(columns) - first)
+        separator = self.text_format.key_separator
+        return b"".join([separator.join(parts) + end for parts in zip(*fields, strict=True)])
+
+    def _sizes(self, header: BatchHeader, columns: RecordColumns) -> np.ndarray:
+        """The length of each record's line, from the columns alone."""
+        fmt = self.text_format
         count = len(columns)
-        if count == 0:
-            return 0
         null = len(fmt.null_literal)
         fields = 0
-        total = count * len(fmt.line_separator)
+        sizes = np.full(count, len(fmt.line_separator), np.int64)
         if fmt.print_timestamp:
             fields += 1
-            name = len(header.timestamp_type.display_name) + 1
-            total += count * name + int(_decimal_widths(columns.consumer_timestamps()).sum())
+            sizes += len(header.timestamp_type.display_name) + 1 + _decimal_widths(columns.consumer_timestamps())
         if fmt.print_partition:
             fields += 1
-            total += count * len(b"Partition:%d" % self.partition)
+            sizes += len(b"Partition:%d" % self.partition)
         if fmt.print_offset:
             fields += 1
-            total += count * len("Offset:") + int(_decimal_widths(columns.offsets).sum())
+            sizes += len("Offset:") + _decimal_widths(columns.offsets)
         for shown, lengths in ((fmt.print_key, columns.key_lengths), (fmt.print_value, columns.value_lengths)):
             if shown:
                 fields += 1
-                total += int(np.where(lengths < 0, null, lengths).sum())
+                sizes += np.where(lengths < 0, null, lengths)
         if fields > 1:
-            total += count * (fields - 1) * len(fmt.key_separator)
-        return total
+            sizes += (fields - 1) * len(fmt.key_separator)
+        return sizes
 
     def _fields(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[list[bytes]]:
         fmt = self.text_format
@@ -379,35 +417,55 @@ class JsonLinesRenderer:
     def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[str]:
         """The JSON object (no newline) of each of the batch's records with offsets ≥
         `min_offset`; none for a control batch. Raises ValueError when malformed."""
+        return self._lines(header, batch, min_offset)[0]
+
+    def _lines(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int
+    ) -> tuple[list[str], np.ndarray]:
+        """`lines`, and their records' offsets."""
         if header.is_control:
-            return []
+            return [], _NO_RECORDS.offsets
         columns = record_columns(header, batch)
         if bool(columns.header_counts.any()):
-            records = decode_records(header, batch)
-            return [record_to_json(r, self.topic, self.partition) for r in records if r.offset >= min_offset]
+            records = [r for r in decode_records(header, batch) if r.offset >= min_offset]
+            offsets = np.array([r.offset for r in records], np.int64)
+            return [record_to_json(r, self.topic, self.partition) for r in records], offsets
         first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
         prefix = self._prefix
         kind = header.timestamp_type.display_name
-        return [
+        offsets = columns.offsets[first:]
+        lines = [
             f'{prefix}{offset},"timestamp":{timestamp},"timestampType":"{kind}",'
             f'"key":{_bytes_json_text(key)},"value":{_bytes_json_text(value)},"headers":[]}}'
             for offset, timestamp, key, value in zip(
-                columns.offsets[first:].tolist(),
+                offsets.tolist(),
                 columns.consumer_timestamps()[first:].tolist(),
                 columns.keys()[first:],
                 columns.values()[first:],
                 strict=True,
             )
         ]
+        return lines, offsets
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` as UTF-8, each ended by a newline."""
         lines = self.lines(header, batch, min_offset)
         return ("\n".join(lines) + "\n").encode() if lines else b""
 
+    def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
+        """`render` of the whole batch, with where each record's line ends."""
+        lines, offsets = self._lines(header, batch, 0)
+        encoded = [line.encode() + b"\n" for line in lines]
+        return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
+
     def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
         """`len(render(header, batch))`."""
         return len(self.render(header, batch))
+
+
+def _ends(pieces: list[bytes]) -> np.ndarray:
+    """Where each piece ends when they are joined."""
+    return np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)))
 
 
 _POWERS_OF_TEN = np.array([10**k for k in range(1, 19)], np.int64)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, overload
 
-from engine.console import JsonLinesRenderer, TextFormat, TextRenderer
+from engine.console import JsonLinesRenderer, RenderedBatch, TextFormat, TextRenderer
 from engine.log import PartitionLog
 from engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from engine.segment import LogSegment
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 class Renderer(Protocol):
     """How a batch's records look in a view (engine.console's TextRenderer, JsonLinesRenderer)."""
 
-    def render(self, header: BatchHeader, batch: memoryview, min_offset: int = 0) -> bytes: ...
+    def render_indexed(self, header: BatchHeader, batch: memoryview) -> RenderedBatch: ...
 
     def measure(self, header: BatchHeader, batch: memoryview) -> int: ...
 
@@ -225,7 +225,7 @@ class LayoutStore:
         self._path(directory, segment).unlink(missing_ok=True)
 
 
-Page = list[tuple[BatchHeader, bytes]]
+Page = list[tuple[BatchHeader, RenderedBatch]]
 
 
 class _PageCache:
@@ -270,7 +270,7 @@ class _PageCache:
             done.set()
 
     def put(self, key: tuple[object, ...], page: Page) -> None:
-        weight = sum(len(rendered) for _, rendered in page) + 100 * len(page)
+        weight = sum(len(rendered.data) + 16 * len(rendered.offsets) for _, rendered in page) + 200 * len(page)
         with self._lock:
             if key in self._pages:
                 return
@@ -405,7 +405,7 @@ class Layout:
         return page
 
     def _render_page(self, segment: LogSegment, start: int, end: int) -> Page:
-        render = self.renderer.render
+        render = self.renderer.render_indexed
         return [(header, render(header, batch)) for header, batch in segment.checked_batches(start, end)]
 
     def position(self, offset: int) -> tuple[int, int]:
@@ -421,11 +421,10 @@ class Layout:
         # The first batch reaching `offset` is in this page, or it is the next page's first.
         for header, rendered in self._page(layout, mark):
             if header.last_offset < offset:
-                at += len(rendered)
+                at += len(rendered.data)
                 continue
             if header.base_offset < offset:
-                batch = memoryview(layout.segment.pread(header.position, header.size_in_bytes))
-                at += len(rendered) - len(self.renderer.render(header, batch, offset))
+                at += len(rendered.data) - rendered.bytes_from(offset)
             return at, total
         return at, total
 
@@ -471,7 +470,8 @@ class Layout:
                     if page is None:
                         yield None
                         return
-                    for _, chunk in page:
+                    for _, rendered in page:
+                        chunk = rendered.data
                         if at + len(chunk) > local:
                             begin = max(local - at, 0)
                             piece = chunk[begin : begin + wanted]

@@ -74,6 +74,9 @@ def test_batch_rendering_equals_record_rendering(
     assert text.lines(header, batch, min_offset) == expected_lines
     assert text.render(header, batch, min_offset) == b"".join(expected_lines)
     assert text.measure(header, batch) == sum(len(text_format.render(r, 7)) for r in decoded)
+    indexed = text.render_indexed(header, batch)
+    assert indexed.data == text.render(header, batch)
+    assert indexed.bytes_from(min_offset) == len(b"".join(expected_lines))
 
     jsonl = JsonLinesRenderer("t.1", 7)
     expected_json = [record_to_json(r, "t.1", 7) for r in chosen]
@@ -81,6 +84,9 @@ def test_batch_rendering_equals_record_rendering(
     rendered = jsonl.render(header, batch, min_offset)
     assert rendered == "".join(line + "\n" for line in expected_json).encode()
     assert jsonl.measure(header, batch) == len(jsonl.render(header, batch))
+    indexed = jsonl.render_indexed(header, batch)
+    assert indexed.data == jsonl.render(header, batch)
+    assert indexed.bytes_from(min_offset) == len(rendered)
     for line, record in zip(rendered.splitlines(), chosen, strict=True):
         assert json.loads(line)["offset"] == record.offset
 

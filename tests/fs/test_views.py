@@ -72,8 +72,8 @@ class CountingRenderer:
         self.renderer = renderer
         self.measured = 0
 
-    def render(self, header, batch, min_offset=0):
-        return self.renderer.render(header, batch, min_offset)
+    def render_indexed(self, header, batch):
+        return self.renderer.render_indexed(header, batch)
 
     def measure(self, header, batch):
         self.measured += 1
