@@ -304,6 +304,9 @@ class Layout:
         self._lock = threading.Lock()
         self._order: list[_SegmentLayout] = []
         self._starts: list[int] = []  # layout position where each segment's rendering begins
+        # Positions are kept across retention: the first segment left starts where it started,
+        # so an open view's bytes do not move under its reader when older segments go.
+        self._front = 0
         self._bases: list[int] = []
         self.generation = 0  # changes when a segment joins or leaves: positions may move
 
@@ -325,7 +328,7 @@ class Layout:
                     self._extend(layout, last=layout is order[-1])
                     changed = changed or layout.size != before
             if changed:
-                starts, total = [], 0
+                starts, total = [], self._front
                 for layout in order:
                     starts.append(total)
                     total += layout.size
@@ -336,6 +339,9 @@ class Layout:
     def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
         """Layouts for a changed segment list: kept, loaded from the store, or measured."""
         known = {id(layout.segment): layout for layout in self._order}
+        old_starts = {id(layout.segment): start for layout, start in zip(self._order, self._starts, strict=True)}
+        if segments and id(segments[0]) in known and known[id(segments[0])].segment is segments[0]:
+            self._front = old_starts[id(segments[0])]
         order = []
         for i, segment in enumerate(segments):
             layout = known.pop(id(segment), None)
@@ -429,7 +435,8 @@ class Layout:
         return at, total
 
     def read(self, position: int, length: int) -> bytes:
-        """Up to `length` layout bytes from `position`."""
+        """Up to `length` layout bytes from `position`; none from positions of segments that are
+        gone (removed by retention while a reader held a view)."""
         return b"".join(chunk for chunk in self._chunks(position, length, cached_only=False) if chunk is not None)
 
     def known_size(self) -> int:
@@ -496,11 +503,16 @@ class View:
     def _extent(self) -> tuple[int, int]:
         """(where the view begins in the layout, the layout's total size). Where the view begins
         moves only when segments join or leave the layout, so it is found once per generation;
-        except while the start offset is beyond the log end (records below it may still come)."""
+        except while the start offset is beyond the log end (records below it may still come).
+        A view whose first records were removed by retention keeps its place: its reader's
+        positions still hold the same bytes."""
         generation, begin = self._begin
-        order, starts, _ = self.layout.snapshot()
+        order, starts, bases = self.layout.snapshot()
         total = starts[-1] + order[-1].size if order else 0
         if generation != self.layout.generation or begin > total:
+            if generation >= 0 and bases and self.start_offset < bases[0] and begin <= total:
+                self._begin = (self.layout.generation, begin)
+                return begin, total
             generation = self.layout.generation
             log_end_offset = self.layout.log.log_end_offset
             begin, total = self.layout.position(self.start_offset)

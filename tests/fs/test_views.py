@@ -147,3 +147,33 @@ def test_stale_or_damaged_layouts_are_measured_afresh(tmp_path: Path) -> None:
     last_batches = sum(1 for _ in log.segments[-1].checked_batches())
     assert counting.measured == sum(1 for _ in log.segments[0].checked_batches()) + last_batches
     log.close()
+
+
+def test_an_open_view_keeps_its_bytes_when_retention_removes_older_segments(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", **{"retention.ms": "1000"})
+    for i in range(30):  # old records first, then recent ones
+        stamp = NOW_MS - 10_000 if i < 20 else NOW_MS
+        log.append_records([b"r-%d-%d" % (i, j) for j in range(5)], timestamps=stamp, now_ms=NOW_MS)
+    text_format = TextFormat(print_offset=True)
+    layout = Layout(log, text_renderer(text_format, 0), mark_bytes=64)
+    held = View(layout, 0)  # as `records` opened before retention runs
+    before = expected_text(log, 0, text_format)
+    assert held.read(0, len(before)) == before
+    assert log.delete_old_segments(NOW_MS).segments
+    start = log.log_start_offset
+    assert start > 0
+    kept = expected_text(log, start, text_format)
+    gone = len(before) - len(kept)
+    # The holder's positions still hold the same bytes; the removed part reads as nothing.
+    assert held.size() == len(before)
+    assert held.read(gone, len(kept)) == kept
+    assert held.read(gone + 7, 50) == before[gone + 7 : gone + 57]
+    assert held.read(0, 10) == b""
+    # Appends show up at the end for the holder and for a view opened now.
+    log.append_records([b"new"], now_ms=NOW_MS)
+    fresh = View(layout, log.log_start_offset)
+    expected = expected_text(log, start, text_format)
+    assert fresh.size() == len(expected)
+    assert fresh.read(0, len(expected)) == expected
+    assert held.read(gone, len(expected)) == expected
+    log.close()
