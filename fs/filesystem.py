@@ -68,7 +68,7 @@ T = TypeVar("T")
 
 # Attributes and entries stay valid until the filesystem says otherwise (invalidation).
 _TIMEOUT_S = 3600.0
-_IO_BLOCK_BYTES = 1 << 20  # st_blksize of append, view and mirror files
+_IO_BLOCK_BYTES = 1 << 20  # st_blksize of append and mirror files
 _READ_AHEAD_BYTES = 1 << 20  # rendered ahead of a sequential reader of a view
 _ERRNO: list[tuple[type[BaseException], int]] = [
     (ReadOnlyError, errno.EROFS),
@@ -310,10 +310,12 @@ class SeglogFS(pyfuse3.Operations):
         attr.entry_timeout = _TIMEOUT_S
         attr.attr_timeout = _TIMEOUT_S
         attr.st_uid, attr.st_gid = self._uid, self._gid
-        # The preferred I/O size tells cat, cp and grep how much to move at once: each write to
-        # an append file becomes one record batch and each read of a view or mirror file one
-        # request, so large is cheap (FUSE passes up to 1 MiB a request).
-        attr.st_blksize = _IO_BLOCK_BYTES if node.kind in (*_APPEND_KINDS, *_VIEW_KINDS, "mirror") else 4096
+        # The preferred I/O size tells cat and cp how much to move at once: each write to an append
+        # file becomes one record batch and each read of a mirror file one request, so large is
+        # cheap there (FUSE passes up to 1 MiB a request). Views stay at a page: stdio and
+        # Python size their buffers by it, and a view renders what is asked for (a first record
+        # from by-offset/N should not render a megabyte); cat reads 128 KiB of them anyway.
+        attr.st_blksize = _IO_BLOCK_BYTES if node.kind in (*_APPEND_KINDS, "mirror") else 4096
         stamp_ns = self._mounted_ms * 1_000_000
         writable = not self.options.read_only
         if node.kind == "mirror":
