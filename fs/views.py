@@ -309,6 +309,7 @@ class Layout:
         self._front = 0
         self._bases: list[int] = []
         self.generation = 0  # changes when a segment joins or leaves: positions may move
+        self._tail: tuple[LogSegment, int, int, Page] | None = None  # the growing segment's last page
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -407,12 +408,23 @@ class Layout:
         key = (self, segment, start, end)
         page = _PAGES.get(key)
         if page is None and not cached_only:
-            page = _PAGES.render_once(key, lambda: self._render_page(segment, start, end))
+            page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
         return page
 
-    def _render_page(self, segment: LogSegment, start: int, end: int) -> Page:
+    def _render_page(self, layout: _SegmentLayout, start: int, end: int) -> Page:
+        """Render a page; the last page of a growing segment is extended by what was appended
+        (a follower asks for it after every append)."""
+        segment = layout.segment
         render = self.renderer.render_indexed
-        return [(header, render(header, batch)) for header, batch in segment.checked_batches(start, end)]
+        tail = self._tail
+        grown = tail is not None and tail[0] is segment and tail[1] == start and tail[2] < end
+        first = tail[2] if grown and tail is not None else start
+        page = [(header, render(header, batch)) for header, batch in segment.checked_batches(first, end)]
+        if grown and tail is not None:
+            page = tail[3] + page
+        if not layout.sealed and end == layout.scanned_to:
+            self._tail = (segment, start, end, page)
+        return page
 
     def position(self, offset: int) -> tuple[int, int]:
         """(layout position of the first record with offset ≥ `offset`, total size)."""
