@@ -314,14 +314,7 @@ class TextRenderer:
             return [fmt.render(r, self.partition) for r in decode_records(header, batch) if r.offset >= min_offset]
         columns = record_columns(header, batch)
         first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        fields = self._fields(header, columns, first)
-        end = fmt.line_separator
-        if not fields:
-            return [end] * (len(columns) - first)
-        if len(fields) == 1:
-            return [field + end for field in fields[0]]
-        separator = fmt.key_separator
-        return [separator.join(parts) + end for parts in zip(*fields, strict=True)]
+        return self._column_lines(header, columns, first)
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` joined."""
@@ -360,14 +353,24 @@ class TextRenderer:
     def _render_columns(self, header: BatchHeader, columns: RecordColumns, first: int) -> bytes:
         if first >= len(columns):
             return b""
+        if self._shown_fields() == 1:  # the usual case, values only: one join, no line per record
+            end = self.text_format.line_separator
+            return end.join(self._fields(header, columns, first)[0]) + end
+        return b"".join(self._column_lines(header, columns, first))
+
+    def _shown_fields(self) -> int:
+        fmt = self.text_format
+        return sum((fmt.print_timestamp, fmt.print_partition, fmt.print_offset, fmt.print_key, fmt.print_value))
+
+    def _column_lines(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[bytes]:
         fields = self._fields(header, columns, first)
         end = self.text_format.line_separator
-        if len(fields) == 1:  # the usual case: values only
-            return end.join(fields[0]) + end
         if not fields:
-            return end * (len(columns) - first)
+            return [end] * (len(columns) - first)
+        if len(fields) == 1:
+            return [field + end for field in fields[0]]
         separator = self.text_format.key_separator
-        return b"".join([separator.join(parts) + end for parts in zip(*fields, strict=True)])
+        return [separator.join(parts) + end for parts in zip(*fields, strict=True)]
 
     def _sizes(self, header: BatchHeader, columns: RecordColumns) -> np.ndarray:
         """The length of each record's line, from the columns alone."""

@@ -42,7 +42,7 @@ import trio
 
 from engine import DataDir, PartitionLog
 from engine.config import validate_topic_overrides
-from engine.console import LineFormat, TextFormat, parse_timestamp, record_from_json
+from engine.console import JsonLinesRenderer, LineFormat, TextFormat, TextRenderer, parse_timestamp, record_from_json
 from engine.errors import (
     ConfigError,
     CorruptRecordError,
@@ -60,7 +60,7 @@ from engine.errors import (
 from engine.naming import validate_topic
 from engine.partitioner import RoundRobin, partition_for_key
 from fs.mirror import Mirror, MirrorEntry, MirrorFile
-from fs.views import Layout, LayoutStore, View, jsonl_renderer, text_renderer
+from fs.views import Layout, LayoutStore, Renderer, View
 
 logger = logging.getLogger(__name__)
 
@@ -287,10 +287,10 @@ class SeglogFS(pyfuse3.Operations):
         layout = self._layouts.get(key)
         if layout is None:
             if fmt == "text":
-                renderer = text_renderer(self.options.text_format, log.partition)
+                renderer: Renderer = TextRenderer(self.options.text_format, log.partition)
                 format_key = repr(self.options.text_format)
             else:
-                renderer = jsonl_renderer(log.topic, log.partition)
+                renderer = JsonLinesRenderer(log.topic, log.partition)
                 format_key = "jsonl"
             layout = Layout(log, renderer, store=self._layout_store, format_key=format_key)
             self._layouts[key] = layout

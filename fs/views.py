@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, overload
 
-from engine.console import JsonLinesRenderer, RenderedBatch, TextFormat, TextRenderer
+from engine.console import RenderedBatch
 from engine.log import PartitionLog
 from engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from engine.segment import LogSegment
@@ -56,16 +56,6 @@ class Renderer(Protocol):
 
 MARK_BYTES = 32 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
-
-
-def text_renderer(text_format: TextFormat, partition: int) -> Renderer:
-    """A partition's records as console-consumer lines."""
-    return TextRenderer(text_format, partition)
-
-
-def jsonl_renderer(topic: str, partition: int) -> Renderer:
-    """A partition's records as JSON Lines."""
-    return JsonLinesRenderer(topic, partition)
 
 
 @dataclass
@@ -114,6 +104,7 @@ class LayoutStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._warned = False  # an unwritable cache is said once, not once per segment
 
     def directory(self, log: PartitionLog, format_key: str) -> Path:
         name = f"{os.path.realpath(log.directory)}\0{format_key}".encode("utf-8", "surrogateescape")
@@ -217,7 +208,14 @@ class LayoutStore:
             temporary.write_bytes(data)
             os.replace(temporary, path)
         except OSError as error:
-            logger.warning("cannot keep the view layout of %s in %s: %s", segment.log_path, directory, error)
+            log = logger.debug if self._warned else logger.warning
+            self._warned = True
+            log(
+                "cannot keep the view layout of %s in %s: %s (views work; they are measured again next mount)",
+                segment.log_path,
+                directory,
+                error,
+            )
             temporary.unlink(missing_ok=True)
 
     def discard(self, directory: Path, segment: LogSegment) -> None:
@@ -339,27 +337,30 @@ class Layout:
 
     def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
         """Layouts for a changed segment list: kept, loaded from the store, or measured."""
-        known = {id(layout.segment): layout for layout in self._order}
-        old_starts = {id(layout.segment): start for layout, start in zip(self._order, self._starts, strict=True)}
-        if segments and id(segments[0]) in known and known[id(segments[0])].segment is segments[0]:
-            self._front = old_starts[id(segments[0])]
+        # Segment objects hash by identity: a compacted replacement is a new object.
+        known = {layout.segment: (layout, start) for layout, start in zip(self._order, self._starts, strict=True)}
+        if segments and segments[0] in known:
+            self._front = known[segments[0]][1]  # retention: the first segment left keeps its place
         order = []
         for i, segment in enumerate(segments):
-            layout = known.pop(id(segment), None)
-            if layout is None or layout.segment is not segment:
-                layout = None
+            kept = known.pop(segment, None)
+            if kept is not None:
+                layout = kept[0]
+            else:
+                loaded = None
                 if self._store is not None and self._store_directory is not None:
-                    layout = self._store.load(self._store_directory, segment, self._mark_bytes)
-                layout = layout or _SegmentLayout(segment)
+                    loaded = self._store.load(self._store_directory, segment, self._mark_bytes)
+                layout = loaded or _SegmentLayout(segment)
                 if i == len(segments) - 1:
                     layout.sealed = False  # the last segment may grow
             if not layout.sealed and i < len(segments) - 1:
                 self._extend(layout, last=False)
             order.append(layout)
         if self._store is not None and self._store_directory is not None:
-            for gone in known.values():
-                if gone.segment.base_offset not in {s.base_offset for s in segments}:
-                    self._store.discard(self._store_directory, gone.segment)
+            bases = {segment.base_offset for segment in segments}
+            for gone in known:
+                if gone.base_offset not in bases:  # a replacement under the same base was stored anew
+                    self._store.discard(self._store_directory, gone)
         self.generation += 1
         return order
 
@@ -562,8 +563,3 @@ class View:
         if generation == self.layout.generation:
             for _ in self.layout._chunks(begin + position, length, cached_only=False):
                 pass
-
-
-def make_view(log: PartitionLog, start_offset: int, renderer: Renderer, mark_bytes: int = MARK_BYTES) -> View:
-    """A view with a layout of its own (tests, one-off use)."""
-    return View(Layout(log, renderer, mark_bytes), start_offset)

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from engine import BrokerConfig, PartitionLog
 from engine.config import apply_topic_overrides
-from engine.console import TextFormat, record_to_json
-from fs.views import Layout, LayoutStore, View, jsonl_renderer, text_renderer
+from engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS
 
 
@@ -41,8 +41,8 @@ def test_view_bytes_equal_a_full_rendering(tmp_path_factory, batches, start, mar
     log = make_log(root / "t-0")
     text_format = TextFormat(print_offset=True, print_key=True)
     # Views from different offsets share one layout per format, as the mount's do.
-    text_layout = Layout(log, text_renderer(text_format, 0), mark_bytes=mark_bytes)
-    jsonl_layout = Layout(log, jsonl_renderer("t", 0), mark_bytes=mark_bytes)
+    text_layout = Layout(log, TextRenderer(text_format, 0), mark_bytes=mark_bytes)
+    jsonl_layout = Layout(log, JsonLinesRenderer("t", 0), mark_bytes=mark_bytes)
     text, jsonl = View(text_layout, start), View(jsonl_layout, start)
     whole = View(text_layout, 0)
     for values in batches:
@@ -91,13 +91,13 @@ def test_layouts_kept_in_the_store_are_not_measured_again(tmp_path: Path) -> Non
     assert len(log.segments) >= 3
     store = LayoutStore(tmp_path / "cache")
     text_format = TextFormat(print_offset=True)
-    first = CountingRenderer(text_renderer(text_format, 0))
+    first = CountingRenderer(TextRenderer(text_format, 0))
     layout = Layout(log, first, mark_bytes=64, store=store, format_key="text")
     assert View(layout, 0).size() == len(expected_text(log, 0, text_format))
     assert first.measured == 40
     layout.keep()  # the active segment too, as at unmount
 
-    again = CountingRenderer(text_renderer(text_format, 0))
+    again = CountingRenderer(TextRenderer(text_format, 0))
     view = View(Layout(log, again, mark_bytes=64, store=store, format_key="text"), 0)
     expected = expected_text(log, 0, text_format)
     assert view.size() == len(expected)
@@ -105,13 +105,13 @@ def test_layouts_kept_in_the_store_are_not_measured_again(tmp_path: Path) -> Non
     assert again.measured == 0
 
     fill(log, 3, b"more")  # the active segment grew: only the new batches are measured
-    later = CountingRenderer(text_renderer(text_format, 0))
+    later = CountingRenderer(TextRenderer(text_format, 0))
     view = View(Layout(log, later, mark_bytes=64, store=store, format_key="text"), 17)
     expected = expected_text(log, 17, text_format)
     assert view.read(0, len(expected) + 5) == expected
     assert later.measured == 3
     # Another format has layouts of its own.
-    other = CountingRenderer(jsonl_renderer("t", 0))
+    other = CountingRenderer(JsonLinesRenderer("t", 0))
     assert View(Layout(log, other, store=store, format_key="jsonl"), 0).size() == len(expected_jsonl(log, 0))
     assert other.measured == 43
     log.close()
@@ -123,7 +123,7 @@ def test_stale_or_damaged_layouts_are_measured_afresh(tmp_path: Path) -> None:
     assert len(log.segments) >= 3
     store = LayoutStore(tmp_path / "cache")
     text_format = TextFormat()
-    layout = Layout(log, text_renderer(text_format, 0), mark_bytes=64, store=store, format_key="text")
+    layout = Layout(log, TextRenderer(text_format, 0), mark_bytes=64, store=store, format_key="text")
     View(layout, 0).size()
     layout.keep()
     # The active segment loses its tail (as recovery truncates) and gets other records of the
@@ -139,7 +139,7 @@ def test_stale_or_damaged_layouts_are_measured_afresh(tmp_path: Path) -> None:
     data[40] ^= 0xFF
     damaged.write_bytes(bytes(data))
     assert log.segments[-1].size == before  # the same size: only the last batch's CRC tells
-    counting = CountingRenderer(text_renderer(text_format, 0))
+    counting = CountingRenderer(TextRenderer(text_format, 0))
     view = View(Layout(log, counting, mark_bytes=64, store=store, format_key="text"), 0)
     expected = expected_text(log, 0, text_format)
     assert view.size() == len(expected)
@@ -155,7 +155,7 @@ def test_an_open_view_keeps_its_bytes_when_retention_removes_older_segments(tmp_
         stamp = NOW_MS - 10_000 if i < 20 else NOW_MS
         log.append_records([b"r-%d-%d" % (i, j) for j in range(5)], timestamps=stamp, now_ms=NOW_MS)
     text_format = TextFormat(print_offset=True)
-    layout = Layout(log, text_renderer(text_format, 0), mark_bytes=64)
+    layout = Layout(log, TextRenderer(text_format, 0), mark_bytes=64)
     held = View(layout, 0)  # as `records` opened before retention runs
     before = expected_text(log, 0, text_format)
     assert held.read(0, len(before)) == before
