@@ -26,6 +26,7 @@ from engine.records import BatchHeader, TimestampType, records_section
 _PADDING = bytes(10)  # varint windows may look ten bytes past the end
 _BYTE_SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
 _varint_at = varint.decode_at
+_FIRST_RUN_GUESS = 64  # records checked at once for a run of one size, before one is proven
 
 
 @dataclass(slots=True)
@@ -82,23 +83,24 @@ def zigzag_varints(buf: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, 
     """The zig-zag varints starting at `positions` of `buf` (padded with ten zero bytes), and
     the positions after them: one- and two-byte varints (nearly all of them) column-wise, longer
     ones through a ten-byte window. Raises ValueError for a varint over ten bytes."""
-    first = buf[positions].astype(np.uint64)
+    first = buf[positions]
     long = first >= 0x80
-    if not bool(long.any()):
-        zigzag, sizes = first, np.ones(len(positions), np.int64)
+    if not bool(long.any()):  # one byte each: the common case for all but lengths
+        small = first.astype(np.int64)
+        return (small >> 1) ^ -(small & 1), positions + 1
+    first = first.astype(np.uint64)
+    second = buf[positions + 1].astype(np.uint64)
+    if not bool((long & (second >= 0x80)).any()):
+        zigzag = np.where(long, (first & np.uint64(0x7F)) | (second << np.uint64(7)), first)
+        sizes = 1 + long.astype(np.int64)
     else:
-        second = buf[positions + 1].astype(np.uint64)
-        if not bool((long & (second >= 0x80)).any()):
-            zigzag = np.where(long, (first & np.uint64(0x7F)) | (second << np.uint64(7)), first)
-            sizes = 1 + long.astype(np.int64)
-        else:
-            window = buf[positions[:, None] + np.arange(10)].astype(np.uint64)
-            more = window >= 0x80
-            if bool(more.all(axis=1).any()):
-                raise ValueError("a varint runs over ten bytes")
-            sizes = np.argmin(more, axis=1) + 1
-            used = np.arange(10) < sizes[:, None]
-            zigzag = (((window & np.uint64(0x7F)) << _BYTE_SHIFTS) * used).sum(axis=1, dtype=np.uint64)
+        window = buf[positions[:, None] + np.arange(10)].astype(np.uint64)
+        more = window >= 0x80
+        if bool(more.all(axis=1).any()):
+            raise ValueError("a varint runs over ten bytes")
+        sizes = np.argmin(more, axis=1) + 1
+        used = np.arange(10) < sizes[:, None]
+        zigzag = (((window & np.uint64(0x7F)) << _BYTE_SHIFTS) * used).sum(axis=1, dtype=np.uint64)
     values = (zigzag >> np.uint64(1)).astype(np.int64) ^ -(zigzag & np.uint64(1)).astype(np.int64)
     return values, positions + sizes
 
@@ -108,13 +110,13 @@ def record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
 
     Records of a batch often come in runs of one size (the same value size, offset deltas of the
     same varint length): a run is guessed from its first record's size and proven column-wise
-    (each guessed start holds a length that ends exactly at the next guess). Records of mixed
-    sizes are walked one by one."""
+    (each guessed start holds a length that ends exactly at the next guess), up to the first
+    guess that fails. Records of mixed sizes are walked one by one."""
     end = len(section)
     bounds = np.empty(count + 1, np.int64)
     bounds[0] = 0
     i = position = 0
-    window = 64
+    window = _FIRST_RUN_GUESS
     while i < count:
         length, body = _varint_at(section, position)
         stride = body - position + length
@@ -124,8 +126,11 @@ def record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
         starts = position + np.arange(fits, dtype=np.int64) * stride
         try:
             lengths, bodies = zigzag_varints(buf, starts)
-        except ValueError:  # a guessed start inside a record's bytes: not a run, walk instead
-            break
+        except ValueError:  # a guessed start inside a record's bytes ran into a long "varint"
+            if window > _FIRST_RUN_GUESS:
+                window = _FIRST_RUN_GUESS
+                continue
+            break  # not a run: walk instead
         proven = bodies + lengths == starts + stride
         run = fits if bool(proven.all()) else int(np.argmin(proven))
         bounds[i + 1 : i + 1 + run] = starts[:run] + stride
@@ -133,7 +138,9 @@ def record_bounds(section: bytes, count: int, buf: np.ndarray) -> np.ndarray:
         position += run * stride
         if run < 8:
             break  # mixed sizes: walk the rest
-        window *= 2
+        # A run ends where a varint grows a byte (offset delta 64, 8192, ...) or a size changes;
+        # guess that what follows is one run to the end: a wrong guess is proven wrong cheaply.
+        window = count
     for j in range(i, count):
         length, position = _varint_at(section, position)
         position += length
