@@ -22,6 +22,7 @@ concurrently with appends: they read with `os.pread` up to a size they were give
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -221,15 +222,22 @@ class LogSegment:
         return os.pread(self._fd, length, position)
 
     def iter_batches(
-        self, start_position: int = 0, end_position: int | None = None
+        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Whole batches (header, bytes) from `start_position` up to `end_position` (default:
         the size now). Stops at a batch that is cut short or whose length is impossible; checks
-        nothing else. Reads in large chunks, so a scan costs about one read of the file."""
+        nothing else. Reads in large chunks, so a scan costs about one read of the file.
+
+        With `nowait` (for small ranges read on an event loop) the range is read at once and
+        only from the OS page cache: BlockingIOError, before any batch, when part of it would
+        have to come from the disk."""
         end = self._size if end_position is None else end_position
         position = start_position
         while position + BATCH_OVERHEAD_BYTES <= end:
-            view = memoryview(os.pread(self._fd, min(_READ_CHUNK_BYTES, end - position), position))
+            if nowait:
+                view = memoryview(read_cached(self._fd, position, end - position))
+            else:
+                view = memoryview(os.pread(self._fd, min(_READ_CHUNK_BYTES, end - position), position))
             if len(view) < BATCH_OVERHEAD_BYTES:
                 return
             offset = 0
@@ -253,12 +261,12 @@ class LogSegment:
             position += offset
 
     def checked_batches(
-        self, start_position: int = 0, end_position: int | None = None
+        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """`iter_batches`, each batch checked whole (magic, length, CRC) before it is yielded:
         CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
         legacy data. For whoever uses every batch it reads (views, the cleaner)."""
-        for header, batch in self.iter_batches(start_position, end_position):
+        for header, batch in self.iter_batches(start_position, end_position, nowait=nowait):
             reason = check_batch(header, batch)
             if reason is not None:
                 self.check_not_legacy(header.position)
@@ -647,6 +655,25 @@ class LogSegment:
         self.close_handlers()
         for path in (self.log_path, self.offset_index_path, self.time_index_path):
             path.unlink(missing_ok=True)
+
+
+def read_cached(fd: int, position: int, length: int) -> bytearray:
+    """`length` bytes of the file at `position` (fewer at its end), read only if they are in the
+    OS page cache: BlockingIOError when the read would wait for the disk, or when the file
+    system cannot tell (no RWF_NOWAIT)."""
+    buffer = bytearray(length)
+    try:
+        read = os.preadv(fd, [buffer], position, os.RWF_NOWAIT)
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EOPNOTSUPP, errno.EINVAL):
+            raise BlockingIOError(errno.EAGAIN, "not in the page cache") from error
+        raise
+    if read < length:
+        # Short: the file ends, or only part of the range is cached (then it is not cached).
+        if position + read < os.fstat(fd).st_size:
+            raise BlockingIOError(errno.EAGAIN, "partly in the page cache")
+        del buffer[read:]
+    return buffer
 
 
 def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:

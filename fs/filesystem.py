@@ -14,8 +14,10 @@
                                   them (murmur2 of the key; null keys round-robin per write)
     MNT/.logdir/                  read-only mirror of the log dir for backups (fs.mirror)
 
-Handlers run on the trio loop and send every engine call to a worker thread; a partition's
-appends are serialised by the engine's partition lock. Views are `fs.views.View`s; after an
+Handlers run on the trio loop and send every engine call to a worker thread, except reads that
+need neither the disk nor much rendering (bytes in the OS page cache, pages already rendered or
+small): those are served on the loop. A partition's appends are serialised by the engine's
+partition lock. Views are `fs.views.View`s; after an
 append the kernel is told that the partition's views changed size (an attribute invalidation, off
 the loop), so `tail -f` and `less +F` follow without polling the filesystem. Errors reach the
 caller as errno values through one table (`errno_for`), with a log line naming what and where;
@@ -69,7 +71,6 @@ T = TypeVar("T")
 # Attributes and entries stay valid until the filesystem says otherwise (invalidation).
 _TIMEOUT_S = 3600.0
 _IO_BLOCK_BYTES = 1 << 20  # st_blksize of append and mirror files
-_READ_AHEAD_BYTES = 1 << 20  # rendered ahead of a sequential reader of a view
 _ERRNO: list[tuple[type[BaseException], int]] = [
     (ReadOnlyError, errno.EROFS),
     (RecordTooLargeError, errno.EFBIG),
@@ -171,8 +172,6 @@ class SeglogFS(pyfuse3.Operations):
         self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
         self._next_inode = pyfuse3.ROOT_INODE + 1
         self._layouts: dict[tuple[str, int, str], Layout] = {}
-        self._reading_ahead: set[int] = set()  # file handles with a read-ahead under way
-        self.background: trio.Nursery | None = None  # where read-ahead runs (set by the mount)
         self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
         self._handles: dict[int, Any] = {}
         self._next_fh = 1
@@ -503,50 +502,34 @@ class SeglogFS(pyfuse3.Operations):
         assert node.topic is not None
         return [self.data_dir.partition(node.topic, p) for p in self.data_dir.topics().get(node.topic, [])]
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    # pyfuse3 replies with any contiguous buffer: a mirror read returns the buffer it read into.
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
         self.requests["read"] += 1
         handle = self._handles.get(fh)
         if isinstance(handle, bytes):
             return handle[off : off + size]
+        # A read that needs neither the disk nor much rendering is served on the loop: handing
+        # it to a worker thread costs more than the read (sequential readers ran at half speed).
         if isinstance(handle, View):
             view = handle
-            data = view.read_cached(off, size)  # rendered already: served on the loop
-            if data is not None:
-                self.requests["read_cached"] += 1
-            else:
-                data = await self._run(lambda: view.read(off, size), "read")
-            self._maybe_read_ahead(fh, view, off, off + len(data))
+            data = view.read_now(off, size)
+            if data is None:
+                return await self._run(lambda: view.read(off, size), "read")
+            self.requests["read_now"] += 1
             return data
         if isinstance(handle, MirrorFile):
             opened = handle
-            return await self._run(lambda: opened.read(off, size), "read .logdir")
+            cached = opened.read_now(off, size)
+            if cached is None:
+                return await self._run(lambda: opened.read(off, size), "read .logdir")
+            self.requests["read_now"] += 1
+            return cached
         raise pyfuse3.FUSEError(errno.EBADF)
 
     def keep_layouts(self) -> None:
         """At unmount: store what is measured of every view layout (see fs.views.LayoutStore)."""
         for layout in list(self._layouts.values()):
             layout.keep()
-
-    def _maybe_read_ahead(self, fh: int, view: View, off: int, end: int) -> None:
-        """A sequential reader (`cat`, `grep`, `dd`) gets the next pages rendered in the background
-        while it handles this read (the kernel's own read-ahead is off: views are direct I/O)."""
-        sequential = off == view.read_end and off > 0
-        view.read_end = end
-        if not sequential or self.background is None or fh in self._reading_ahead:
-            return
-        if not view.wants_read_ahead(end):
-            return
-        self._reading_ahead.add(fh)
-
-        async def read_ahead() -> None:
-            try:
-                await trio.to_thread.run_sync(view.read_ahead, end, _READ_AHEAD_BYTES)
-            except Exception as error:  # the reader's own read reports errors; this is a guess
-                logger.debug("read-ahead of fh %d at %d: %s", fh, end, error)
-            finally:
-                self._reading_ahead.discard(fh)
-
-        self.background.start_soon(read_ahead)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self.requests["write"] += 1

@@ -34,7 +34,7 @@ from engine.checkpoint import (
 )
 from engine.datadir import TOPIC_CONFIGS_FILE
 from engine.naming import partition_dir_name
-from engine.segment import LogSegment
+from engine.segment import LogSegment, read_cached
 
 _PARTITION_FILES = (LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA)
 _GENERATED = (
@@ -180,6 +180,20 @@ class MirrorFile:
         self._parts = parts
         self.entry = entry = mirror.entry(parts)
         self._fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC) if entry.path is not None else None
+
+    def read_now(self, offset: int, length: int) -> bytes | bytearray | None:
+        """`read`, when it needs no look at the log and its bytes are in the OS page cache (for
+        the event loop), else None."""
+        end = offset + length
+        if end > self.entry.size:
+            return None
+        if self._fd is None:
+            assert self.entry.content is not None
+            return self.entry.content[offset:end]
+        try:
+            return read_cached(self._fd, offset, length)
+        except BlockingIOError:
+            return None
 
     def read(self, offset: int, length: int) -> bytes:
         if offset + length > self.entry.size and self.entry.path is not None:

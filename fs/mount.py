@@ -57,7 +57,6 @@ async def _background(operations: SeglogFS, scheduler: Scheduler | None) -> None
 
 async def _main(operations: SeglogFS, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
-        operations.background = nursery
         nursery.start_soon(_background, operations, scheduler)
 
         async def stop_on_signals() -> None:

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, overload
+from typing import Protocol
 
 from engine.console import RenderedBatch
 from engine.log import PartitionLog
@@ -55,6 +55,10 @@ class Renderer(Protocol):
 
 
 MARK_BYTES = 32 * 1024
+# A page whose rendering is at most this big is rendered on the event loop when its bytes are in
+# the OS page cache (about a millisecond and a half here): handing it to a worker thread costs
+# more than rendering it, and a sequential reader (`cat`, `grep`) ran at half speed that way.
+INLINE_RENDER_BYTES = 256 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 
 
@@ -73,6 +77,11 @@ class _SegmentLayout:
     since_mark: int = 0
     sealed: bool = False
     last_batch: tuple[int, int] = (-1, 0)  # (position, CRC) of the last batch measured
+
+    def page_size(self, mark: int) -> int:
+        """The rendered size of the page from mark `mark`."""
+        end = self.marks_view[mark + 1] if mark + 1 < len(self.marks_view) else self.size
+        return end - self.marks_view[mark]
 
     def page_bounds(self, mark: int) -> tuple[int, int]:
         """The file positions of the batches between mark `mark` and the next."""
@@ -248,8 +257,8 @@ class _PageCache:
 
     def render_once(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page:
         """The page under `key`, rendered by `render` unless it is cached or another thread is
-        rendering it already (then that thread's result: a read and a read-ahead of the same
-        page render it once)."""
+        rendering it already (then that thread's result: two readers of one place render
+        it once)."""
         with self._lock:
             waiting = self._rendering.get(key)
             if waiting is None:
@@ -258,6 +267,22 @@ class _PageCache:
             waiting.wait()
             page = self.get(key)
             return page if page is not None else render()  # its rendering failed: try ourselves
+        try:
+            page = render()
+            self.put(key, page)
+            return page
+        finally:
+            with self._lock:
+                del self._rendering[key]
+            done.set()
+
+    def render_unless_busy(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page | None:
+        """`render_once` for the event loop, which must not wait: None when another thread is
+        rendering the page."""
+        with self._lock:
+            if key in self._rendering:
+                return None
+            self._rendering[key] = done = threading.Event()
         try:
             page = render()
             self.put(key, page)
@@ -395,32 +420,38 @@ class Layout:
                 if not last.sealed:
                     self._store.save(self._store_directory, last, self._mark_bytes)
 
-    @overload
-    def _page(self, layout: _SegmentLayout, mark: int, *, cached_only: Literal[False] = False) -> Page: ...
-
-    @overload
-    def _page(self, layout: _SegmentLayout, mark: int, *, cached_only: bool) -> Page | None: ...
-
-    def _page(self, layout: _SegmentLayout, mark: int, *, cached_only: bool = False) -> Page | None:
-        """The batches between mark `mark` and the next, each with its rendering (None when
-        `cached_only` and it is not in the cache)."""
-        segment = layout.segment
+    def _page(self, layout: _SegmentLayout, mark: int) -> Page:
+        """The batches between mark `mark` and the next, each with its rendering."""
         start, end = layout.page_bounds(mark)
-        key = (self, segment, start, end)
+        key = (self, layout.segment, start, end)
         page = _PAGES.get(key)
-        if page is None and not cached_only:
+        if page is None:
             page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
         return page
 
-    def _render_page(self, layout: _SegmentLayout, start: int, end: int) -> Page:
+    def _page_now(self, layout: _SegmentLayout, mark: int) -> Page | None:
+        """`_page` for the event loop: the page if it is rendered already, or cheap to render and
+        its bytes are in the OS page cache (then it is rendered here); else None."""
+        start, end = layout.page_bounds(mark)
+        key = (self, layout.segment, start, end)
+        page = _PAGES.get(key)
+        if page is not None or layout.page_size(mark) > INLINE_RENDER_BYTES:
+            return page
+        try:
+            return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True))
+        except BlockingIOError:
+            return None
+
+    def _render_page(self, layout: _SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
         """Render a page; the last page of a growing segment is extended by what was appended
-        (a follower asks for it after every append)."""
+        (a follower asks for it after every append). `nowait`: BlockingIOError when its bytes
+        are not in the OS page cache."""
         segment = layout.segment
         render = self.renderer.render_indexed
         tail = self._tail
         grown = tail is not None and tail[0] is segment and tail[1] == start and tail[2] < end
         first = tail[2] if grown and tail is not None else start
-        page = [(header, render(header, batch)) for header, batch in segment.checked_batches(first, end)]
+        page = [(header, render(header, batch)) for header, batch in segment.checked_batches(first, end, nowait=nowait)]
         if grown and tail is not None:
             page = tail[3] + page
         if not layout.sealed and end == layout.scanned_to:
@@ -450,7 +481,15 @@ class Layout:
     def read(self, position: int, length: int) -> bytes:
         """Up to `length` layout bytes from `position`; none from positions of segments that are
         gone (removed by retention while a reader held a view)."""
-        return b"".join(chunk for chunk in self._chunks(position, length, cached_only=False) if chunk is not None)
+        return b"".join(piece for piece in self._pieces(position, length, now=False) if piece is not None)
+
+    def read_now(self, position: int, length: int) -> bytes | None:
+        """`length` layout bytes from `position` when they are measured and their pages rendered
+        or cheap to render from the OS page cache (cheap enough for the event loop), else None."""
+        if position + length > self.known_size():
+            return None
+        pieces = list(self._pieces(position, length, now=True))
+        return None if None in pieces else b"".join(pieces)  # type: ignore[arg-type]
 
     def known_size(self) -> int:
         """The total size as last measured (no look at the log)."""
@@ -458,23 +497,9 @@ class Layout:
             order, starts = self._order, self._starts
         return starts[-1] + order[-1].size if order else 0
 
-    def read_cached(self, position: int, length: int) -> bytes | None:
-        """`length` layout bytes from `position` when all of them are measured and rendered
-        already (no I/O, no rendering: cheap enough for the event loop), else None."""
-        with self._lock:
-            order, starts = self._order, self._starts
-        if not order or position + length > starts[-1] + order[-1].size:
-            return None
-        out = bytearray()
-        for chunk in self._chunks(position, length, cached_only=True):
-            if chunk is None:
-                return None
-            out += chunk
-        return bytes(out)
-
-    def _chunks(self, position: int, length: int, *, cached_only: bool) -> Iterator[bytes | None]:
-        """The pieces of the layout bytes [position, position + length); with `cached_only`, None
-        (and the end) at the first page not rendered yet."""
+    def _pieces(self, position: int, length: int, *, now: bool) -> Iterator[memoryview | None]:
+        """The layout bytes [position, position + length) as pieces of rendered pages (views, not
+        copies); with `now`, None (and the end) at the first page `_page` cannot give now."""
         with self._lock:
             order, starts = self._order, self._starts
         wanted = length
@@ -486,20 +511,20 @@ class Layout:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
                 while mark < len(layout.marks_view) and wanted > 0:
-                    page = self._page(layout, mark, cached_only=cached_only)
+                    page = self._page_now(layout, mark) if now else self._page(layout, mark)
                     if page is None:
                         yield None
                         return
                     for _, rendered in page:
-                        chunk = rendered.data
-                        if at + len(chunk) > local:
+                        size = len(rendered.data)
+                        if at + size > local:
                             begin = max(local - at, 0)
-                            piece = chunk[begin : begin + wanted]
+                            piece = memoryview(rendered.data)[begin : begin + wanted]
                             wanted -= len(piece)
                             yield piece
                             if wanted <= 0:
                                 break
-                        at += len(chunk)
+                        at += size
                     mark += 1
             slot += 1
 
@@ -511,7 +536,6 @@ class View:
         self.layout = layout
         self.start_offset = start_offset
         self._begin: tuple[int, int] = (-1, 0)  # (layout generation, position of start_offset)
-        self.read_end = -1  # where the last read ended: a read from there is sequential
 
     def _extent(self) -> tuple[int, int]:
         """(where the view begins in the layout, the layout's total size). Where the view begins
@@ -542,24 +566,9 @@ class View:
             return b""
         return self.layout.read(begin + position, min(length, total - begin - position))
 
-    def read_cached(self, position: int, length: int) -> bytes | None:
-        """`read`, when it needs no I/O and no rendering (else None): for the event loop."""
+    def read_now(self, position: int, length: int) -> bytes | None:
+        """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin
         if generation != self.layout.generation:
             return None
-        return self.layout.read_cached(begin + position, length)
-
-    def wants_read_ahead(self, position: int) -> bool:
-        """Whether the page at `position` is measured but not rendered yet: worth rendering
-        before a sequential reader gets there."""
-        generation, begin = self._begin
-        if generation != self.layout.generation:
-            return False
-        return self.layout.known_size() > begin + position and self.read_cached(position, 1) is None
-
-    def read_ahead(self, position: int, length: int) -> None:
-        """Render the pages of [position, position + length) into the cache."""
-        generation, begin = self._begin
-        if generation == self.layout.generation:
-            for _ in self.layout._chunks(begin + position, length, cached_only=False):
-                pass
+        return self.layout.read_now(begin + position, length)

@@ -8,6 +8,7 @@ offset × 10; `batch()` below builds the same in v2. Where the engine differs fr
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from engine.errors import CorruptIndexError, OffsetOverflowError
 from engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
 from engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
-from engine.segment import FetchSlice, LogSegment, RollParams
+from engine.segment import FetchSlice, LogSegment, RollParams, read_cached
 from tests.conftest import NOW_MS
 
 INT32_MAX = 2**31 - 1
@@ -539,3 +540,24 @@ def test_truncate_off_last_batch_repeatedly(make_segment: MakeSegment) -> None:
     assert segment.read_next_offset() == 70
     segment.offset_index.sanity_check(segment.size)
     segment.time_index.sanity_check()
+
+
+def test_read_cached_reads_only_what_the_os_holds_in_memory(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(bytes(range(256)) * 64)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: the OS lets them go
+        with pytest.raises(BlockingIOError):
+            read_cached(fd, 4096, 100)
+        os.pread(fd, 16384, 0)  # now they are in memory
+        try:
+            data = read_cached(fd, 4096, 100)
+        except BlockingIOError:
+            pytest.skip(f"{tmp_path}: the file system does not read with RWF_NOWAIT")
+        assert data == (bytes(range(256)) * 64)[4096:4196]
+        assert read_cached(fd, 16380, 100) == bytes(range(252, 256))  # short at the end
+        assert read_cached(fd, 20000, 10) == b""
+    finally:
+        os.close(fd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from engine import BrokerConfig, PartitionLog
 from engine.config import apply_topic_overrides
 from engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from engine.segment import read_cached
 from fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS
 
@@ -176,4 +178,67 @@ def test_an_open_view_keeps_its_bytes_when_retention_removes_older_segments(tmp_
     assert fresh.size() == len(expected)
     assert fresh.read(0, len(expected)) == expected
     assert held.read(gone, len(expected)) == expected
+    log.close()
+
+
+def drop_from_page_cache(log: PartitionLog) -> None:
+    """Have the OS forget the log's bytes (written back first: only clean pages can go)."""
+    log.flush()
+    for segment in log.segments:
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def nowait_reads_work(directory: Path) -> bool:
+    """Whether the file system holding `directory` reads with RWF_NOWAIT (ext4, xfs, btrfs,
+    tmpfs do); without it, nothing is ever read on the event loop."""
+    probe = directory / "nowait-probe"
+    probe.write_bytes(b"x")
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        return read_cached(fd, 0, 1) == b"x"
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
+def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_path: Path, monkeypatch) -> None:
+    log = make_log(tmp_path / "t-0")
+    fill(log, 40)
+    text_format = TextFormat(print_offset=True)
+    expected = expected_text(log, 0, text_format)
+    nowait = nowait_reads_work(tmp_path)
+
+    def fresh_view() -> View:
+        view = View(Layout(log, TextRenderer(text_format, 0), mark_bytes=64), 0)
+        assert view.size() == len(expected)  # measured: bytes read, pages not rendered
+        return view
+
+    # Bytes in the OS page cache, pages cheap: rendered on the spot (where the file system can
+    # tell what is cached).
+    view = fresh_view()
+    assert view.read_now(0, len(expected)) == (expected if nowait else None)
+    assert view.read(0, len(expected)) == expected
+    assert view.read_now(5, 300) == expected[5:305]  # rendered pages: always served
+
+    # Bytes only on disk: not on the loop, until a worker thread has read and rendered them.
+    view = fresh_view()
+    drop_from_page_cache(log)
+    assert view.read_now(0, len(expected)) is None
+    assert view.read(0, len(expected)) == expected
+    assert view.read_now(0, len(expected)) == expected
+
+    # Pages too big to render on the loop: likewise.
+    monkeypatch.setattr("fs.views.INLINE_RENDER_BYTES", 10)
+    view = fresh_view()
+    assert view.read_now(100, 200) is None
+    assert view.read(100, 200) == expected[100:300]
+    assert view.read_now(100, 200) == expected[100:300]
+    assert view.read_now(len(expected) - 5, 10) is None  # past the end: a look at the log first
     log.close()
