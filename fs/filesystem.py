@@ -127,6 +127,7 @@ class _Node:
 
     path: tuple[str, ...] = ()  # below .logdir, for mirror nodes
     entry: MirrorEntry | None = None  # a mirror node as last resolved
+    view: View | None = None  # a view node's view, once used: one for its stat and all its readers
 
     @property
     def is_dir(self) -> bool:
@@ -171,6 +172,7 @@ class SeglogFS(pyfuse3.Operations):
         self._by_key: dict[tuple[Any, ...], int] = {("root",): pyfuse3.ROOT_INODE}
         self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
         self._next_inode = pyfuse3.ROOT_INODE + 1
+        self._nodes_lock = threading.Lock()
         self._layouts: dict[tuple[str, int, str], Layout] = {}
         self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
         self._handles: dict[int, Any] = {}
@@ -192,15 +194,16 @@ class SeglogFS(pyfuse3.Operations):
         start: int | None = None,
     ) -> _Node:
         key = (kind, topic, partition, name)
-        inode = self._by_key.get(key)
-        if inode is None:
-            inode = self._next_inode
-            self._next_inode += 1
-            self._by_key[key] = inode
-            self._nodes[inode] = _Node(inode, kind, topic, partition, start, key)
-            if kind in _VIEW_KINDS and topic is not None and partition is not None:
-                self._views_of.setdefault((topic, partition), set()).add(inode)
-        return self._nodes[inode]
+        with self._nodes_lock:  # lookups run in worker threads: one inode per key
+            inode = self._by_key.get(key)
+            if inode is None:
+                inode = self._next_inode
+                self._next_inode += 1
+                self._by_key[key] = inode
+                self._nodes[inode] = _Node(inode, kind, topic, partition, start, key)
+                if kind in _VIEW_KINDS and topic is not None and partition is not None:
+                    self._views_of.setdefault((topic, partition), set()).add(inode)
+            return self._nodes[inode]
 
     def _get(self, inode: int) -> _Node:
         node = self._nodes.get(inode)
@@ -221,7 +224,7 @@ class SeglogFS(pyfuse3.Operations):
             files = [(name, self._node(_TOPIC_KINDS[name], node.topic)) for name in _TOPIC_FILES]
             return files + [(str(p), self._node("partition", node.topic, p)) for p in partitions]
         if node.kind == "partition":
-            return [(name, self._node(name, node.topic, node.partition)) for name in _PARTITION_ENTRIES]
+            return [(name, self._partition_entry(node, name)) for name in _PARTITION_ENTRIES]
         if node.kind == "by-offset":
             log = self._log(node)
             bases = [max(s.base_offset, log.log_start_offset) for s in log.segments]
@@ -233,6 +236,18 @@ class SeglogFS(pyfuse3.Operations):
         if node.kind == "by-time":
             return []  # any time can be looked up; there is nothing to list
         raise pyfuse3.FUSEError(errno.ENOTDIR)
+
+    def _partition_entry(self, partition: _Node, name: str) -> _Node:
+        """A partition's entry. `records` whose start was removed by retention is a new file
+        (inode) from the new log start; the old one stays with whoever holds it, its bytes and
+        size unchanged (a follower sees no truncation), and goes when the kernel forgets it."""
+        node = self._node(name, partition.topic, partition.partition)
+        if node.view is not None and node.view.start_offset < self._log(node).log_start_offset:
+            with self._nodes_lock:
+                if self._by_key.get(node.key) == node.inode:
+                    del self._by_key[node.key]
+            node = self._node(name, partition.topic, partition.partition)
+        return node
 
     def _mirror_node(self, path: tuple[str, ...]) -> _Node:
         node = self._node("mirror", name="/".join(path))
@@ -296,9 +311,13 @@ class SeglogFS(pyfuse3.Operations):
         return layout
 
     def _view(self, node: _Node) -> View:
-        log = self._log(node)
-        fmt = "jsonl" if node.kind.endswith(".jsonl") else "text"
-        return View(self._layout(log, fmt), log.log_start_offset if node.start is None else node.start)
+        """The node's view: from its start offset, `records` from the log start when first used."""
+        view = node.view
+        if view is None:
+            log = self._log(node)
+            fmt = "jsonl" if node.kind.endswith(".jsonl") else "text"
+            view = node.view = View(self._layout(log, fmt), log.log_start_offset if node.start is None else node.start)
+        return view
 
     # -- attributes ----------------------------------------------------------------------------
     def _attributes(self, node: _Node) -> pyfuse3.EntryAttributes:
@@ -611,10 +630,29 @@ class SeglogFS(pyfuse3.Operations):
                     logger.warning("invalidating inode %d: %s", inode, error)
 
     async def notify_all(self) -> None:
-        """After background work (retention, compaction): every view may have changed."""
+        """After background work (retention, compaction): every view may have changed, and
+        `records` of a partition whose log start moved names a new file."""
         for topic, partitions in self.data_dir.topics().items():
             for partition in partitions:
-                await self.notify_grown(self.data_dir.partition(topic, partition))
+                log = self.data_dir.partition(topic, partition)
+                await self.notify_grown(log)
+                parent = self._by_key.get(("partition", topic, partition, ""))
+                for name in ("records", "records.jsonl"):
+                    inode = self._by_key.get((name, topic, partition, ""))
+                    node = self._nodes.get(inode) if inode is not None else None
+                    if parent is None or node is None or node.view is None or not node.looked_up:
+                        continue
+                    if node.view.start_offset < log.log_start_offset:
+                        await self._invalidate_entry(parent, name)
+
+    @staticmethod
+    async def _invalidate_entry(parent_inode: int, name: str) -> None:
+        """Have the kernel look `name` up again (it names another inode now)."""
+        try:
+            await trio.to_thread.run_sync(pyfuse3.invalidate_entry, parent_inode, os.fsencode(name))
+        except OSError as error:  # ENOENT: the kernel has forgotten the entry
+            if error.errno != errno.ENOENT:
+                logger.warning("invalidating entry %s of inode %d: %s", name, parent_inode, error)
 
     @staticmethod
     def _parse_config(handle: _ConfigHandle) -> dict[str, str]:
@@ -667,18 +705,21 @@ class SeglogFS(pyfuse3.Operations):
             handle.close()
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        # The kernel forgets an inode with all its lookups at once: a by-offset / by-time view
-        # or a mirror entry it forgets is dropped (there can be any number of them); fixed
-        # entries keep their inode for good.
+        # The kernel forgets an inode with all its lookups at once: a by-offset / by-time view,
+        # a mirror entry or a `records` superseded after retention is dropped (there can be any
+        # number of them); fixed entries keep their inode for good.
         for inode, _ in inode_list:
             node = self._nodes.get(inode)
             if node is None:
                 continue
             node.looked_up = False
-            if node.kind.startswith("offset-view") or (node.kind == "mirror" and node.path):
-                del self._nodes[inode]
-                self._by_key.pop(node.key, None)
-                self._views_of.get((node.topic or "", node.partition or 0), set()).discard(inode)
+            with self._nodes_lock:
+                superseded = self._by_key.get(node.key) != inode
+                if node.kind.startswith("offset-view") or (node.kind == "mirror" and node.path) or superseded:
+                    del self._nodes[inode]
+                    if not superseded:
+                        del self._by_key[node.key]
+                    self._views_of.get((node.topic or "", node.partition or 0), set()).discard(inode)
 
     # -- refused -------------------------------------------------------------------------------
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:

@@ -210,3 +210,63 @@ def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path
         lines = done.stderr.decode().strip().splitlines()
         assert done.returncode == code and len(lines) == 1 and said in lines[0], (args, done)
     assert not os.path.ismount(second)
+
+
+def test_tail_f_follows_through_retention(mount, tmp_path: Path) -> None:
+    """Retention removing the oldest segments under a follower is no truncation: the follower's
+    file keeps its bytes and size; `records` looked up afresh starts at the new log start."""
+    m: Mount = mount(None, "-o", "log.retention.check.interval.ms=200")
+    os.mkdir(m.path / "t")
+    (m.path / "t" / "config").write_bytes(b"segment.bytes=1024\n")
+    part = m.path / "t" / "0"
+    old_ms = int(time.time() * 1000) - 3_600_000
+    expected = []
+    for batch in range(8):  # an hour old: several segments
+        lines = [b"old-%d-%d-%s" % (batch, i, b"x" * 40) for i in range(5)]
+        with open(part / "append.jsonl", "ab") as out:
+            out.write(b"".join(b'{"value":"%s","timestamp":%d}\n' % (line, old_ms) for line in lines))
+        expected += lines
+    sh(f"printf 'new-1\\nnew-2\\n' >> {part}/append")
+    expected += [b"new-1", b"new-2"]
+    errors = tmp_path / "tail.err"
+    with open(errors, "wb") as err:
+        follow = ["tail", "-n", "+1", "-f", str(part / "records")]
+        process = subprocess.Popen(follow, stdout=subprocess.PIPE, stderr=err)
+    assert process.stdout is not None
+    try:
+        os.set_blocking(process.stdout.fileno(), False)
+        seen = b""
+
+        def wait_for(line: bytes) -> None:
+            nonlocal seen
+            deadline = time.monotonic() + 5
+            while line not in seen:
+                assert time.monotonic() < deadline, f"tail -f did not show {line!r}: {seen[-300:]!r}"
+                time.sleep(0.05)
+                with contextlib.suppress(BlockingIOError, OSError):
+                    seen += process.stdout.read(65536) or b""
+
+        wait_for(b"new-2\n")
+        (m.path / "t" / "config").write_bytes(b"segment.bytes=1024\nretention.ms=600000\n")
+        deadline = time.monotonic() + 10
+        while json.loads((part / "status").read_bytes())["logStartOffset"] == 0:
+            assert time.monotonic() < deadline, "retention did not run"
+            time.sleep(0.1)
+        time.sleep(1.5)  # tail looks once a second
+        for line in (b"after-1", b"after-2"):
+            sh(f"printf '{line.decode()}\\n' >> {part}/append")
+            expected.append(line)
+            wait_for(line + b"\n")
+        time.sleep(1.5)
+        with contextlib.suppress(BlockingIOError, OSError):
+            seen += process.stdout.read(65536) or b""
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        process.stdout.close()
+    assert errors.read_bytes() == b""  # no "file truncated"
+    assert seen == b"".join(line + b"\n" for line in expected)  # every line once, in order
+    start = json.loads((part / "status").read_bytes())["logStartOffset"]
+    assert start > 0
+    # A reader coming now sees the partition from its new start.
+    assert (part / "records").read_bytes() == b"".join(line + b"\n" for line in expected[start:])
