@@ -192,7 +192,7 @@ class MirrorFile:
             return self.entry.content[offset:end]
         try:
             return read_cached(self._fd, offset, length)
-        except BlockingIOError:
+        except OSError:  # not cached; or an I/O error, which the worker thread's read reports
             return None
 
     def read(self, offset: int, length: int) -> bytes:

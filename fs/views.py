@@ -441,6 +441,8 @@ class Layout:
             return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True))
         except BlockingIOError:
             return None
+        except Exception:  # damaged data: left to the worker thread's read, which reports it
+            return None
 
     def _render_page(self, layout: _SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
         """Render a page; the last page of a growing segment is extended by what was appended

@@ -6,12 +6,14 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import BrokerConfig, PartitionLog
 from engine.config import apply_topic_overrides
 from engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from engine.errors import CorruptRecordError
 from engine.segment import read_cached
 from fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS
@@ -241,4 +243,20 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
     assert view.read(100, 200) == expected[100:300]
     assert view.read_now(100, 200) == expected[100:300]
     assert view.read_now(len(expected) - 5, 10) is None  # past the end: a look at the log first
+    log.close()
+
+
+def test_damaged_bytes_are_reported_by_the_worker_thread_read(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    fill(log, 10)
+    log.flush()
+    view = View(Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64), 0)
+    size = view.size()
+    segment = log.segments[0]
+    with open(segment.log_path, "r+b") as damaged:  # a record's byte, after the measure
+        damaged.seek(segment.size - 3)
+        damaged.write(b"\xff")
+    assert view.read_now(0, size) is None
+    with pytest.raises(CorruptRecordError):
+        view.read(0, size)
     log.close()
