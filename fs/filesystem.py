@@ -17,11 +17,11 @@
 Handlers run on the trio loop and send every engine call to a worker thread, except reads that
 need neither the disk nor much rendering (bytes in the OS page cache, pages already rendered or
 small): those are served on the loop. A partition's appends are serialised by the engine's
-partition lock. Views are `fs.views.View`s; after an
-append the kernel is told that the partition's views changed size (an attribute invalidation, off
-the loop), so `tail -f` and `less +F` follow without polling the filesystem. Errors reach the
-caller as errno values through one table (`errno_for`), with a log line naming what and where;
-no handler lets an exception take the mount down.
+partition lock. Views are `fs.views.View`s; after an append the kernel is told that the
+partition's views changed size (an attribute invalidation, off the loop), so `tail -f` and
+`less +F` follow without polling the filesystem. Errors reach the caller as errno values
+through one table (`errno_for`), with a log line naming what and where; no handler lets an
+exception take the mount down.
 """
 
 from __future__ import annotations
