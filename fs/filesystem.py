@@ -62,7 +62,7 @@ from engine.errors import (
 from engine.naming import validate_topic
 from engine.partitioner import RoundRobin, partition_for_key
 from fs.mirror import Mirror, MirrorEntry, MirrorFile
-from fs.views import Layout, LayoutStore, Renderer, View
+from fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, Renderer, View
 
 logger = logging.getLogger(__name__)
 
@@ -544,6 +544,18 @@ class SeglogFS(pyfuse3.Operations):
             self.requests["read_now"] += 1
             return cached
         raise pyfuse3.FUSEError(errno.EBADF)
+
+    def prune_view_cache(self) -> None:
+        """At mount: remove stored layouts no mount has used for a while (LayoutStore.prune)."""
+        if self._layout_store is not None:
+            removed = self._layout_store.prune(self._clock() / 1000)
+            if removed:
+                logger.info(
+                    "view cache %s: removed the layouts of %d partitions unused for %d days",
+                    self._layout_store.root,
+                    removed,
+                    UNUSED_LAYOUT_DAYS,
+                )
 
     def keep_layouts(self) -> None:
         """At unmount: store what is measured of every view layout (see fs.views.LayoutStore)."""

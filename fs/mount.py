@@ -45,6 +45,7 @@ def _now_ms() -> int:
 
 
 async def _background(operations: SeglogFS, scheduler: Scheduler | None) -> None:
+    await trio.to_thread.run_sync(operations.prune_view_cache)
     if scheduler is None:
         await trio.sleep_forever()
     assert scheduler is not None

@@ -25,9 +25,11 @@ are kept in a `LayoutStore` outside the data dir, so the next mount does not mea
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import struct
 import threading
 import zlib
@@ -60,6 +62,7 @@ MARK_BYTES = 32 * 1024
 # more than rendering it, and a sequential reader (`cat`, `grep`) ran at half speed that way.
 INLINE_RENDER_BYTES = 256 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
+UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
 
 
 @dataclass
@@ -105,7 +108,8 @@ class LayoutStore:
     batch it was measured up to (same CRC): a segment rewritten by compaction, or truncated by
     recovery, is measured again. A segment that grew since (the active one) is measured from
     where its layout ends. Files are written to a temporary name and renamed, so a crash leaves
-    either the old file or the new. Thread-safe."""
+    either the old file or the new. A partition's directory is touched when a mount uses it; a
+    mount starting removes those unused for `UNUSED_LAYOUT_DAYS` (`prune`). Thread-safe."""
 
     _HEADER = struct.Struct("<4sIQQQQQqII")
     _MAGIC = b"SLVL"
@@ -231,6 +235,29 @@ class LayoutStore:
         """Forget a segment that left the log (removed by retention, replaced by compaction)."""
         self._path(directory, segment).unlink(missing_ok=True)
 
+    @staticmethod
+    def touch(directory: Path) -> None:
+        """Note that a partition's layouts are in use (their directory's mtime: see `prune`)."""
+        with contextlib.suppress(OSError):  # not stored yet, or an unwritable cache
+            os.utime(directory)
+
+    def prune(self, now_s: float, unused_days: float = UNUSED_LAYOUT_DAYS) -> int:
+        """Remove the layouts of partitions no mount has used for `unused_days` (data dirs gone
+        or moved leave theirs behind); how many partitions' layouts went."""
+        removed = 0
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError:
+            return 0
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False) and entry.stat().st_mtime < now_s - unused_days * 86400:
+                    shutil.rmtree(entry.path)
+                    removed += 1
+            except OSError as error:
+                logger.debug("pruning the view cache: %s: %s", entry.path, error)
+        return removed
+
 
 Page = list[tuple[BatchHeader, RenderedBatch]]
 
@@ -324,6 +351,8 @@ class Layout:
         self._mark_bytes = mark_bytes
         self._store = store
         self._store_directory = store.directory(log, format_key) if store is not None else None
+        if store is not None and self._store_directory is not None:
+            store.touch(self._store_directory)
         self._lock = threading.Lock()
         self._order: list[_SegmentLayout] = []
         self._starts: list[int] = []  # layout position where each segment's rendering begins

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -259,4 +260,27 @@ def test_damaged_bytes_are_reported_by_the_worker_thread_read(tmp_path: Path) ->
     assert view.read_now(0, size) is None
     with pytest.raises(CorruptRecordError):
         view.read(0, size)
+    log.close()
+
+
+def test_layouts_unused_for_a_month_are_pruned(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0")
+    fill(log, 30)
+    store = LayoutStore(tmp_path / "cache")
+    View(Layout(log, TextRenderer(TextFormat(), 0), store=store, format_key="text"), 0).size()
+    (used,) = list(store.root.iterdir())
+    gone = store.root / "t-1.0123456789abcdef01234567"  # a data dir no longer mounted
+    gone.mkdir()
+    (gone / f"{0:020d}.layout").write_bytes(b"old")
+    now = time.time()  # what a mount's touch writes
+    month_ago = now - 31 * 86400
+    for directory in (used, gone):
+        os.utime(directory, (month_ago, month_ago))
+    # A mount using a partition's layouts keeps them alive.
+    Layout(log, TextRenderer(TextFormat(), 0), store=store, format_key="text")
+    assert store.prune(now) == 1
+    assert list(store.root.iterdir()) == [used]
+    assert store.prune(now + 29 * 86400) == 0
+    assert store.prune(now + 31 * 86400) == 1
+    assert not used.exists()
     log.close()
