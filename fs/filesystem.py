@@ -505,7 +505,8 @@ class SeglogFS(pyfuse3.Operations):
         if access != os.O_RDONLY:
             raise refuse(errno.EACCES, f"write {self._where(node)}: read-only file")
         if node.kind in _VIEW_KINDS:
-            view = await self._run(lambda: self._view(node), "open")
+            # Looked up already (the usual case): its view is there, nothing to do off the loop.
+            view = node.view or await self._run(lambda: self._view(node), "open")
             # No page cache for views: a read racing an append could leave a cached page that
             # ends in zeros where the new records now are (the kernel zero-fills a short read).
             return pyfuse3.FileInfo(fh=self._new_fh(view), direct_io=True)
