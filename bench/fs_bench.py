@@ -13,7 +13,8 @@
     partitions  mount time and the mount process's memory with 1,000 partitions
 
 Throughput figures are the best of three rounds, the two sides of a ratio interleaved. Results
-print as they come and are written to bench/results/fs.json.
+print as they come and are written to bench/results/fs.json (replacing the figures of the
+benches run, keeping the others).
 """
 
 from __future__ import annotations
@@ -305,7 +306,9 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     results["peak_rss_of_bench_MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "fs.json").write_text(json.dumps(results, indent=2) + "\n")
+    saved = RESULTS / "fs.json"
+    kept = json.loads(saved.read_text()) if saved.exists() else {}  # figures of benches not run now
+    saved.write_text(json.dumps({**kept, **results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
