@@ -294,14 +294,7 @@ class _PageCache:
             waiting.wait()
             page = self.get(key)
             return page if page is not None else render()  # its rendering failed: try ourselves
-        try:
-            page = render()
-            self.put(key, page)
-            return page
-        finally:
-            with self._lock:
-                del self._rendering[key]
-            done.set()
+        return self._render_claimed(key, done, render)
 
     def render_unless_busy(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page | None:
         """`render_once` for the event loop, which must not wait: None when another thread is
@@ -310,6 +303,10 @@ class _PageCache:
             if key in self._rendering:
                 return None
             self._rendering[key] = done = threading.Event()
+        return self._render_claimed(key, done, render)
+
+    def _render_claimed(self, key: tuple[object, ...], done: threading.Event, render: Callable[[], Page]) -> Page:
+        """Render a page this thread has claimed, keep it, and let whoever waits for it go."""
         try:
             page = render()
             self.put(key, page)
