@@ -154,8 +154,10 @@ def bench_cat(root: Path, total: int) -> dict:
         view = m.path / "t" / "0" / "records"
         first = timed(lambda: run(["cat", str(view)]))  # measures the layout as it goes
         consumed, again = best_of(ROUNDS, consume, lambda: run(["cat", str(view)]))
-    with Mounted(data, root / "cat-mnt") as m:  # a new mount: sealed segments' layouts kept
-        remounted = timed(lambda: run(["cat", str(m.path / "t" / "0" / "records")]))
+    remounted = float("inf")
+    for _ in range(ROUNDS):  # a new mount each time: the layouts come from the view cache
+        with Mounted(data, root / "cat-mnt") as m:
+            remounted = min(remounted, timed(lambda: run(["cat", str(m.path / "t" / "0" / "records")])))
     shutil.rmtree(data)
     return {
         "records": records,
