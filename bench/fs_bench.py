@@ -183,17 +183,26 @@ def bench_append(root: Path, total: int) -> dict:
             n += 10000
     lines = lines_file.read_bytes().split(b"\n")[:-1]
 
-    def engine_append() -> None:
-        with DataDir.open(BrokerConfig.load(log_dirs=[root / "append-engine"]), now_ms=NOW_MS) as data_dir:
+    engine_dirs = iter(range(ROUNDS))
+
+    def engine_append() -> None:  # a new data dir each round
+        data = root / f"append-engine-{next(engine_dirs)}"
+        with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=NOW_MS) as data_dir:
             log = data_dir.partition_for_append("t", 0, now_ms=NOW_MS)[0]
             for start in range(0, len(lines), 10000):
                 log.append_records(lines[start : start + 10000], now_ms=NOW_MS)
 
-    engine = timed(engine_append)
     with Mounted(root / "append-data", root / "append-mnt") as m:
-        os.mkdir(m.path / "t")
-        through = timed(lambda: run(["bash", "-c", f"cat {lines_file} >> {m.path}/t/0/append"]))
-    shutil.rmtree(root / "append-engine")
+        topics = iter(range(ROUNDS))
+
+        def mount_append() -> None:  # a new topic each round: the same work as the engine's
+            topic = m.path / f"t{next(topics)}"
+            os.mkdir(topic)
+            run(["bash", "-c", f"cat {lines_file} >> {topic}/0/append"])
+
+        engine, through = best_of(ROUNDS, engine_append, mount_append)
+    for data in root.glob("append-engine-*"):
+        shutil.rmtree(data)
     shutil.rmtree(root / "append-data")
     lines_file.unlink()
     return {
