@@ -530,21 +530,15 @@ class SeglogFS(pyfuse3.Operations):
             return handle[off : off + size]
         # A read that needs neither the disk nor much rendering is served on the loop: handing
         # it to a worker thread costs more than the read (sequential readers ran at half speed).
-        if isinstance(handle, View):
-            view = handle
-            data = view.read_now(off, size)
-            if data is None:
-                return await self._run(lambda: view.read(off, size), "read")
-            self.requests["read_now"] += 1
-            return data
-        if isinstance(handle, MirrorFile):
-            opened = handle
-            cached = opened.read_now(off, size)
-            if cached is None:
-                return await self._run(lambda: opened.read(off, size), "read .logdir")
-            self.requests["read_now"] += 1
-            return cached
-        raise pyfuse3.FUSEError(errno.EBADF)
+        if not isinstance(handle, (View, MirrorFile)):
+            raise pyfuse3.FUSEError(errno.EBADF)
+        readable = handle
+        data = readable.read_now(off, size)
+        if data is None:
+            what = "read .logdir" if isinstance(readable, MirrorFile) else "read"
+            return await self._run(lambda: readable.read(off, size), what)
+        self.requests["read_now"] += 1
+        return data
 
     def prune_view_cache(self) -> None:
         """At mount: remove stored layouts no mount has used for a while (LayoutStore.prune)."""
