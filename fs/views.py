@@ -57,9 +57,9 @@ class Renderer(Protocol):
 
 
 MARK_BYTES = 32 * 1024
-# A page whose rendering is at most this big is rendered on the event loop when its bytes are in
-# the OS page cache (about a millisecond and a half here): handing it to a worker thread costs
-# more than rendering it, and a sequential reader (`cat`, `grep`) ran at half speed that way.
+# A read may render pages on the event loop, this many bytes of them at most, when their bytes
+# are in the OS page cache (about a millisecond and a half here): handing that to a worker thread
+# costs more than rendering it, and a sequential reader (`cat`, `grep`) ran at half speed that way.
 INLINE_RENDER_BYTES = 256 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
@@ -455,20 +455,22 @@ class Layout:
             page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
         return page
 
-    def _page_now(self, layout: _SegmentLayout, mark: int) -> Page | None:
-        """`_page` for the event loop: the page if it is rendered already, or cheap to render and
-        its bytes are in the OS page cache (then it is rendered here); else None."""
+    def _page_now(self, layout: _SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
+        """`_page` for the event loop, and how many bytes it rendered: the page if it is rendered
+        already, or renders to at most `budget` bytes and its bytes are in the OS page cache (then
+        it is rendered here); else None."""
         start, end = layout.page_bounds(mark)
         key = (self, layout.segment, start, end)
         page = _PAGES.get(key)
-        if page is not None or layout.page_size(mark) > INLINE_RENDER_BYTES:
-            return page
+        size = layout.page_size(mark)
+        if page is not None or size > budget:
+            return page, 0
         try:
-            return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True))
+            return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True)), size
         except BlockingIOError:
-            return None
+            return None, 0
         except Exception:  # damaged data: left to the worker thread's read, which reports it
-            return None
+            return None, 0
 
     def _render_page(self, layout: _SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
         """Render a page; the last page of a growing segment is extended by what was appended
@@ -527,10 +529,12 @@ class Layout:
 
     def _pieces(self, position: int, length: int, *, now: bool) -> Iterator[memoryview | None]:
         """The layout bytes [position, position + length) as pieces of rendered pages (views, not
-        copies); with `now`, None (and the end) at the first page `_page` cannot give now."""
+        copies); with `now`, None (and the end) at the first page `_page_now` cannot give within
+        the read's rendering budget."""
         with self._lock:
             order, starts = self._order, self._starts
         wanted = length
+        budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
         while slot < len(order) and wanted > 0:
             layout = order[slot]
@@ -539,7 +543,11 @@ class Layout:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
                 while mark < len(layout.marks_view) and wanted > 0:
-                    page = self._page_now(layout, mark) if now else self._page(layout, mark)
+                    if now:
+                        page, cost = self._page_now(layout, mark, budget)
+                        budget -= cost
+                    else:
+                        page = self._page(layout, mark)
                     if page is None:
                         yield None
                         return

@@ -237,6 +237,16 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
     assert view.read(0, len(expected)) == expected
     assert view.read_now(0, len(expected)) == expected
 
+    # A read rendering more than its budget on the loop: likewise; rendered pages cost nothing.
+    if nowait:
+        monkeypatch.setattr("fs.views.INLINE_RENDER_BYTES", 300)  # a few pages of ~64 bytes
+        view = fresh_view()
+        assert view.read_now(0, len(expected)) is None
+        assert view.read_now(0, 50) == expected[:50]
+        assert view.read_now(0, 250) == expected[:250]
+        assert view.read(0, len(expected)) == expected
+        assert view.read_now(0, len(expected)) == expected
+
     # Pages too big to render on the loop: likewise.
     monkeypatch.setattr("fs.views.INLINE_RENDER_BYTES", 10)
     view = fresh_view()
