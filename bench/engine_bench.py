@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import BrokerConfig, DataDir, PartitionLog
-from engine.console import TextFormat, record_to_json
-from engine.index import OffsetIndex
-from engine.loader import segment_for
+from seglogfs.engine import BrokerConfig, DataDir, PartitionLog
+from seglogfs.engine.console import TextFormat, record_to_json
+from seglogfs.engine.index import OffsetIndex
+from seglogfs.engine.loader import segment_for
 
 NOW_MS = 1_763_800_000_000
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -248,7 +248,7 @@ def bench_open(root: Path, segments: int = 10_000) -> dict:
 _COMPACT_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from engine import BrokerConfig, DataDir
+from seglogfs.engine import BrokerConfig, DataDir
 root, now, buffer = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 config = BrokerConfig.load(overrides=[f"log.cleaner.dedupe.buffer.size={buffer}"], log_dirs=[root])
 with DataDir.open(config, now_ms=now) as data_dir:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine import BrokerConfig, DataDir
+from seglogfs.engine import BrokerConfig, DataDir
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -49,7 +49,18 @@ class Mounted:
         started = time.perf_counter()
         cache = f"view.cache={data.parent / (data.name + '-view-cache')}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mount_tools.cli", "mount", str(data), str(mountpoint), "-f", "-o", cache, *options],
+            [
+                sys.executable,
+                "-m",
+                "seglogfs.mount_tools.cli",
+                "mount",
+                str(data),
+                str(mountpoint),
+                "-f",
+                "-o",
+                cache,
+                *options,
+            ],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -145,7 +156,16 @@ def bench_logdir(root: Path, total: int) -> dict:
 def bench_cat(root: Path, total: int) -> dict:
     data = root / "cat-data"
     records = fill(data, "t", total)
-    command = [sys.executable, "-m", "mount_tools.cli", "consume", str(data), "--topic", "t", "--from-beginning"]
+    command = [
+        sys.executable,
+        "-m",
+        "seglogfs.mount_tools.cli",
+        "consume",
+        str(data),
+        "--topic",
+        "t",
+        "--from-beginning",
+    ]
 
     def consume() -> None:
         run(command, cwd=REPO, stderr=subprocess.DEVNULL)

@@ -10,10 +10,10 @@ use it unchanged. Time comes in as `now_ms` arguments. The public API:
 * `EngineError` and its subclasses.
 """
 
-from engine.compression import CompressionType
-from engine.config import BrokerConfig, LogConfig
-from engine.datadir import DataDir
-from engine.errors import (
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.config import BrokerConfig, LogConfig
+from seglogfs.engine.datadir import DataDir
+from seglogfs.engine.errors import (
     ConfigError,
     CorruptIndexError,
     CorruptRecordError,
@@ -28,9 +28,9 @@ from engine.errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from engine.log import AppendInfo, FetchResult, PartitionLog
-from engine.records import BatchHeader, Record, TimestampType, build_batch, decode_records
-from engine.segment import TimestampAndOffset
+from seglogfs.engine.log import AppendInfo, FetchResult, PartitionLog
+from seglogfs.engine.records import BatchHeader, Record, TimestampType, build_batch, decode_records
+from seglogfs.engine.segment import TimestampAndOffset
 
 __all__ = [
     "AppendInfo",

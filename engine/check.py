@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoint import (
+from seglogfs.engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -32,10 +32,10 @@ from engine.checkpoint import (
     CheckpointError,
     read_offset_checkpoint,
 )
-from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
-from engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
-from engine.records import BatchHeader, check_batch, decode_records
-from engine.segment import LogSegment
+from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
+from seglogfs.engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
+from seglogfs.engine.records import BatchHeader, check_batch, decode_records
+from seglogfs.engine.segment import LogSegment
 
 
 @dataclass(frozen=True)

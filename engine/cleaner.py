@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.columns import RecordColumns, record_columns
-from engine.errors import CorruptRecordError, EngineError
-from engine.loader import segment_for
-from engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
-from engine.records import (
+from seglogfs.engine.columns import RecordColumns, record_columns
+from seglogfs.engine.errors import CorruptRecordError, EngineError
+from seglogfs.engine.loader import segment_for
+from seglogfs.engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
+from seglogfs.engine.records import (
     BatchHeader,
     ProducerState,
     TimestampType,
@@ -62,8 +62,8 @@ from engine.records import (
 )
 
 if TYPE_CHECKING:
-    from engine.log import PartitionLog
-    from engine.segment import LogSegment
+    from seglogfs.engine.log import PartitionLog
+    from seglogfs.engine.segment import LogSegment
 
 logger = logging.getLogger(__name__)
 

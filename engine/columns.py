@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine import varint
-from engine.records import BatchHeader, TimestampType, records_section
+from seglogfs.engine import varint
+from seglogfs.engine.records import BatchHeader, TimestampType, records_section
 
 _PADDING = bytes(10)  # varint windows may look ten bytes past the end
 _BYTE_SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)

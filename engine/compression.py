@@ -26,7 +26,7 @@ import cramjam
 import lz4.frame
 import zstandard
 
-from engine.errors import UnsupportedCompressionError
+from seglogfs.engine.errors import UnsupportedCompressionError
 
 
 class CompressionType(enum.IntEnum):

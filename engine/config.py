@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.compression import CompressionType
-from engine.errors import ConfigError
-from engine.records import TimestampType
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.errors import ConfigError
+from seglogfs.engine.records import TimestampType
 
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1  # Kafka types these sizes as int: index positions are 32-bit

@@ -32,9 +32,9 @@ from json.encoder import encode_basestring as _encode_json_string
 
 import numpy as np
 
-from engine.columns import RecordColumns, record_columns
-from engine.errors import InvalidRecordError, TimestampParseError
-from engine.records import BatchHeader, Header, Record, decode_records
+from seglogfs.engine.columns import RecordColumns, record_columns
+from seglogfs.engine.errors import InvalidRecordError, TimestampParseError
+from seglogfs.engine.records import BatchHeader, Header, Record, decode_records
 
 
 def parse_timestamp(text: str) -> int:

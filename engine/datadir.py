@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.checkpoint import (
+from seglogfs.engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -44,9 +44,9 @@ from engine.checkpoint import (
     write_atomically,
     write_offset_checkpoint,
 )
-from engine.cleaner import Cleaner, CleanResult, LogToClean, earliest_delete_horizon, filthiest, log_to_clean
-from engine.config import BrokerConfig, LogConfig, validate_topic_overrides
-from engine.errors import (
+from seglogfs.engine.cleaner import Cleaner, CleanResult, LogToClean, earliest_delete_horizon, filthiest, log_to_clean
+from seglogfs.engine.config import BrokerConfig, LogConfig, validate_topic_overrides
+from seglogfs.engine.errors import (
     ConfigError,
     EngineError,
     LogDirLockedError,
@@ -54,9 +54,9 @@ from engine.errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from engine.log import PartitionLog
-from engine.naming import partition_dir_name, partition_dirs, validate_topic
-from engine.retention import RetentionDecision
+from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.naming import partition_dir_name, partition_dirs, validate_topic
+from seglogfs.engine.retention import RetentionDecision
 
 logger = logging.getLogger(__name__)
 

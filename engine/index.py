@@ -37,7 +37,7 @@ from typing import ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
+from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
 
 OFFSET_INDEX_DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 TIME_INDEX_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])

@@ -28,9 +28,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.config import LogConfig
-from engine.errors import UnsupportedFormatError
-from engine.naming import (
+from seglogfs.engine.config import LogConfig
+from seglogfs.engine.errors import UnsupportedFormatError
+from seglogfs.engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -40,7 +40,7 @@ from engine.naming import (
     TIME_INDEX_SUFFIX,
     parse_segment_file_name,
 )
-from engine.segment import LogSegment
+from seglogfs.engine.segment import LogSegment
 
 log = logging.getLogger(__name__)
 

@@ -20,25 +20,25 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoint import (
+from seglogfs.engine.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
     PARTITION_METADATA,
     fsync_dir,
     write_leader_epochs,
     write_partition_metadata,
 )
-from engine.compression import CompressionType
-from engine.config import LogConfig
-from engine.errors import (
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.config import LogConfig
+from seglogfs.engine.errors import (
     CorruptRecordError,
     InvalidRecordError,
     OffsetOutOfRangeError,
     ReadOnlyError,
     RecordTooLargeError,
 )
-from engine.loader import load_partition, segment_for
-from engine.naming import CLEANED_SUFFIX, SWAP_SUFFIX
-from engine.records import (
+from seglogfs.engine.loader import load_partition, segment_for
+from seglogfs.engine.naming import CLEANED_SUFFIX, SWAP_SUFFIX
+from seglogfs.engine.records import (
     NO_PRODUCER,
     BatchHeader,
     Header,
@@ -51,9 +51,9 @@ from engine.records import (
     iter_batch_headers,
     set_log_append_time,
 )
-from engine.retention import RetentionDecision, segments_to_delete
-from engine.segment import FetchSlice, LogSegment, RollParams, TimestampAndOffset
-from engine.segments import LogSegments
+from seglogfs.engine.retention import RetentionDecision, segments_to_delete
+from seglogfs.engine.segment import FetchSlice, LogSegment, RollParams, TimestampAndOffset
+from seglogfs.engine.segments import LogSegments
 
 LEADER_EPOCH = 0  # a single replica is leader of epoch 0 for its whole life
 

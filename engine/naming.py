@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from engine.errors import InvalidTopicError
+from seglogfs.engine.errors import InvalidTopicError
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"

@@ -44,8 +44,8 @@ from typing import NamedTuple, cast
 import crc32c
 import numpy as np
 
-from engine import varint
-from engine.compression import CompressionType, compress, decompress
+from seglogfs.engine import varint
+from seglogfs.engine.compression import CompressionType, compress, decompress
 
 BATCH_HEADER_DTYPE = np.dtype(
     [

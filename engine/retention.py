@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.config import LogConfig
-from engine.segment import LogSegment
+from seglogfs.engine.config import LogConfig
+from seglogfs.engine.segment import LogSegment
 
 
 @dataclass(frozen=True)

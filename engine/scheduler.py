@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.config import LONG_MAX
-from engine.datadir import DataDir
+from seglogfs.engine.config import LONG_MAX
+from seglogfs.engine.datadir import DataDir
 
 _DEFAULT_FLUSH_CHECK_MS = 1000
 

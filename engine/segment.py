@@ -30,10 +30,10 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
-from engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset
-from engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
-from engine.records import (
+from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
+from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset
+from seglogfs.engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
+from seglogfs.engine.records import (
     BATCH_OVERHEAD_BYTES,
     LOG_OVERHEAD_BYTES,
     BatchHeader,

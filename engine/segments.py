@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from engine.segment import LogSegment
+from seglogfs.engine.segment import LogSegment
 
 
 class LogSegments:

@@ -42,10 +42,17 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from engine import DataDir, PartitionLog
-from engine.config import validate_topic_overrides
-from engine.console import JsonLinesRenderer, LineFormat, TextFormat, TextRenderer, parse_timestamp, record_from_json
-from engine.errors import (
+from seglogfs.engine import DataDir, PartitionLog
+from seglogfs.engine.config import validate_topic_overrides
+from seglogfs.engine.console import (
+    JsonLinesRenderer,
+    LineFormat,
+    TextFormat,
+    TextRenderer,
+    parse_timestamp,
+    record_from_json,
+)
+from seglogfs.engine.errors import (
     ConfigError,
     CorruptRecordError,
     EngineError,
@@ -59,10 +66,10 @@ from engine.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedFormatError,
 )
-from engine.naming import validate_topic
-from engine.partitioner import RoundRobin, partition_for_key
-from fs.mirror import Mirror, MirrorEntry, MirrorFile
-from fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, Renderer, View
+from seglogfs.engine.naming import validate_topic
+from seglogfs.engine.partitioner import RoundRobin, partition_for_key
+from seglogfs.fs.mirror import Mirror, MirrorEntry, MirrorFile
+from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, Renderer, View
 
 logger = logging.getLogger(__name__)
 

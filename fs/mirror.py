@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import DataDir, PartitionLog
-from engine.checkpoint import (
+from seglogfs.engine import DataDir, PartitionLog
+from seglogfs.engine.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -32,9 +32,9 @@ from engine.checkpoint import (
     REPLICATION_OFFSET_CHECKPOINT,
     format_offset_checkpoint,
 )
-from engine.datadir import TOPIC_CONFIGS_FILE
-from engine.naming import partition_dir_name
-from engine.segment import LogSegment, read_cached
+from seglogfs.engine.datadir import TOPIC_CONFIGS_FILE
+from seglogfs.engine.naming import partition_dir_name
+from seglogfs.engine.segment import LogSegment, read_cached
 
 _PARTITION_FILES = (LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA)
 _GENERATED = (

@@ -20,9 +20,9 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from engine import BrokerConfig, DataDir
-from engine.scheduler import Scheduler
-from fs.filesystem import MountOptions, SeglogFS
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.scheduler import Scheduler
+from seglogfs.fs.filesystem import MountOptions, SeglogFS
 
 logger = logging.getLogger(__name__)
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from engine.console import RenderedBatch
-from engine.log import PartitionLog
-from engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
-from engine.segment import LogSegment
+from seglogfs.engine.console import RenderedBatch
+from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
+from seglogfs.engine.segment import LogSegment
 
 logger = logging.getLogger(__name__)
 

@@ -23,13 +23,20 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from engine import BrokerConfig, DataDir, EngineError, LogDirLockedError, PartitionLog
-from engine.check import check_log_dirs
-from engine.console import JsonLinesRenderer, LineFormat, TextFormat, TextRenderer, parse_timestamp, record_from_json
-from engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError
-from engine.partitioner import RoundRobin, partition_for_key
-from mount_tools import dump, mounting
-from mount_tools.progress import Progress
+from seglogfs.engine import BrokerConfig, DataDir, EngineError, LogDirLockedError, PartitionLog
+from seglogfs.engine.check import check_log_dirs
+from seglogfs.engine.console import (
+    JsonLinesRenderer,
+    LineFormat,
+    TextFormat,
+    TextRenderer,
+    parse_timestamp,
+    record_from_json,
+)
+from seglogfs.engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError
+from seglogfs.engine.partitioner import RoundRobin, partition_for_key
+from seglogfs.mount_tools import dump, mounting
+from seglogfs.mount_tools.progress import Progress
 
 EXIT_OK = 0
 EXIT_DATA = 1

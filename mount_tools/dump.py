@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import CorruptIndexError
-from engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex, entries_in_use
-from engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from engine.records import BatchHeader, Record, check_batch, control_type, decode_records
-from engine.segment import LogSegment
+from seglogfs.engine.errors import CorruptIndexError
+from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex, entries_in_use
+from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from seglogfs.engine.records import BatchHeader, Record, check_batch, control_type, decode_records
+from seglogfs.engine.segment import LogSegment
 
 
 class DumpFailed(Exception):

@@ -9,19 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from engine import BrokerConfig, DataDir
-from engine.check import check_log_dirs
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.check import check_log_dirs
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-KAFKA_FIXTURES = SHARED / "fixtures" / "kafka"
+KAFKA_FIXTURES = REPO / "tests" / "fixtures" / "kafka"
 NOW_MS = 1_763_800_000_000  # 2025-11-22T08:26:40Z: a fixed "now" for deterministic tests
 
 
 def kafka_fixtures() -> Path:
     """The real broker data dirs; their absence is an error, never a skip."""
     if not (KAFKA_FIXTURES / "INDEX_EXACT.txt").exists():
-        raise RuntimeError(f"broker fixtures not found at {KAFKA_FIXTURES} (shared/ must sit beside the repo)")
+        raise RuntimeError(f"broker fixtures not found at {KAFKA_FIXTURES} (they are part of the repository)")
     return KAFKA_FIXTURES
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import BrokerConfig, DataDir
+from seglogfs.engine import BrokerConfig, DataDir
 
 TOPIC = "compacted"
 KEYS = 12

@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine import DataDir
-from engine.cleaner import OffsetMap
-from engine.naming import CLEANED_SUFFIX
-from engine.segment import LogSegment
+from seglogfs.engine import DataDir
+from seglogfs.engine.cleaner import OffsetMap
+from seglogfs.engine.naming import CLEANED_SUFFIX
+from seglogfs.engine.segment import LogSegment
 from tests.cli.clean_crash_setup import crash_config
 
 

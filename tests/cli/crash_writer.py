@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from engine import BrokerConfig, DataDir
-from engine.compression import CompressionType
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.compression import CompressionType
 
 
 def value_for(offset: int) -> bytes:

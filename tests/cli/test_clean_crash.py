@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine import DataDir
+from seglogfs.engine import DataDir
 from tests.cli.clean_crash_setup import TOPIC, crash_config, make_compacted_dir
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import BrokerConfig, DataDir
-from engine.partitioner import partition_for_key
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.partitioner import partition_for_key
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
 
-SEGLOGFS = [sys.executable, "-m", "mount_tools.cli"]
+SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
 
 
 def run(*args: str, stdin: bytes = b"", check: bool = True) -> subprocess.CompletedProcess[bytes]:
@@ -494,8 +494,8 @@ def test_legacy_message_data_is_refused_and_never_cut(tmp_path: Path) -> None:
 def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
     import struct
 
-    from engine.records import build_batch as build
-    from engine.records import compute_crc
+    from seglogfs.engine.records import build_batch as build
+    from seglogfs.engine.records import compute_crc
 
     batch = bytearray(build([b"one", b"two"], timestamps=NOW_MS))
     struct.pack_into(">i", batch, 57, 3)  # claims three records, holds two; CRC made to match

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import BrokerConfig, DataDir
-from mount_tools.cli import main as cli_main
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.mount_tools.cli import main as cli_main
 from tests.cli.crash_writer import value_for
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
 
@@ -123,7 +123,7 @@ def test_readers_beside_a_live_writer_see_only_whole_records(tmp_path: Path) -> 
                 [
                     sys.executable,
                     "-m",
-                    "mount_tools.cli",
+                    "seglogfs.mount_tools.cli",
                     "consume",
                     str(log_dir),
                     "--topic",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import (
+from seglogfs.engine.checkpoint import (
     CheckpointError,
     read_offset_checkpoint,
     read_partition_metadata,

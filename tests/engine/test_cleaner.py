@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.memory_records import MemoryRecords
 
-from engine import BrokerConfig, CorruptRecordError, DataDir, PartitionLog
-from engine.checkpoint import read_offset_checkpoint, write_offset_checkpoint
-from engine.cleaner import (
+from seglogfs.engine import BrokerConfig, CorruptRecordError, DataDir, PartitionLog
+from seglogfs.engine.checkpoint import read_offset_checkpoint, write_offset_checkpoint
+from seglogfs.engine.cleaner import (
     Cleaner,
     CleanerStats,
     LogToClean,
@@ -26,11 +26,11 @@ from engine.cleaner import (
     key_hashes,
     log_to_clean,
 )
-from engine.compression import CompressionType
-from engine.config import apply_topic_overrides
-from engine.errors import UnsupportedFormatError
-from engine.loader import segment_for
-from engine.records import BatchHeader, build_batch, decode_records
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.config import apply_topic_overrides
+from seglogfs.engine.errors import UnsupportedFormatError
+from seglogfs.engine.loader import segment_for
+from seglogfs.engine.records import BatchHeader, build_batch, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 from tests.engine.test_retention import run_cli
 

@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
-from engine.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
+from seglogfs.engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from seglogfs.engine.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
 
 NOW_MS = 1_763_800_000_000
 

@@ -1,4 +1,4 @@
-"""The engine against data written by real Kafka brokers (`shared/fixtures/kafka`).
+"""The engine against data written by real Kafka brokers (`tests/fixtures/kafka`).
 
 The oracle is an independent decoder, kafka-python's record classes: every record the engine
 reads, every line the CLI prints, every batch `dump` shows and every index look-up is compared
@@ -22,11 +22,11 @@ from typing import NamedTuple
 import pytest
 from kafka.record.memory_records import MemoryRecords
 
-from engine import BrokerConfig, DataDir
-from engine.check import check_log_dirs
-from engine.loader import segment_for
-from engine.segment import LogSegment
-from mount_tools.cli import main as cli_main
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.check import check_log_dirs
+from seglogfs.engine.loader import segment_for
+from seglogfs.engine.segment import LogSegment
+from seglogfs.mount_tools.cli import main as cli_main
 from tests.conftest import NOW_MS, kafka_fixtures
 
 FIXTURES = kafka_fixtures()

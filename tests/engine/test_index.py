@@ -15,8 +15,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
-from engine.index import (
+from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
+from seglogfs.engine.index import (
     NO_TIMESTAMP,
     OFFSET_INDEX_DTYPE,
     TIME_INDEX_DTYPE,

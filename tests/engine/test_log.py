@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import (
+from seglogfs.engine import (
     BrokerConfig,
     DataDir,
     InvalidRecordError,
@@ -16,8 +16,8 @@ from engine import (
     PartitionLog,
     RecordTooLargeError,
 )
-from engine.config import LogConfig, apply_topic_overrides
-from engine.records import BatchHeader, build_batch
+from seglogfs.engine.config import LogConfig, apply_topic_overrides
+from seglogfs.engine.records import BatchHeader, build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
 
@@ -106,7 +106,7 @@ def test_read_out_of_range(part_dir: Path) -> None:
 
 def test_compressed_batches_are_read_whole(part_dir: Path) -> None:
     # Case 14: reading any offset of a compressed batch returns the batch from its first record.
-    from engine.compression import CompressionType
+    from seglogfs.engine.compression import CompressionType
 
     log = make_log(part_dir)
     log.append_records([b"a", b"b"], now_ms=NOW_MS, compression=CompressionType.GZIP)
@@ -144,7 +144,7 @@ def test_compacted_topic_refuses_records_without_key(part_dir: Path) -> None:
     log = make_log(part_dir, cleanup_policy="compact")
     with pytest.raises(InvalidRecordError, match="record 1, which has no key"):
         log.append_records([b"a", b"b"], keys=[b"k", None], now_ms=NOW_MS)
-    from engine.compression import CompressionType
+    from seglogfs.engine.compression import CompressionType
 
     unkeyed = build_batch([b"a"], timestamps=NOW_MS, compression=CompressionType.GZIP)
     with pytest.raises(InvalidRecordError, match="record 0"):
@@ -361,7 +361,7 @@ def test_clean_shutdown_skips_recovery(part_dir: Path) -> None:
     log.append_records([b"a", b"b"], now_ms=NOW_MS)
     log.close()
     calls = []
-    from engine import segment as segment_module
+    from seglogfs.engine import segment as segment_module
 
     original = segment_module.LogSegment.recover
     segment_module.LogSegment.recover = lambda self: calls.append(self) or original(self)  # type: ignore[method-assign]
@@ -518,14 +518,14 @@ def test_server_properties_file_and_overrides(tmp_path: Path) -> None:
     ],
 )
 def test_bad_config_names_key_and_source(override: str, message: str) -> None:
-    from engine import ConfigError
+    from seglogfs.engine import ConfigError
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         BrokerConfig.load(overrides=[override], log_dirs=[Path("/x")])
 
 
 def test_unknown_topic_config_is_refused(log_dir: Path) -> None:
-    from engine import ConfigError
+    from seglogfs.engine import ConfigError
 
     with (
         DataDir.open(broker_config(log_dir), now_ms=NOW_MS) as data_dir,
@@ -603,7 +603,7 @@ def test_an_index_held_across_a_roll_still_answers(part_dir: Path) -> None:
 
 
 def test_sizes_are_capped_where_kafka_types_them_as_int() -> None:
-    from engine import ConfigError
+    from seglogfs.engine import ConfigError
 
     with pytest.raises(ConfigError, match="above the maximum of 2147483647"):
         BrokerConfig.load(overrides=["log.segment.bytes=5000000000"], log_dirs=[Path("/x")])

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from engine import varint
-from engine.compression import CompressionType
-from engine.records import (
+from seglogfs.engine import varint
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.records import (
     BatchHeader,
     ControlType,
     ProducerState,
@@ -178,8 +178,8 @@ def test_segments_written_by_the_engine_parse_and_index_by_kafkas_rules(tmp_path
     broker segments of INDEX_EXACT.txt)."""
     from kafka.record.memory_records import MemoryRecords
 
-    from engine import BrokerConfig, PartitionLog
-    from engine.loader import segment_for
+    from seglogfs.engine import BrokerConfig, PartitionLog
+    from seglogfs.engine.loader import segment_for
     from tests.conftest import NOW_MS
 
     log_dir = tmp_path / "logs"

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import BrokerConfig, PartitionLog
-from engine.compression import CompressionType
-from engine.records import BATCH_OVERHEAD_BYTES
+from seglogfs.engine import BrokerConfig, PartitionLog
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.records import BATCH_OVERHEAD_BYTES
 from tests.conftest import NOW_MS, assert_log_dir_valid
 
 # Bytes of a batch header that the CRC does not cover and whose damage leaves a valid batch:

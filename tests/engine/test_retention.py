@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import BrokerConfig, DataDir, OffsetOutOfRangeError, PartitionLog
-from engine.config import apply_topic_overrides
-from engine.records import build_batch
+from seglogfs.engine import BrokerConfig, DataDir, OffsetOutOfRangeError, PartitionLog
+from seglogfs.engine.config import apply_topic_overrides
+from seglogfs.engine.records import build_batch
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
 
 RECORD = b"0123456789"
@@ -141,7 +141,7 @@ def test_log_start_offset_survives_reopen(log_dir: Path) -> None:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mount_tools.cli", *args],
+        [sys.executable, "-m", "seglogfs.mount_tools.cli", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

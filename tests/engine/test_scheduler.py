@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import BrokerConfig, DataDir
-from engine.checkpoint import read_offset_checkpoint
-from engine.scheduler import Scheduler
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.checkpoint import read_offset_checkpoint
+from seglogfs.engine.scheduler import Scheduler
 from tests.conftest import NOW_MS, assert_log_dir_valid
 
 

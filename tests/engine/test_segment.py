@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import CorruptIndexError, OffsetOverflowError
-from engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
-from engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
-from engine.segment import FetchSlice, LogSegment, RollParams, read_cached
+from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError
+from seglogfs.engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
+from seglogfs.engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
+from seglogfs.engine.segment import FetchSlice, LogSegment, RollParams, read_cached
 from tests.conftest import NOW_MS
 
 INT32_MAX = 2**31 - 1

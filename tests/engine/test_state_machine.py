@@ -20,8 +20,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine import BrokerConfig, DataDir
-from engine.check import check_log_dirs
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.check import check_log_dirs
 from tests.conftest import NOW_MS
 
 pytestmark = pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch")

@@ -27,7 +27,7 @@ class Mount:
         self.log = mountpoint.parent / f"{mountpoint.name}.log"
         self._log_file = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mount_tools.cli", "mount", str(data), str(mountpoint), "-f", *options],
+            [sys.executable, "-m", "seglogfs.mount_tools.cli", "mount", str(data), str(mountpoint), "-f", *options],
             cwd=REPO,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,

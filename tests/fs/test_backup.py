@@ -31,7 +31,7 @@ def rsync(source: Path, target: Path) -> tuple[list[str], str]:
 
 def check(data: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mount_tools.cli", "check", str(data)],
+        [sys.executable, "-m", "seglogfs.mount_tools.cli", "check", str(data)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -58,7 +58,7 @@ def test_rsync_of_the_logdir_mirror(mount, tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "mount_tools.cli",
+                "seglogfs.mount_tools.cli",
                 "consume",
                 str(backup),
                 "--topic",

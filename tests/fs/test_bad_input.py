@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import BrokerConfig, DataDir
+from seglogfs.engine import BrokerConfig, DataDir
 from tests.conftest import NOW_MS
 from tests.fs.conftest import Mount
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import BrokerConfig, DataDir
-from engine.cleaner import Cleaner, log_to_clean
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.cleaner import Cleaner, log_to_clean
 from tests.conftest import NOW_MS
 from tests.fs.conftest import Mount
 

@@ -23,7 +23,17 @@ def sh(command: str, **kwargs) -> subprocess.CompletedProcess[bytes]:
 
 def consume(data: Path, topic: str, *extra: str) -> bytes:
     done = subprocess.run(
-        [sys.executable, "-m", "mount_tools.cli", "consume", str(data), "--topic", topic, "--from-beginning", *extra],
+        [
+            sys.executable,
+            "-m",
+            "seglogfs.mount_tools.cli",
+            "consume",
+            str(data),
+            "--topic",
+            topic,
+            "--from-beginning",
+            *extra,
+        ],
         cwd=REPO,
         capture_output=True,
         check=True,
@@ -144,7 +154,7 @@ def test_mount_type_and_fstab_line(tmp_path: Path) -> None:
     data, mountpoint = tmp_path / "data", tmp_path / "mnt"
     mountpoint.mkdir()
     subprocess.run(
-        [sys.executable, "-m", "mount_tools.cli", "produce", str(data), "--topic", "t"],
+        [sys.executable, "-m", "seglogfs.mount_tools.cli", "produce", str(data), "--topic", "t"],
         input=b"hello\n",
         cwd=REPO,
         check=True,
@@ -205,7 +215,7 @@ def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path
         ([str(m.data), str(second), "-o", "bogus"], 1, "-o bogus: unknown mount option"),
         ([str(m.data), str(tmp_path / "missing")], 1, "mount point is not a directory"),
     ):
-        command = [sys.executable, "-m", "mount_tools.cli", "mount", *args]
+        command = [sys.executable, "-m", "seglogfs.mount_tools.cli", "mount", *args]
         done = subprocess.run(command, cwd=REPO, capture_output=True, timeout=60, check=False)
         lines = done.stderr.decode().strip().splitlines()
         assert done.returncode == code and len(lines) == 1 and said in lines[0], (args, done)

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import BrokerConfig, PartitionLog
-from engine.config import apply_topic_overrides
-from engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
-from engine.errors import CorruptRecordError
-from engine.segment import read_cached
-from fs.views import Layout, LayoutStore, View
+from seglogfs.engine import BrokerConfig, PartitionLog
+from seglogfs.engine.config import apply_topic_overrides
+from seglogfs.engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from seglogfs.engine.errors import CorruptRecordError
+from seglogfs.engine.segment import read_cached
+from seglogfs.fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS
 
 
@@ -239,7 +239,7 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
 
     # A read rendering more than its budget on the loop: likewise; rendered pages cost nothing.
     if nowait:
-        monkeypatch.setattr("fs.views.INLINE_RENDER_BYTES", 300)  # a few pages of ~64 bytes
+        monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 300)  # a few pages of ~64 bytes
         view = fresh_view()
         assert view.read_now(0, len(expected)) is None
         assert view.read_now(0, 50) == expected[:50]
@@ -248,7 +248,7 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
         assert view.read_now(0, len(expected)) == expected
 
     # Pages too big to render on the loop: likewise.
-    monkeypatch.setattr("fs.views.INLINE_RENDER_BYTES", 10)
+    monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 10)
     view = fresh_view()
     assert view.read_now(100, 200) is None
     assert view.read(100, 200) == expected[100:300]
