@@ -28,7 +28,7 @@ from seglogfs.engine.errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from seglogfs.engine.log import AppendInfo, FetchResult, PartitionLog
+from seglogfs.engine.log import AppendInfo, PartitionLog
 from seglogfs.engine.records import BatchHeader, Record, TimestampType, build_batch, decode_records
 from seglogfs.engine.segment import TimestampAndOffset
 
@@ -42,7 +42,6 @@ __all__ = [
     "CorruptRecordError",
     "DataDir",
     "EngineError",
-    "FetchResult",
     "InvalidRecordError",
     "InvalidTopicError",
     "LogConfig",

@@ -1,12 +1,13 @@
-"""Key compaction (Kafka's LogCleaner and LogCleanerManager, for one cleaner thread).
+"""Key compaction: one cleaning pass over one log (Kafka's Cleaner, with its CleanerStats).
 
-A compacted log keeps, for every key, at least its latest record; offsets never change. The log
-is split at the first dirty offset (`cleaner-offset-checkpoint`, else the log start): below it
-the log was cleaned before, from it up to the first uncleanable offset it is dirty. A pass
+A compacted log keeps, for every key, at least its latest record; offsets never change. Which log
+to clean, and its dirty section (from the first dirty offset to the first uncleanable one), is
+engine.cleaner_manager's choice; engine.datadir runs the passes one after another (Kafka's
+LogCleaner, with one cleaner thread). A pass
 
-1. builds an offset map (key → latest offset) over the dirty section, from the first dirty
-   offset until the map is full or the section ends; the offset after the last record mapped is
-   where the next pass starts (the new checkpoint);
+1. builds an offset map (engine.offset_map, key → latest offset) over the dirty section, from the
+   first dirty offset until the map is full or the section ends; the offset after the last record
+   mapped is where the next pass starts (the new checkpoint);
 2. rewrites every segment below that offset, in groups that fit one segment
    (`segment.bytes`, `segment.index.bytes`), dropping each record the map holds a later offset
    for, records without a key, and tombstones whose delete horizon has passed;
@@ -19,15 +20,6 @@ with a delete horizon (now + `delete.retention.ms`, in the batch's first-timesta
 after the horizon drops it. A consumer that reads the log from the start within
 `delete.retention.ms` of the tombstone becoming clean therefore sees it.
 
-The offset map is an open-addressing table in numpy arrays: per slot a 64-bit key hash (Python's
-keyed SipHash), a 32-bit second hash (CRC-32) and a 32-bit offset relative to the pass's first
-dirty offset: 16 bytes a slot, about 17.8 bytes per entry at the default 0.9 load factor (Kafka
-spends 24: a 16-byte MD5 and an 8-byte offset). A key is found by its 64-bit hash; the second
-hash confirms it. When two keys share the first hash, the later one takes the slot and the
-earlier key's records no longer match it: they are kept, never wrongly dropped. Only a full
-96-bit collision could drop a record, which at the map's size is far less likely than a disk
-error.
-
 Transactions: control batches are kept; transactional records never enter the offset map (this
 engine does not track which transactions aborted, so an aborted value must not hide a committed
 one) and are dropped only when a later non-transactional record of their key exists.
@@ -35,11 +27,8 @@ one) and are dropped only when a later non-transactional record of their key exi
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 import time
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +36,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seglogfs.engine.cleaner_manager import LogToClean, segments_between
 from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.errors import CorruptRecordError, EngineError
 from seglogfs.engine.loader import segment_for
 from seglogfs.engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
+from seglogfs.engine.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.records import (
     BatchHeader,
     ProducerState,
@@ -65,144 +56,8 @@ if TYPE_CHECKING:
     from seglogfs.engine.log import PartitionLog
     from seglogfs.engine.segment import LogSegment
 
-logger = logging.getLogger(__name__)
-
-ENTRY_BYTES = 16  # bytes per offset-map slot: see the module docstring
-_MAX_RELATIVE_OFFSET = 0xFFFF_FFFF
 _WRITE_CHUNK_BYTES = 1 << 20
 _INT32_MAX = 0x7FFF_FFFF
-
-
-# -- the offset map ---------------------------------------------------------------------------------
-
-
-def _largest_prime_at_most(n: int) -> int:
-    """Slots are a prime number, so every probe step (1 .. slots-1) visits every slot."""
-    if n < 2:
-        raise ValueError("an offset map needs room for at least two slots")
-    candidate = n if n % 2 or n == 2 else n - 1
-    while candidate > 2:
-        if all(candidate % d for d in range(3, math.isqrt(candidate) + 1, 2)):
-            return candidate
-        candidate -= 2
-    return 2
-
-
-def key_hashes(keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
-    """The two hashes of each key: 64-bit (never 0, which marks an empty slot) and 32-bit."""
-    n = len(keys)
-    first = np.fromiter(map(hash, keys), np.int64, n).view(np.uint64)
-    first[first == 0] = 1
-    second = np.fromiter(map(zlib.crc32, keys), np.uint32, n)
-    return first, second
-
-
-class OffsetMap:
-    """Key → latest offset for one cleaning pass, bounded by `memory_bytes`. See the module
-    docstring for the layout. Keys are given as their `key_hashes`."""
-
-    def __init__(self, memory_bytes: int, load_factor: float = 0.9) -> None:
-        self.slots = _largest_prime_at_most(memory_bytes // ENTRY_BYTES)
-        self.capacity = max(int(self.slots * load_factor), 1)
-        # Zeroed pages are mapped lazily: a map only costs the memory its keys touch.
-        self._first = np.zeros(self.slots, np.uint64)
-        self._second = np.zeros(self.slots, np.uint32)
-        self._offsets = np.zeros(self.slots, np.uint32)
-        self.size = 0
-        self.base_offset = 0
-        self.latest_offset = -1
-
-    def __len__(self) -> int:
-        return self.size
-
-    @property
-    def full(self) -> bool:
-        return self.size >= self.capacity
-
-    def clear(self, base_offset: int) -> None:
-        """Empty the map for a pass whose offsets start at `base_offset`."""
-        if self.size:
-            self._first.fill(0)
-        self.size = 0
-        self.base_offset = base_offset
-        self.latest_offset = base_offset - 1
-
-    def put(self, first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> int:
-        """Map records in offset order (later ones win); stops at the first record that finds
-        the map full, as Kafka's cleaner does, and returns how many were mapped."""
-        n = len(offsets)
-        if n == 0:
-            return 0
-        if self.size + n <= self.capacity and int(offsets[-1]) - self.base_offset < _MAX_RELATIVE_OFFSET:
-            self._put_many(first, second, offsets)
-            self.latest_offset = int(offsets[-1])
-            return n
-        for i in range(n):
-            offset = int(offsets[i])
-            if self.full or offset - self.base_offset >= _MAX_RELATIVE_OFFSET:
-                return i
-            self._put_many(first[i : i + 1], second[i : i + 1], offsets[i : i + 1])
-            self.latest_offset = offset
-        return n
-
-    def _probe_start(self, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        slots = np.uint64(self.slots)
-        start = (first % slots).astype(np.int64)
-        step = (np.uint64(1) + second.astype(np.uint64) % (slots - np.uint64(1))).astype(np.int64)
-        return start, step
-
-    def _put_many(self, first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> None:
-        # The last record of each key wins: keep one entry per 64-bit hash, the last given.
-        order = np.argsort(first, kind="stable")
-        ordered = first[order]
-        last = np.ones(len(order), bool)
-        last[:-1] = ordered[1:] != ordered[:-1]
-        chosen = order[last]
-        first, second = first[chosen], second[chosen]
-        relative = (offsets[chosen] - self.base_offset).astype(np.uint32)
-        slot, step = self._probe_start(first, second)
-        pending = np.arange(len(chosen))
-        while pending.size:
-            where = slot[pending]
-            found = self._first[where]
-            same = found == first[pending]
-            empty = found == 0
-            # Of the keys that found the same empty slot, the first takes it; the others look
-            # again next round and move on.
-            claimants = pending[empty]
-            _, winners_at = np.unique(slot[claimants], return_index=True)
-            winners = claimants[winners_at]
-            self.size += len(winners)
-            done = np.concatenate([pending[same], winners])
-            self._first[slot[done]] = first[done]
-            self._second[slot[done]] = second[done]
-            self._offsets[slot[done]] = relative[done]
-            moving = pending[~(same | empty)]
-            slot[moving] = (slot[moving] + step[moving]) % self.slots
-            keep = np.ones(len(pending), bool)
-            keep[same] = False
-            keep[np.flatnonzero(empty)[winners_at]] = False
-            pending = pending[keep]
-
-    def get(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-        """The latest offset mapped for each key, -1 for keys not in the map."""
-        result = np.full(len(first), -1, np.int64)
-        if self.size == 0 or len(first) == 0:
-            return result
-        slot, step = self._probe_start(first, second)
-        pending = np.arange(len(first))
-        while pending.size:
-            where = slot[pending]
-            found = self._first[where]
-            same = found == first[pending]
-            hit = pending[same]
-            matches = self._second[slot[hit]] == second[hit]
-            hit = hit[matches]
-            result[hit] = self._offsets[slot[hit]].astype(np.int64) + self.base_offset
-            moving = ~(same | (found == 0))
-            pending = pending[moving]
-            slot[pending] = (slot[pending] + step[pending]) % self.slots
-        return result
 
 
 # -- the records of a batch, column-wise ----------------------------------------------------------
@@ -261,104 +116,7 @@ def batch_records(header: BatchHeader, batch: bytes | memoryview) -> BatchRecord
     )
 
 
-# -- what to clean --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LogToClean:
-    """A compacted log's cleaning state (Kafka's LogToClean)."""
-
-    log: PartitionLog
-    first_dirty_offset: int
-    first_uncleanable_offset: int
-    clean_bytes: int
-    cleanable_bytes: int
-    needs_compaction_now: bool
-
-    @property
-    def total_bytes(self) -> int:
-        return self.clean_bytes + self.cleanable_bytes
-
-    @property
-    def cleanable_ratio(self) -> float:
-        return self.cleanable_bytes / self.total_bytes if self.total_bytes else 0.0
-
-
-def first_dirty_offset(log: PartitionLog, checkpoint: int | None) -> int:
-    """Where the dirty section starts: the checkpoint, reset to the log start offset when it is
-    missing or lies outside the log (Kafka resets such a checkpoint too)."""
-    if checkpoint is None or checkpoint < log.log_start_offset or checkpoint > log.log_end_offset:
-        return log.log_start_offset
-    return checkpoint
-
-
-def first_uncleanable_offset(log: PartitionLog, first_dirty: int, now_ms: int) -> int:
-    """Kafka's cleanableOffsets: the active segment, the high watermark and, with
-    `min.compaction.lag.ms`, the first dirty segment holding a record younger than the lag."""
-    segments = log.segments
-    limit = min(segments[-1].base_offset, log.high_watermark)
-    lag = max(log.config.min_compaction_lag_ms, 0)
-    if lag > 0:
-        for segment in _segments_from(segments[:-1], first_dirty):
-            if segment.largest_timestamp > now_ms - lag:
-                limit = min(limit, segment.base_offset)
-                break
-    return limit
-
-
-def _segments_from(segments: list[LogSegment], offset: int) -> list[LogSegment]:
-    """Segments that may hold offsets ≥ `offset`: the one holding it and every later one."""
-    start = 0
-    for i, segment in enumerate(segments):
-        if segment.base_offset <= offset:
-            start = i
-    return segments[start:]
-
-
-def _segments_between(segments: list[LogSegment], start: int, end: int) -> list[LogSegment]:
-    """Kafka's logSegments(from, to): from the segment holding `start` through the last one
-    whose base offset is below `end`."""
-    if start >= end:
-        return []
-    return [segment for segment in _segments_from(segments, start) if segment.base_offset < end]
-
-
-def needs_compaction_now(log: PartitionLog, first_dirty: int, now_ms: int) -> bool:
-    """`max.compaction.lag.ms` has passed for the first dirty record (by its batch's first
-    timestamp)."""
-    lag = max(log.config.max_compaction_lag_ms, 0)
-    if lag >= 2**62:
-        return False
-    firsts = (segment.first_batch_timestamp() for segment in _segments_from(log.segments[:-1], first_dirty))
-    timestamps = [timestamp for timestamp in firsts if timestamp > 0]
-    return bool(timestamps) and min(timestamps) < now_ms - lag
-
-
-def log_to_clean(log: PartitionLog, checkpoint: int | None, now_ms: int) -> LogToClean:
-    first_dirty = first_dirty_offset(log, checkpoint)
-    uncleanable = max(first_dirty, first_uncleanable_offset(log, first_dirty, now_ms))
-    segments = log.segments
-    return LogToClean(
-        log=log,
-        first_dirty_offset=first_dirty,
-        first_uncleanable_offset=uncleanable,
-        clean_bytes=sum(s.size for s in segments if s.base_offset < first_dirty),
-        cleanable_bytes=sum(s.size for s in _segments_between(segments, first_dirty, uncleanable)),
-        needs_compaction_now=needs_compaction_now(log, first_dirty, now_ms),
-    )
-
-
-def is_cleanable(candidate: LogToClean) -> bool:
-    """Worth a pass: dirty enough, or holding a record past `max.compaction.lag.ms`."""
-    return (
-        candidate.needs_compaction_now and candidate.cleanable_bytes > 0
-    ) or candidate.cleanable_ratio > candidate.log.config.min_cleanable_dirty_ratio
-
-
-def filthiest(candidates: Sequence[LogToClean]) -> LogToClean | None:
-    """The cleanable log with the highest dirty ratio, None when none is cleanable."""
-    cleanable = [candidate for candidate in candidates if is_cleanable(candidate)]
-    return max(cleanable, key=lambda candidate: candidate.cleanable_ratio, default=None)
+# -- grouping segments ----------------------------------------------------------------------------
 
 
 def group_segments_by_size(
@@ -514,7 +272,7 @@ class Cleaner:
         the last one mapped (past a segment's end when the segment was mapped whole)."""
         offset_map = self.offset_map
         offset_map.clear(start)
-        dirty = _segments_between(log.segments[:-1], start, end)
+        dirty = segments_between(log.segments[:-1], start, end)
         for i, segment in enumerate(dirty):
             next_base = dirty[i + 1].base_offset if i + 1 < len(dirty) else end
             if self._map_segment(segment, start, offset_map, stats):

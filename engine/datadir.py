@@ -44,7 +44,8 @@ from seglogfs.engine.checkpoint import (
     write_atomically,
     write_offset_checkpoint,
 )
-from seglogfs.engine.cleaner import Cleaner, CleanResult, LogToClean, earliest_delete_horizon, filthiest, log_to_clean
+from seglogfs.engine.cleaner import Cleaner, CleanResult, earliest_delete_horizon
+from seglogfs.engine.cleaner_manager import LogToClean, filthiest, log_to_clean
 from seglogfs.engine.config import BrokerConfig, LogConfig, validate_topic_overrides
 from seglogfs.engine.errors import (
     ConfigError,

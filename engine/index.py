@@ -346,19 +346,6 @@ class OffsetIndex(_MappedIndex):
             positions[hit] = view["position"][slots[hit]]
             return positions
 
-    def fetch_upper_bound_offset(self, fetch_position: OffsetPosition, fetch_size: int) -> OffsetPosition | None:
-        """The first entry whose position is ≥ fetch_position.position + fetch_size, if any
-        (Kafka uses it to bound a read by bytes)."""
-        target = fetch_position.position + fetch_size
-        with self._lock:
-            self._reopen_if_closed_locked()
-            view = self._view()
-            slot = int(np.searchsorted(view["position"], np.int32(min(target, _INT32_MAX)), side="left"))
-            if slot >= len(view):
-                return None
-            relative, position = view[slot].item()
-            return OffsetPosition(self.base_offset + relative, position)
-
     def append(self, offset: int, position: int) -> None:
         """Add (offset, position). Raises IndexFullError when full, InvalidOffsetError unless the
         offset is above the last entry's."""

@@ -52,7 +52,7 @@ from seglogfs.engine.records import (
     set_log_append_time,
 )
 from seglogfs.engine.retention import RetentionDecision, segments_to_delete
-from seglogfs.engine.segment import FetchSlice, LogSegment, RollParams, TimestampAndOffset
+from seglogfs.engine.segment import LogSegment, RollParams, TimestampAndOffset
 from seglogfs.engine.segments import LogSegments
 
 LEADER_EPOCH = 0  # a single replica is leader of epoch 0 for its whole life
@@ -68,17 +68,6 @@ class AppendInfo:
     batches: int
     bytes: int
     max_timestamp: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    """A read: raw batches plus the log's offsets when it was made."""
-
-    data: bytes
-    segment_base_offset: int | None
-    position: int | None
-    log_start_offset: int
-    high_watermark: int
 
 
 class PartitionLog:
@@ -461,37 +450,6 @@ class PartitionLog:
             self._last_flush_ms = now_ms
 
     # -- reading ---------------------------------------------------------------------------------
-    def _check_offset(self, offset: int, what: str) -> None:
-        if offset < self._log_start_offset or offset > self._log_end_offset:
-            raise OffsetOutOfRangeError(
-                f"{what} of {self.topic}-{self.partition}", offset, self._log_start_offset, self._log_end_offset
-            )
-
-    def read(
-        self, start_offset: int, max_bytes: int, *, min_one_message: bool = True, max_offset: int | None = None
-    ) -> FetchResult:
-        """Raw batches from the first one holding an offset ≥ `start_offset` (Kafka's fetch):
-        at most `max_bytes` unless the first batch alone is larger and `min_one_message`.
-        Reading at the log end offset gives no data; outside [start, end] raises
-        OffsetOutOfRangeError. `max_offset` bounds the read (exclusive), by batch."""
-        self._check_offset(start_offset, "read")
-        end = self._log_end_offset if max_offset is None else min(max_offset, self._log_end_offset)
-        if start_offset >= end:
-            return FetchResult(b"", None, None, self._log_start_offset, end)
-        # Only the segment holding `end` needs a bound inside it; one look-up there, none elsewhere.
-        end_segment = self._segments.floor(end) if end < self._log_end_offset else None
-        for segment in self._segments.from_offset(start_offset):
-            if segment.base_offset >= end:
-                break
-            limit = None
-            if segment is end_segment:
-                upper = segment.translate_offset(end)
-                limit = upper.position if upper is not None else None
-            found: FetchSlice | None = segment.read(start_offset, max_bytes, limit, min_one_message)
-            if found is not None:
-                return FetchResult(found.data, found.segment_base_offset, found.position, self._log_start_offset, end)
-        return FetchResult(b"", None, None, self._log_start_offset, end)
-
     def batches(
         self, start_offset: int, end_offset: int | None = None
     ) -> Iterator[tuple[LogSegment, BatchHeader, memoryview]]:
@@ -629,7 +587,8 @@ class PartitionLog:
     # -- truncation -------------------------------------------------------------------------------
     def truncate_to(self, offset: int, now_ms: int) -> None:
         """Remove every batch from the one holding `offset` on (Kafka truncates whole batches);
-        a no-op at or past the log end offset."""
+        a no-op at or past the log end offset. Below the first segment's base offset every
+        segment goes and the log starts empty at `offset`, as in Kafka's truncateTo."""
         self._check_writable()
         with self.lock:
             self._truncate_to_locked(offset, now_ms)
@@ -651,13 +610,8 @@ class PartitionLog:
         self._recovery_point = min(self._recovery_point, self._log_end_offset)
         self._log_start_offset = min(self._log_start_offset, self._log_end_offset)
 
-    def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
-        """Drop every segment and start empty at `offset`."""
-        self._check_writable()
-        with self.lock:
-            self._truncate_fully_locked(offset, now_ms)
-
     def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
+        """Drop every segment and start empty at `offset` (Kafka's truncateFullyAndStartAt)."""
         for segment in self._segments.snapshot():
             self._segments.remove(segment.base_offset)
             segment.delete_files()

@@ -11,13 +11,19 @@ file name. The segment appends whole batches and keeps Kafka's index rules:
 * when the segment stops being active (roll, close) a last time-index entry (segment max
   timestamp, its offset) is added and both indexes are trimmed to their entries.
 
-Crash behaviour: batches are written with one `os.write` each and become durable on `flush`;
-after a crash the tail of the active segment may be torn and its preallocated indexes hold stale
-entries. `recover` re-reads every batch, checks it, rebuilds both indexes and truncates the log at
-the first invalid batch.
+Crash behaviour: `append` writes the batches it is given (one per call from the log, about a
+megabyte of them from the cleaner) with `os.pwrite` at the end of the file, calling it again until
+every byte is written, so one append may take several writes; when a write or the index update
+fails, the file and the indexes are cut back to where they were. Batches become durable on
+`flush`; after a crash the tail of the active segment may be torn and its preallocated indexes
+hold stale entries. `recover` re-reads every batch, checks it, rebuilds both indexes and
+truncates the log at the first invalid batch.
 
-Thread safety: one writer at a time (the partition's lock). Readers may call the read methods
-concurrently with appends: they read with `os.pread` up to a size they were given or read once.
+Thread safety: one writer at a time. For the segments in a partition's log that is the holder of
+the partition's lock (appends, rolls, flushes, truncation, retention and the cleaner's swap take
+it: see engine.log); a `.cleaned` segment is written by the cleaner alone, without that lock,
+until it is swapped in. Readers may call the read methods concurrently with appends: they read
+with `os.pread` up to a size they were given or read once.
 """
 
 from __future__ import annotations
@@ -218,9 +224,6 @@ class LogSegment:
             self._time_index.resize(self.max_index_bytes)
 
     # -- reading ------------------------------------------------------------------------------
-    def pread(self, position: int, length: int) -> bytes:
-        return os.pread(self._fd, length, position)
-
     def iter_batches(
         self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
@@ -275,8 +278,12 @@ class LogSegment:
 
     def _iter_mapped_batches(self) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Like iter_batches from 0, over a read-only mapping of the file instead of copies of
-        it: recovery checks every byte once, in place. Only for the writer's own segments, under
-        the partition's lock (a mapping of a file truncated by someone else would fault)."""
+        it: recovery checks every byte once, in place. Writable segments only: their data dir's
+        `.lock` keeps other processes from truncating the file, which would make the mapping
+        fault. Not necessarily under the partition's lock: besides the loader's `recover`
+        (before the log is shared), `_open_indexes` gets here when a writable segment's index
+        files prove unusable, on whichever thread first touches the index — a reader
+        (`PartitionLog.batches`, `offset_for_timestamp`, the cleaner) holds no lock."""
         if self._size < BATCH_OVERHEAD_BYTES:
             return
         mapping = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ)

@@ -39,17 +39,9 @@ class LogSegments:
     def last(self) -> LogSegment | None:
         return self._segments[-1] if self._segments else None
 
-    @property
-    def base_offsets(self) -> list[int]:
-        return self._bases
-
     def floor_index(self, offset: int) -> int:
         """Index of the segment with the largest base ≤ offset; -1 when below all."""
         return bisect.bisect_right(self._bases, offset) - 1
-
-    def floor(self, offset: int) -> LogSegment | None:
-        slot = self.floor_index(offset)
-        return self._segments[slot] if slot >= 0 else None
 
     def from_offset(self, offset: int) -> list[LogSegment]:
         """Segments that may hold offsets ≥ `offset`: the floor segment and every later one."""

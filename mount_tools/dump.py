@@ -195,21 +195,21 @@ def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bo
         write(f"{name} is empty.\n")
         return True
     log_path = path.with_name(path.name[: -len(INDEX_SUFFIX)] + LOG_SUFFIX)
-    segment = _segment(log_path) if log_path.exists() else None
+    log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC) if log_path.exists() else None
     mismatches = []
     try:
         for relative, position in entries.tolist():
             offset = base + relative
-            if segment is not None:
-                raw = segment.pread(position, 61)
+            if log_fd is not None:
+                raw = os.pread(log_fd, 61, position)
                 log_offset = BatchHeader.parse(raw, 0, position).last_offset if len(raw) == 61 else -1
                 if log_offset != offset:
                     mismatches.append((offset, log_offset))
             if not verify_only:
                 write(f"offset: {offset} position: {position}\n")
     finally:
-        if segment is not None:
-            segment.close_handlers()
+        if log_fd is not None:
+            os.close(log_fd)
     if mismatches:
         print(f"Mismatches in :{path.resolve()}", file=sys.stderr)
         for offset, log_offset in reversed(mismatches):

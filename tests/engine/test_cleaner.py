@@ -14,22 +14,13 @@ from kafka.record.memory_records import MemoryRecords
 
 from seglogfs.engine import BrokerConfig, CorruptRecordError, DataDir, PartitionLog
 from seglogfs.engine.checkpoint import read_offset_checkpoint, write_offset_checkpoint
-from seglogfs.engine.cleaner import (
-    Cleaner,
-    CleanerStats,
-    LogToClean,
-    OffsetMap,
-    batch_records,
-    filthiest,
-    first_uncleanable_offset,
-    group_segments_by_size,
-    key_hashes,
-    log_to_clean,
-)
+from seglogfs.engine.cleaner import Cleaner, CleanerStats, batch_records, group_segments_by_size
+from seglogfs.engine.cleaner_manager import LogToClean, filthiest, first_uncleanable_offset, log_to_clean
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.config import apply_topic_overrides
 from seglogfs.engine.errors import UnsupportedFormatError
 from seglogfs.engine.loader import segment_for
+from seglogfs.engine.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 from tests.engine.test_retention import run_cli

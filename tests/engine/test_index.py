@@ -160,33 +160,6 @@ def test_append_must_increase_the_offset(offset_index: OffsetIndex, second_offse
     assert offset_index.last_entry() == OffsetPosition(51, 0)
 
 
-# Case 26
-@pytest.mark.parametrize(
-    ("start", "fetch_size", "expected"),
-    [
-        (OffsetPosition(45, 0), 5, OffsetPosition(46, 10)),
-        (OffsetPosition(45, 0), 10, OffsetPosition(46, 10)),
-        (OffsetPosition(45, 0), 23, OffsetPosition(47, 23)),
-        (OffsetPosition(45, 0), 22, OffsetPosition(47, 23)),
-        (OffsetPosition(46, 10), 24, OffsetPosition(48, 37)),
-        (OffsetPosition(46, 10), 28, None),
-        (OffsetPosition(48, 37), 1, None),
-    ],
-)
-def test_fetch_upper_bound_offset_is_first_entry_at_or_past_the_fetch_end(
-    offset_index: OffsetIndex, start: OffsetPosition, fetch_size: int, expected: OffsetPosition | None
-) -> None:
-    for offset, position in [(45, 0), (46, 10), (47, 23), (48, 37)]:
-        offset_index.append(offset, position)
-
-    assert offset_index.fetch_upper_bound_offset(start, fetch_size) == expected
-
-
-# Case 26
-def test_fetch_upper_bound_offset_on_empty_index_is_none(offset_index: OffsetIndex) -> None:
-    assert offset_index.fetch_upper_bound_offset(OffsetPosition(BASE, 0), 4096) is None
-
-
 # Case 27
 def test_reopened_read_only_index_keeps_entries_and_refuses_appends(tmp_path: Path, make_index: MakeIndex) -> None:
     path = tmp_path / f"{BASE:020d}.index"

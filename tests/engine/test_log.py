@@ -12,12 +12,11 @@ from seglogfs.engine import (
     BrokerConfig,
     DataDir,
     InvalidRecordError,
-    OffsetOutOfRangeError,
     PartitionLog,
     RecordTooLargeError,
 )
 from seglogfs.engine.config import LogConfig, apply_topic_overrides
-from seglogfs.engine.records import BatchHeader, build_batch
+from seglogfs.engine.records import build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
 
@@ -53,18 +52,17 @@ def values_of(log: PartitionLog, start: int = 0) -> list[bytes | None]:
 
 # -- A. append and read ---------------------------------------------------------------------------
 def test_sequential_single_record_appends_read_back_one_by_one(part_dir: Path) -> None:
-    # Case 9: tiny segments, every offset readable with a 1-byte read (min one message).
+    # Case 9: tiny segments, every offset read back as its own batch; nothing at the log end.
     log = make_log(part_dir, segment_bytes=71)
     for i in range(50):
         log.append_records([str(i).encode()], now_ms=NOW_MS + i)
     assert len(log.segments) > 10
     for i in range(50):
-        fetched = log.read(i, 1)
-        header = BatchHeader.parse(fetched.data)
-        assert header.last_offset == i
+        _, header, _ = next(log.batches(i))
+        assert header.base_offset == header.last_offset == i
         (record,) = list(log.records(i, i + 1))
         assert record.key is None and record.value == str(i).encode()
-    assert log.read(50, 1000).data == b""
+    assert list(log.batches(50)) == [] and list(log.records(50)) == []
     log.close()
 
 
@@ -77,42 +75,22 @@ def test_non_sequential_offsets_read_the_next_record(part_dir: Path) -> None:
         log.append_batches(batch, assign_offsets=False, now_ms=NOW_MS)
     for target in range(50, offsets[-1] + 1):
         expected = next(o for o in offsets if o >= target)
-        for max_bytes in (1, 100, 100_000):
-            header = BatchHeader.parse(log.read(target, max_bytes).data)
-            assert header.base_offset == expected
-    log.close()
-
-
-def test_read_with_too_small_max_length(part_dir: Path) -> None:
-    # Case 11: max length 0 without min-one-message → nothing; 1 byte → exactly 1 byte.
-    log = make_log(part_dir)
-    log.append_records([b"hello"], now_ms=NOW_MS)
-    assert log.read(0, 0, min_one_message=False).data == b""
-    assert len(log.read(0, 1, min_one_message=False).data) == 1
-    log.close()
-
-
-def test_read_out_of_range(part_dir: Path) -> None:
-    # Case 13: log starting at 1024 with one record: 1025 reads nothing, 0 and 1026 are out of range.
-    log = make_log(part_dir)
-    log.truncate_fully_and_start_at(1024, NOW_MS)
-    log.append_records([b"only"], now_ms=NOW_MS)
-    assert log.read(1025, 1000).data == b""
-    for offset in (0, 1023, 1026):
-        with pytest.raises(OffsetOutOfRangeError, match=f"offset {offset} is out of range"):
-            log.read(offset, 1000)
+        _, header, _ = next(log.batches(target))
+        assert header.base_offset == expected
+        assert next(log.records(target)).value == f"v{expected}".encode()
     log.close()
 
 
 def test_compressed_batches_are_read_whole(part_dir: Path) -> None:
-    # Case 14: reading any offset of a compressed batch returns the batch from its first record.
+    # Case 14: reading from any offset of a compressed batch gives the whole batch.
     from seglogfs.engine.compression import CompressionType
 
     log = make_log(part_dir)
     log.append_records([b"a", b"b"], now_ms=NOW_MS, compression=CompressionType.GZIP)
     log.append_records([b"c", b"d"], now_ms=NOW_MS, compression=CompressionType.GZIP)
     for target, first in ((0, 0), (1, 0), (2, 2), (3, 2)):
-        assert BatchHeader.parse(log.read(target, 1000).data).base_offset == first
+        _, header, _ = next(log.batches(target))
+        assert header.base_offset == first
     assert values_of(log, 1) == [b"b", b"c", b"d"]
     log.close()
 
@@ -183,10 +161,10 @@ def test_reads_bounded_by_max_offset(part_dir: Path) -> None:
     log = make_log(part_dir)
     for i in range(5):
         log.append_records([bytes([65 + i])], now_ms=NOW_MS)
-    assert log.read(1, 10_000, max_offset=3).data != b""
+    assert [header.base_offset for _, header, _ in log.batches(1, 3)] == [1, 2]
     assert values_of(log, 1)[:2] == [b"B", b"C"]
     assert list(log.records(1, 3)) == list(log.records(1))[:2]
-    assert log.read(3, 10_000, max_offset=3).data == b""
+    assert list(log.batches(3, 3)) == [] and list(log.records(3, 3)) == []
     log.close()
 
 
@@ -433,8 +411,16 @@ def test_truncate_to(part_dir: Path) -> None:
     assert log.log_end_offset == 5 and log.size_in_bytes() < size
     log.truncate_to(0, NOW_MS)
     assert log.log_end_offset == 0 and log.size_in_bytes() == 0
-    log.truncate_fully_and_start_at(42, NOW_MS)
+    # Below the first segment (here after delete-records) the log starts afresh: Kafka's
+    # truncateFullyAndStartAt, which its truncateTo calls then.
+    for i in range(50):
+        log.append_records([b"%d" % i], now_ms=NOW_MS)
+    log.roll(NOW_MS)
+    log.delete_records(50, NOW_MS)
+    assert [s.base_offset for s in log.segments] == [50]
+    log.truncate_to(42, NOW_MS)
     assert [s.base_offset for s in log.segments] == [42] and log.log_end_offset == 42
+    assert log.log_start_offset == 42 and log.size_in_bytes() == 0
     log.close()
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.cleaner import Cleaner, log_to_clean
+from seglogfs.engine.cleaner import Cleaner
+from seglogfs.engine.cleaner_manager import log_to_clean
 from tests.conftest import NOW_MS
 from tests.fs.conftest import Mount
 
