@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from seglogfs.engine import BrokerConfig, DataDir, PartitionLog
-from seglogfs.engine.console import TextFormat, record_to_json
+from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.index import OffsetIndex
+from seglogfs.engine.json_records import record_to_json
 from seglogfs.engine.loader import segment_for
 
 NOW_MS = 1_763_800_000_000

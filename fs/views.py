@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from seglogfs.engine.console import RenderedBatch
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
+from seglogfs.engine.renderers import RenderedBatch
 from seglogfs.engine.segment import LogSegment
 
 logger = logging.getLogger(__name__)

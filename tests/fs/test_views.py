@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 
 from seglogfs.engine import BrokerConfig, PartitionLog
 from seglogfs.engine.config import apply_topic_overrides
-from seglogfs.engine.console import JsonLinesRenderer, TextFormat, TextRenderer, record_to_json
+from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError
+from seglogfs.engine.json_records import record_to_json
+from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.segment import read_cached
 from seglogfs.fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS

@@ -1,0 +1,226 @@
+"""Record batches rendered a batch at a time, as `consume` and the mount's views show them: text
+(`TextFormat`) and JSON Lines (`record_to_json`).
+
+`consume` and the views render millions of records: a renderer lays a batch out column-wise
+(engine.columns) and formats its records without a Record object each. Batches with headers
+(when they are shown) and small batches are decoded record by record: the result is the same
+bytes. `render_indexed` also says where each record's part ends, and `measure` gives the size of
+a rendering without producing it where the columns allow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seglogfs.engine.columns import RecordColumns, record_columns
+from seglogfs.engine.console_formats import TextFormat
+from seglogfs.engine.json_records import bytes_json_text, encode_json_string, record_to_json
+from seglogfs.engine.records import BatchHeader, decode_records
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedBatch:
+    """A batch's rendering with where each record's part ends in it (`ends[i]`, cumulative), so
+    that the part from any offset on is known without rendering again."""
+
+    data: bytes
+    offsets: np.ndarray
+    ends: np.ndarray
+
+    def bytes_from(self, offset: int) -> int:
+        """How many of the bytes belong to records with offsets ≥ `offset`."""
+        first = int(np.searchsorted(self.offsets, offset))
+        return len(self.data) - (int(self.ends[first - 1]) if first else 0)
+
+
+_SMALL_BATCH_RECORDS = 8  # batches this small are decoded record by record (see TextRenderer)
+_NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+class TextRenderer:
+    """Batches as kafka-console-consumer prints them (`TextFormat`) for one partition."""
+
+    def __init__(self, text_format: TextFormat, partition: int) -> None:
+        self.text_format = text_format
+        self.partition = partition
+
+    def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[bytes]:
+        """The lines (separator included) of the batch's records with offsets ≥ `min_offset`;
+        none for a control batch. Raises ValueError when the records section is malformed."""
+        if header.is_control:
+            return []
+        fmt = self.text_format
+        if self._record_at_a_time(header):
+            return [fmt.render(r, self.partition) for r in decode_records(header, batch) if r.offset >= min_offset]
+        columns = record_columns(header, batch)
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        return self._column_lines(header, columns, first)
+
+    def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
+        """`lines` joined."""
+        if header.is_control or self._record_at_a_time(header):
+            return b"".join(self.lines(header, batch, min_offset))
+        columns = record_columns(header, batch)
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        return self._render_columns(header, columns, first)
+
+    def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
+        """`render` of the whole batch, with where each record's line ends."""
+        fmt = self.text_format
+        if header.is_control:
+            return _NO_RECORDS
+        if self._record_at_a_time(header):
+            records = decode_records(header, batch)
+            lines = [fmt.render(r, self.partition) for r in records]
+            return RenderedBatch(b"".join(lines), np.array([r.offset for r in records], np.int64), _ends(lines))
+        columns = record_columns(header, batch)
+        return RenderedBatch(
+            self._render_columns(header, columns, 0), columns.offsets, np.cumsum(self._sizes(header, columns))
+        )
+
+    def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+        """`len(render(header, batch))`, computed from the record columns without rendering
+        (except when headers are shown)."""
+        if header.is_control or self._record_at_a_time(header):
+            return len(self.render(header, batch))
+        return int(self._sizes(header, record_columns(header, batch)).sum())
+
+    def _record_at_a_time(self, header: BatchHeader) -> bool:
+        """Headers are shown, or the batch is small (the column-wise layout costs tens of
+        microseconds a batch, whatever its size: a batch of a few records decodes faster)."""
+        return self.text_format.print_headers or header.records_count <= _SMALL_BATCH_RECORDS
+
+    def _render_columns(self, header: BatchHeader, columns: RecordColumns, first: int) -> bytes:
+        if first >= len(columns):
+            return b""
+        if self._shown_fields() == 1:  # the usual case, values only: one join, no line per record
+            end = self.text_format.line_separator
+            return end.join(self._fields(header, columns, first)[0]) + end
+        return b"".join(self._column_lines(header, columns, first))
+
+    def _shown_fields(self) -> int:
+        fmt = self.text_format
+        return sum((fmt.print_timestamp, fmt.print_partition, fmt.print_offset, fmt.print_key, fmt.print_value))
+
+    def _column_lines(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[bytes]:
+        fields = self._fields(header, columns, first)
+        end = self.text_format.line_separator
+        if not fields:
+            return [end] * (len(columns) - first)
+        if len(fields) == 1:
+            return [field + end for field in fields[0]]
+        separator = self.text_format.key_separator
+        return [separator.join(parts) + end for parts in zip(*fields, strict=True)]
+
+    def _sizes(self, header: BatchHeader, columns: RecordColumns) -> np.ndarray:
+        """The length of each record's line, from the columns alone."""
+        fmt = self.text_format
+        count = len(columns)
+        null = len(fmt.null_literal)
+        fields = 0
+        sizes = np.full(count, len(fmt.line_separator), np.int64)
+        if fmt.print_timestamp:
+            fields += 1
+            sizes += len(header.timestamp_type.display_name) + 1 + _decimal_widths(columns.consumer_timestamps())
+        if fmt.print_partition:
+            fields += 1
+            sizes += len(b"Partition:%d" % self.partition)
+        if fmt.print_offset:
+            fields += 1
+            sizes += len("Offset:") + _decimal_widths(columns.offsets)
+        for shown, lengths in ((fmt.print_key, columns.key_lengths), (fmt.print_value, columns.value_lengths)):
+            if shown:
+                fields += 1
+                sizes += np.where(lengths < 0, null, lengths)
+        if fields > 1:
+            sizes += (fields - 1) * len(fmt.key_separator)
+        return sizes
+
+    def _fields(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[list[bytes]]:
+        fmt = self.text_format
+        null = fmt.null_literal
+        fields: list[list[bytes]] = []
+        if fmt.print_timestamp:
+            name = header.timestamp_type.display_name.encode() + b":"
+            fields.append([name + b"%d" % t for t in columns.consumer_timestamps()[first:].tolist()])
+        if fmt.print_partition:
+            fields.append([b"Partition:%d" % self.partition] * (len(columns) - first))
+        if fmt.print_offset:
+            fields.append([b"Offset:%d" % o for o in columns.offsets[first:].tolist()])
+        if fmt.print_key:
+            fields.append(columns.keys(null)[first:])  # type: ignore[arg-type]
+        if fmt.print_value:
+            fields.append(columns.values(null)[first:])  # type: ignore[arg-type]
+        return fields
+
+
+class JsonLinesRenderer:
+    """Batches as JSON Lines (`record_to_json`) for one partition."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._prefix = f'{{"topic":{encode_json_string(topic)},"partition":{partition},"offset":'
+
+    def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[str]:
+        """The JSON object (no newline) of each of the batch's records with offsets ≥
+        `min_offset`; none for a control batch. Raises ValueError when malformed."""
+        return self._lines(header, batch, min_offset)[0]
+
+    def _lines(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int
+    ) -> tuple[list[str], np.ndarray]:
+        """`lines`, and their records' offsets."""
+        if header.is_control:
+            return [], _NO_RECORDS.offsets
+        columns = None if header.records_count <= _SMALL_BATCH_RECORDS else record_columns(header, batch)
+        if columns is None or bool(columns.header_counts.any()):
+            records = [r for r in decode_records(header, batch) if r.offset >= min_offset]
+            offsets = np.array([r.offset for r in records], np.int64)
+            return [record_to_json(r, self.topic, self.partition) for r in records], offsets
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        prefix = self._prefix
+        kind = header.timestamp_type.display_name
+        offsets = columns.offsets[first:]
+        lines = [
+            f'{prefix}{offset},"timestamp":{timestamp},"timestampType":"{kind}",'
+            f'"key":{bytes_json_text(key)},"value":{bytes_json_text(value)},"headers":[]}}'
+            for offset, timestamp, key, value in zip(
+                offsets.tolist(),
+                columns.consumer_timestamps()[first:].tolist(),
+                columns.keys()[first:],
+                columns.values()[first:],
+                strict=True,
+            )
+        ]
+        return lines, offsets
+
+    def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
+        """`lines` as UTF-8, each ended by a newline."""
+        lines = self.lines(header, batch, min_offset)
+        return ("\n".join(lines) + "\n").encode() if lines else b""
+
+    def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
+        """`render` of the whole batch, with where each record's line ends."""
+        lines, offsets = self._lines(header, batch, 0)
+        encoded = [line.encode() + b"\n" for line in lines]
+        return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
+
+    def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+        """`len(render(header, batch))`."""
+        return len(self.render(header, batch))
+
+
+def _ends(pieces: list[bytes]) -> np.ndarray:
+    """Where each piece ends when they are joined."""
+    return np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)))
+
+
+_POWERS_OF_TEN = np.array([10**k for k in range(1, 19)], np.int64)
+
+
+def _decimal_widths(values: np.ndarray) -> np.ndarray:
+    """The number of characters of each integer written in decimal (a minus sign included)."""
+    return np.searchsorted(_POWERS_OF_TEN, np.abs(values), side="right") + 1 + (values < 0)
