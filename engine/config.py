@@ -345,3 +345,24 @@ def validate_topic_overrides(overrides: Mapping[str, str], source: str = "topic 
             raise ConfigError(f"{source}: unknown topic config {key!r}")
         _convert(setting, key, text, source)
     return normalised
+
+
+def parse_topic_config(text: bytes, source: str) -> dict[str, str]:
+    """A topic's overrides from `key=value` lines, as a topic's `config` file holds them (blank
+    lines and `#` comments skipped, a last line without its newline counted). ConfigError naming
+    `source` and the line for a line that is not `key=value` or names no topic config."""
+    overrides = {}
+    for number, line in enumerate(text.decode("utf-8", "replace").splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep:
+            raise ConfigError(f"{source} line {number}: expected key=value, got {stripped!r}")
+        overrides[key.strip()] = value.strip()
+    return validate_topic_overrides(overrides, source)
+
+
+def format_topic_config(overrides: Mapping[str, str]) -> bytes:
+    """The `key=value` lines of a topic's overrides, sorted: what `parse_topic_config` reads."""
+    return "".join(f"{key}={value}\n" for key, value in sorted(overrides.items())).encode()

@@ -19,22 +19,17 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from seglogfs.engine import BrokerConfig, DataDir, EngineError, LogDirLockedError, PartitionLog
 from seglogfs.engine.check import check_log_dirs
-from seglogfs.engine.console import (
-    JsonLinesRenderer,
-    LineFormat,
-    TextFormat,
-    TextRenderer,
-    parse_timestamp,
-    record_from_json,
-)
+from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError
-from seglogfs.engine.partitioner import RoundRobin, partition_for_key
+from seglogfs.engine.producer import LineSplitter, Producer
+from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.timestamps import parse_timestamp
 from seglogfs.mount_tools import dump, mounting
 from seglogfs.mount_tools.progress import Progress
 
@@ -74,21 +69,6 @@ def _broker_config(args: argparse.Namespace) -> BrokerConfig:
 
 
 # -- produce --------------------------------------------------------------------------------------
-def _lines(stream: BinaryIO) -> Iterator[list[bytes]]:
-    """Complete lines of `stream`, a chunk at a time; a last line without newline ends it."""
-    pending = b""
-    while True:
-        chunk = stream.read1(_PRODUCE_CHUNK_BYTES) if hasattr(stream, "read1") else stream.read(_PRODUCE_CHUNK_BYTES)
-        if not chunk:
-            if pending:
-                yield [pending.removesuffix(b"\r")]
-            return
-        lines = (pending + chunk).split(b"\n")
-        pending = lines.pop()
-        if lines:
-            yield lines
-
-
 def cmd_produce(args: argparse.Namespace) -> int:
     config = _broker_config(args)
     properties = _properties(args.property)
@@ -97,61 +77,26 @@ def cmd_produce(args: argparse.Namespace) -> int:
         raise UsageError("--property applies to --format text only")
     stored = 0
     with DataDir.open(config, now_ms=now_ms()) as data_dir:
-        logs = data_dir.partition_for_append(args.topic, args.partition, now_ms=now_ms())
-        round_robin = RoundRobin()
-        line_number = 0
-        for lines in _lines(sys.stdin.buffer):
-            per_partition: dict[int, tuple[list, list, list, list]] = {}
-            error: EngineError | None = None
-            null_partition = round_robin.next(len(logs))
-            for line in lines:
-                line_number += 1
-                where = f"stdin line {line_number}"
-                try:
-                    if line_format is not None:
-                        key, value = line_format.parse(line, where)
-                        headers: tuple = ()
-                        timestamp = None
-                    else:
-                        if not line.strip():
-                            continue
-                        parsed = record_from_json(line, where)
-                        key, value, headers, timestamp = parsed.key, parsed.value, parsed.headers, parsed.timestamp
-                except EngineError as bad:
-                    error = bad
-                    break
-                slot = (
-                    0 if len(logs) == 1 else (partition_for_key(key, len(logs)) if key is not None else null_partition)
-                )
-                columns = per_partition.setdefault(slot, ([], [], [], []))
-                columns[0].append(value)
-                columns[1].append(key)
-                columns[2].append(headers)
-                columns[3].append(timestamp)
-            for slot, (values, keys, headers_list, timestamps) in per_partition.items():
-                stored += _append(logs[slot], values, keys, headers_list, timestamps)
-            if error is not None:
-                raise error
-        for log in logs:
+        producer = Producer(data_dir.partition_for_append(args.topic, args.partition, now_ms=now_ms()), line_format)
+        splitter = LineSplitter()
+        line_number = 1
+
+        def send(lines: list[bytes]) -> None:
+            nonlocal stored, line_number
+            # Kafka's console producer has sent the lines before one it cannot parse.
+            produced = producer.send(lines, now_ms(), "stdin", first_line=line_number, atomic=False)
+            stored += produced.records
+            line_number += len(lines)
+
+        read = getattr(sys.stdin.buffer, "read1", sys.stdin.buffer.read)  # what is there, up to a chunk
+        while chunk := read(_PRODUCE_CHUNK_BYTES):
+            splitter.feed(chunk, send)
+        send(splitter.finish())
+        for log in producer.logs:
             log.flush()
     if args.verbose:
         print(f"seglogfs: stored {stored} records in topic {args.topic}", file=sys.stderr)
     return EXIT_OK
-
-
-def _append(log: PartitionLog, values: list, keys: list, headers: list, timestamps: list) -> int:
-    if not values:
-        return 0
-    now = now_ms()
-    stamps = [now if t is None else t for t in timestamps]
-    log.append_records(
-        values,
-        keys=None if all(k is None for k in keys) else keys,
-        headers=headers if any(headers) else None,
-        timestamps=stamps,
-        now_ms=now,
-    )
-    return len(values)
 
 
 # -- consume --------------------------------------------------------------------------------------

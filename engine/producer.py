@@ -1,0 +1,159 @@
+"""Records from lines, as kafka-console-producer makes them: one record per line of text
+(`LineFormat`: `parse.key`, `key.separator`, `null.marker`) or per JSON line (the JSON Lines
+record format), placed in a topic's partitions as Kafka's producer places them and appended a
+batch per partition. `seglogfs produce` and the mount's append files both go through here.
+
+A `LineSplitter` cuts a stream that arrives in arbitrary pieces (stdin chunks, `write()` calls)
+into complete lines; a `Producer` turns lines into appends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from seglogfs.engine.console_formats import LineFormat
+from seglogfs.engine.errors import InvalidRecordError
+from seglogfs.engine.json_records import record_from_json
+from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.partitioner import RoundRobin, partition_for_key
+from seglogfs.engine.records import Header
+
+T = TypeVar("T")
+
+
+class LineSplitter:
+    """Complete lines of a byte stream fed in pieces. What follows the last newline waits for
+    the next piece, or for `finish` (a last line without a newline is a line too). Not
+    thread-safe: one per stream."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    @property
+    def pending_bytes(self) -> int:
+        """The length of the partial line waiting for its newline."""
+        return len(self._pending)
+
+    def feed(self, data: bytes, consume: Callable[[list[bytes]], T]) -> T:
+        """`consume` the lines (without their newlines) that `data` completes. If `consume`
+        raises, the splitter is as it was before: the piece was not taken."""
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            result = consume([])
+            self._pending += data
+            return result
+        lines = (self._pending + data[:cut] if self._pending else data[:cut]).split(b"\n")
+        lines.pop()
+        result = consume(lines)
+        self._pending = data[cut:]
+        return result
+
+    def finish(self) -> list[bytes]:
+        """The partial line, if any, as the last line; the splitter is empty after."""
+        last, self._pending = self._pending, b""
+        return [last] if last else []
+
+
+@dataclass
+class _Columns:
+    """The records bound for one partition, column-wise, as `append_records` takes them."""
+
+    values: list[bytes | None] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    headers: list[Sequence[Header]] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+
+    def append_to(self, log: PartitionLog, now_ms: int) -> None:
+        log.append_records(
+            self.values,
+            keys=self.keys if any(key is not None for key in self.keys) else None,
+            headers=self.headers if any(self.headers) else None,
+            timestamps=self.timestamps,
+            now_ms=now_ms,
+        )
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What one `Producer.send` stored: the partitions appended to and how many records."""
+
+    logs: tuple[PartitionLog, ...]
+    records: int
+
+
+class Producer:
+    """Appends lines to one partition, or to a topic's partitions by Kafka's default
+    partitioner: murmur2 of the key; records without a key go to one partition per call, the
+    next in turn (as Kafka's producer sends a batch of unkeyed records to one partition).
+
+    `line_format` reads text lines; None reads JSON Lines (blank lines skipped; a record's own
+    `timestamp` is kept, others get `now_ms`). `round_robin` may be shared by producers that
+    take turns over the same partitions (the opens of one append file). Not thread-safe: callers
+    serialise `send` (the partitions' own locks serialise the appends)."""
+
+    def __init__(
+        self, logs: Sequence[PartitionLog], line_format: LineFormat | None, round_robin: RoundRobin | None = None
+    ) -> None:
+        if not logs:
+            raise ValueError("a producer needs at least one partition")
+        self.logs = tuple(logs)
+        self.line_format = line_format
+        self._round_robin = round_robin or RoundRobin()
+
+    def send(
+        self, lines: Sequence[bytes], now_ms: int, where: str, *, first_line: int = 1, atomic: bool = True
+    ) -> Produced:
+        """Append `lines` (without their newlines) as records, one batch per partition (split
+        at `max.message.bytes` by the log). A bad line raises InvalidRecordError naming `where`
+        and its line number (`first_line` is the number of `lines[0]`): with `atomic` nothing
+        of the call is stored, as a write to an append file appears whole or fails whole;
+        without, the lines before it are stored first, as kafka-console-producer has sent the
+        lines it read before one it could not parse."""
+        if self.line_format == LineFormat() and len(self.logs) == 1:
+            # Plain lines into one partition: every line is a value, nothing to parse.
+            if lines:
+                self.logs[0].append_records(list(lines), timestamps=now_ms, now_ms=now_ms)
+            return Produced(self.logs if lines else (), len(lines))
+        per_partition: dict[int, _Columns] = {}
+        null_slot = self._round_robin.next(len(self.logs))
+        error: InvalidRecordError | None = None
+        for number, line in enumerate(lines, start=first_line):
+            try:
+                record = self._parse(line, f"{where} line {number}", now_ms)
+            except InvalidRecordError as bad:
+                if atomic:
+                    raise
+                error = bad
+                break
+            if record is None:
+                continue
+            key, value, headers, timestamp = record
+            slot = 0 if len(self.logs) == 1 else null_slot if key is None else partition_for_key(key, len(self.logs))
+            columns = per_partition.setdefault(slot, _Columns())
+            columns.values.append(value)
+            columns.keys.append(key)
+            columns.headers.append(headers)
+            columns.timestamps.append(timestamp)
+        for slot, columns in sorted(per_partition.items()):
+            columns.append_to(self.logs[slot], now_ms)
+        if error is not None:
+            raise error
+        return Produced(
+            tuple(self.logs[slot] for slot in sorted(per_partition)),
+            sum(len(columns.values) for columns in per_partition.values()),
+        )
+
+    def _parse(
+        self, line: bytes, where: str, now_ms: int
+    ) -> tuple[bytes | None, bytes | None, Sequence[Header], int] | None:
+        """(key, value, headers, timestamp) of one line; None for a blank JSON line."""
+        if self.line_format is not None:
+            key, value = self.line_format.parse(line, where)
+            return key, value, (), now_ms
+        if not line.strip():
+            return None
+        parsed = record_from_json(line, where)
+        timestamp = now_ms if parsed.timestamp is None else parsed.timestamp
+        return parsed.key, parsed.value, parsed.headers, timestamp
