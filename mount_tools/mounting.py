@@ -25,7 +25,7 @@ from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, LogDirLockedError
 from seglogfs.engine.config import broker_name_for
-from seglogfs.engine.console import LineFormat, TextFormat
+from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.errors import ConfigError
 
 EXIT_LOCKED = 3  # as the CLI's exit codes say
@@ -110,8 +110,8 @@ def view_cache_directory(option: str | None) -> Path | None:
 
 
 def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
-    from seglogfs.fs.filesystem import MountOptions  # noqa: PLC0415 (pyfuse3 only for the mount)
-    from seglogfs.fs.mount import serve  # noqa: PLC0415
+    from seglogfs.fs.tree import MountOptions  # noqa: PLC0415 (imported only for the mount)
+    from seglogfs.mount_tools.serving import serve  # noqa: PLC0415
 
     view, append, _overrides, flags = parse_mount_options(args.options)
     options = MountOptions(
@@ -134,7 +134,7 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
 def _serve_in_background(broker_config: BrokerConfig, mountpoint: Path, options: object, kwargs: dict) -> int:
     """Fork; the child mounts and serves, the parent returns once the mount is in place (or
     with the child's error)."""
-    from seglogfs.fs.mount import serve  # noqa: PLC0415
+    from seglogfs.mount_tools.serving import serve  # noqa: PLC0415
 
     read_end, write_end = os.pipe()
     pid = os.fork()

@@ -202,8 +202,55 @@ def test_topic_config_is_written_through_the_mount(mount) -> None:
             config.write_bytes(bad)
         assert raised.value.errno == errno.EINVAL, bad
     assert config.read_bytes() == b"cleanup.policy=compact\nretention.ms=1000\n"
-    config.write_bytes(b"")
-    assert config.read_bytes() == b""
+    config.write_bytes(b"")  # applied when the last descriptor goes, a moment after close
+    assert eventually(lambda: config.read_bytes() == b"")
+
+
+def eventually(condition, seconds: float = 5.0) -> bool:
+    """Whether `condition()` holds within `seconds` (for what the kernel does after close
+    returns: it releases a file's last descriptor asynchronously)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+START = b"retention.ms=3600000\n"
+CONFIG_IDIOMS = [
+    # (what a shell user types, its exit status, the config file after it)
+    ("printf 'retention.ms=1000\\n' > config", 0, b"retention.ms=1000\n"),
+    ("printf 'segment.ms=5000\\n' >> config", 0, START + b"segment.ms=5000\n"),
+    ("printf 'segment.ms=5000' >> config", 0, START + b"segment.ms=5000\n"),  # no final newline
+    ("touch config", 0, START),
+    (": > config", 0, b""),
+    ("printf 'bogus.key=1\\n' > config", 1, START),  # refused: nothing changes
+    ("printf 'retention.ms=1\\nbogus.key=1\\n' > config", 1, START),  # a bad line spoils the write
+    ("printf 'retention.ms=soon\\n' >> config", 1, START),
+    ("exec 3<>config; exec 3>&-", 0, START),  # O_RDWR open and close
+    ("exec 3>>config; exec 3>&-", 0, START),  # O_APPEND open and close
+    ("exec 3<>config; cat <&3 >/dev/null", 0, START),  # reading through O_RDWR
+    ("cp config config.copy 2>/dev/null; true", 0, START),
+]
+
+
+@pytest.mark.parametrize(("idiom", "status", "expected"), CONFIG_IDIOMS, ids=[c[0] for c in CONFIG_IDIOMS])
+def test_config_file_takes_shell_idioms(mount, idiom: str, status: int, expected: bytes) -> None:
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    config = m.path / "t" / "config"
+    assert sh(f"printf 'retention.ms=3600000\\n' > {config}").returncode == 0
+    done = subprocess.run(["bash", "-c", idiom], cwd=config.parent, capture_output=True, timeout=60, check=False)
+    assert done.returncode == status, done.stderr
+    assert eventually(lambda: config.read_bytes() == expected), config.read_bytes()
+    assert config.stat().st_size == len(expected)  # ls -l shows the real size
+    overrides = json.loads((m.path / "t" / "0" / "status").read_bytes())["config"]
+    for line in expected.decode().splitlines():
+        key, _, value = line.partition("=")
+        assert overrides[key] == value
+    saved = json.loads((m.data / ".seglogfs-topic-configs.json").read_text())["topics"].get("t", {})
+    assert saved == dict(line.split("=", 1) for line in expected.decode().splitlines())
 
 
 def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path) -> None:

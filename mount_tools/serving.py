@@ -22,7 +22,8 @@ import trio
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.scheduler import Scheduler
-from seglogfs.fs.filesystem import MountOptions, SeglogFS
+from seglogfs.fs.operations import Operations
+from seglogfs.fs.tree import MountOptions, Tree
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-async def _background(operations: SeglogFS, scheduler: Scheduler | None) -> None:
-    await trio.to_thread.run_sync(operations.prune_view_cache)
+async def _background(operations: Operations, scheduler: Scheduler | None) -> None:
+    await trio.to_thread.run_sync(operations.tree.prune_view_cache)
     if scheduler is None:
         await trio.sleep_forever()
     assert scheduler is not None
@@ -53,10 +54,10 @@ async def _background(operations: SeglogFS, scheduler: Scheduler | None) -> None
         await trio.sleep(max(scheduler.next_due_ms - _now_ms(), 10) / 1000)
         report = await trio.to_thread.run_sync(scheduler.run_due, _now_ms())
         if report.deleted_segments or report.cleaned_logs:
-            await operations.notify_all()
+            await operations.after_background_work()
 
 
-async def _main(operations: SeglogFS, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:
+async def _main(operations: Operations, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_background, operations, scheduler)
 
@@ -94,7 +95,8 @@ def serve(
     the mount is in place."""
     data_dir = DataDir.open(config, read_only=options.read_only, now_ms=_now_ms())
     try:
-        operations = SeglogFS(data_dir, options)
+        tree = Tree(data_dir, options)
+        operations = Operations(tree)
         scheduler = None if options.read_only else Scheduler(data_dir, _now_ms())
         source = ",".join(str(d) for d in config.log_dirs)
         pyfuse3.init(
@@ -111,6 +113,6 @@ def serve(
             trio.run(_main, operations, scheduler, ready)
         finally:
             pyfuse3.close(unmount=True)
-            operations.keep_layouts()
+            tree.keep_layouts()
     finally:
         data_dir.close()

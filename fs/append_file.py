@@ -1,0 +1,96 @@
+"""`append` and `append.jsonl`: write-only files whose lines become records
+(kafka-console-producer's rules, engine.producer). A partition's append files write to it; a
+topic's place each record by Kafka's default partitioner.
+
+Lines of one `write()` become one record batch per partition and appear whole or fail whole; a
+trailing partial line waits for its newline or for the close. The file is always empty.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import TYPE_CHECKING
+
+from seglogfs.engine.partitioner import RoundRobin
+from seglogfs.engine.producer import LineSplitter, Producer
+from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, Refused
+
+if TYPE_CHECKING:
+    from seglogfs.fs.tree import Tree
+
+
+class AppendFile(Node):
+    """`<topic>/append[.jsonl]` (partition None) or `<topic>/<p>/append[.jsonl]`."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        inode: int,
+        key: tuple[object, ...],
+        path: str,
+        *,
+        topic: str,
+        partition: int | None,
+        jsonl: bool,
+    ) -> None:
+        super().__init__(tree, inode, key, path)
+        self.topic = topic
+        self.partition = partition
+        self.jsonl = jsonl
+        self.round_robin = RoundRobin()  # unkeyed records: each write to the next partition
+
+    def attributes(self) -> Attributes:
+        mode = 0 if self.tree.read_only else 0o200
+        return Attributes(stat.S_IFREG | mode, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+
+    def open(self, flags: int) -> Handle:
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            raise Refused(errno.EACCES, f"read {self.path}: append files are write-only")
+        if self.tree.read_only:
+            raise Refused(errno.EROFS, f"write {self.path}")
+        data_dir = self.tree.data_dir
+        if self.partition is not None:
+            logs = [data_dir.partition(self.topic, self.partition)]
+        else:
+            logs = [data_dir.partition(self.topic, p) for p in data_dir.topics().get(self.topic, [])]
+        line_format = None if self.jsonl else self.tree.options.line_format
+        return AppendHandle(self, Producer(logs, line_format, self.round_robin))
+
+    def truncate(self, size: int) -> None:
+        if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty
+            super().truncate(size)
+
+
+class AppendHandle(Handle):
+    """An append file open for writing. Its writes are serialised by the FUSE adapter's caller
+    (one descriptor, one writer); appends to a partition by the partition's lock."""
+
+    seekable = False
+    writable = True
+
+    def __init__(self, node: AppendFile, producer: Producer) -> None:
+        super().__init__(node)
+        self.producer = producer
+        self.lines = LineSplitter()
+
+    def write(self, position: int, data: bytes) -> Changes:
+        return self.lines.feed(data, self._send)
+
+    def flush(self) -> Changes:
+        # A trailing partial line is a record once the file is closed.
+        return self._send(self.lines.finish())
+
+    def fsync(self) -> Changes:
+        changes = self.flush()
+        for log in self.producer.logs:
+            log.flush()
+        return changes
+
+    def _send(self, lines: list[bytes]) -> Changes:
+        if not lines:
+            return Changes()
+        now_ms = self.node.tree.clock()
+        produced = self.producer.send(lines, now_ms, self.node.path)
+        return self.node.tree.grown(produced.logs)

@@ -1,0 +1,75 @@
+"""`.logdir` in the tree: its directories and files (fs.mirror resolves what they hold)."""
+
+from __future__ import annotations
+
+import errno
+import stat
+from typing import TYPE_CHECKING
+
+from seglogfs.fs.mirror import MirrorEntry, MirrorFile
+from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, NoEntry, Refused, join
+
+if TYPE_CHECKING:
+    from seglogfs.fs.tree import Tree
+
+
+class MirrorNode(Node):
+    """A path below `.logdir` (`parts`, () for `.logdir` itself), resolved again at each stat:
+    rsync must see what a mirrored file is now."""
+
+    def __init__(self, tree: Tree, inode: int, key: tuple[object, ...], path: str, parts: tuple[str, ...]) -> None:
+        super().__init__(tree, inode, key, path)
+        self.parts = parts
+        self.entry = self.resolve()
+
+    def resolve(self) -> MirrorEntry:
+        try:
+            self.entry = self.tree.mirror.entry(self.parts)
+        except FileNotFoundError:
+            raise NoEntry(f"lookup {self.path}") from None
+        return self.entry
+
+    @property
+    def is_dir(self) -> bool:  # type: ignore[override]
+        return self.entry.is_dir
+
+    def attributes(self) -> Attributes:
+        entry = self.resolve()
+        mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        mtime_ns = entry.mtime_ns or self.tree.mounted_ns
+        return Attributes(mode, entry.size, mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
+
+    def children(self) -> list[tuple[str, Node]]:
+        if not self.entry.is_dir:
+            return super().children()
+        return [(name, self.child(name)) for name in self.tree.mirror.names(self.parts)]
+
+    def child(self, name: str) -> Node:
+        if not self.entry.is_dir:
+            raise Refused(errno.ENOTDIR, f"lookup {join(self.path, name)}")
+        return self.tree.mirror_node((*self.parts, name))
+
+    def open(self, flags: int) -> Handle:
+        self.refuse_writes(flags)
+        if self.entry.is_dir:
+            return super().open(flags)
+        return MirrorHandle(self, MirrorFile(self.tree.mirror, self.parts))
+
+    def forgettable(self) -> bool:
+        return bool(self.parts)
+
+
+class MirrorHandle(Handle):
+    def __init__(self, node: MirrorNode, file: MirrorFile) -> None:
+        super().__init__(node)
+        self.file = file
+
+    def read_now(self, position: int, length: int) -> bytes | bytearray | None:
+        return self.file.read_now(position, length)
+
+    def read(self, position: int, length: int) -> bytes:
+        return self.file.read(position, length)
+
+    def release(self) -> Changes:
+        self.file.close()
+        return Changes()

@@ -1,0 +1,219 @@
+"""What every node of the mounted tree has in common, free of any FUSE binding.
+
+A `Node` is a directory or a file of the tree (`fs.tree.Tree` holds them by inode). It answers
+`attributes()`, a directory `children()` and `child(name)`, a file `open(flags)` with a
+`Handle`, the object a file descriptor reads and writes through. A request the filesystem
+turns down raises `Refused` (an errno and what was asked, where); engine errors pass through
+as they are. The FUSE adapter (`fs.operations`) maps both to errno values, in one place.
+
+Writes report what they changed as `Changes`: the inodes whose attributes (sizes) changed and
+the directory entries that now name another inode, for the adapter to tell the kernel.
+
+Unless a method says "on the loop", it may block (disk, rendering) and is called in a worker
+thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from seglogfs.engine import PartitionLog
+
+if TYPE_CHECKING:
+    from seglogfs.fs.tree import Tree
+
+IO_BLOCK_BYTES = 1 << 20  # st_blksize where large requests are cheap (see Attributes.block_bytes)
+PAGE_BYTES = 4096
+
+
+class Refused(OSError):
+    """A request the filesystem turns down: `errno` and what was asked, where (`what`)."""
+
+    def __init__(self, number: int, what: str) -> None:
+        super().__init__(number, os.strerror(number))
+        self.what = what
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.strerror}"
+
+
+class NoEntry(Refused):
+    """ENOENT for a name that is simply not there: ordinary (a shell probes names, mkdir looks
+    the name up first), so not worth a warning."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(errno.ENOENT, what)
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """A node's `stat`, as the tree knows it. `valid_s` None: valid until the filesystem says
+    otherwise (the adapter invalidates); 0: look again on every stat.
+
+    The preferred I/O size (`block_bytes`) tells cat and cp how much to move at once: each write
+    to an append file becomes one record batch and each read of a mirror file one request, so
+    large is cheap there (FUSE passes up to 1 MiB a request). Views stay at a page: stdio and
+    Python size their buffers by it, and a view renders what is asked for (a first record from
+    by-offset/N should not render a megabyte)."""
+
+    mode: int
+    size: int = 0
+    mtime_ns: int = 0
+    block_bytes: int = PAGE_BYTES
+    valid_s: float | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def nlink(self) -> int:
+        return 2 if self.is_dir else 1
+
+
+@dataclass
+class Changes:
+    """What a request changed that the kernel may have cached."""
+
+    inodes: list[int] = field(default_factory=list)  # attributes (sizes) changed
+    entries: list[tuple[int, str]] = field(default_factory=list)  # (directory inode, name) names another inode
+
+    def __iadd__(self, other: Changes) -> Changes:
+        self.inodes += other.inodes
+        self.entries += other.entries
+        return self
+
+    def __bool__(self) -> bool:
+        return bool(self.inodes or self.entries)
+
+
+class Handle:
+    """An open file. Refuses what its kind of file does not do."""
+
+    seekable = True
+    writable = False  # flush, fsync and release do work (in a worker thread)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def read_now(self, position: int, length: int) -> bytes | bytearray | None:
+        """`read` when it needs neither the disk nor much work (on the loop), else None."""
+        return None
+
+    def read(self, position: int, length: int) -> bytes | bytearray:
+        raise Refused(errno.EBADF, f"read {self.node.path}")
+
+    def write(self, position: int, data: bytes) -> Changes:
+        raise Refused(errno.EBADF, f"write {self.node.path}")
+
+    def truncate(self, size: int) -> None:
+        """`ftruncate` of a descriptor of the handle."""
+        self.node.truncate(size)
+
+    def flush(self) -> Changes:
+        """A descriptor of the handle is closed (`close`, and each `dup` of it)."""
+        return Changes()
+
+    def fsync(self) -> Changes:
+        return Changes()
+
+    def release(self) -> Changes:
+        """The last descriptor of the handle is gone."""
+        return Changes()
+
+
+class BytesHandle(Handle):
+    """A small file's content as it was at open."""
+
+    def __init__(self, node: Node, content: bytes) -> None:
+        super().__init__(node)
+        self.content = content
+
+    def read_now(self, position: int, length: int) -> bytes:
+        return self.content[position : position + length]
+
+    def read(self, position: int, length: int) -> bytes:
+        return self.read_now(position, length)
+
+
+class Node:
+    """A directory or file of the tree. `key` names it in the tree's inode table; `path` is its
+    place in the mount, for log lines."""
+
+    is_dir = False
+
+    def __init__(self, tree: Tree, inode: int, key: tuple[object, ...], path: str) -> None:
+        self.tree = tree
+        self.inode = inode
+        self.key = key
+        self.path = path
+        self.looked_up = False  # the kernel knows the inode (it may cache its attributes)
+
+    def attributes(self) -> Attributes:
+        raise NotImplementedError
+
+    def children(self) -> list[tuple[str, Node]]:
+        raise Refused(errno.ENOTDIR, f"list {self.path}")
+
+    def child(self, name: str) -> Node:
+        """The entry called `name` (ENOENT when there is none)."""
+        for child_name, node in self.children():
+            if child_name == name:
+                return node
+        raise NoEntry(f"lookup {join(self.path, name)}")
+
+    def mkdir(self, name: str) -> Node:
+        """A new directory `name` in this one."""
+        if not self.is_dir:
+            raise Refused(errno.ENOTDIR, f"mkdir {join(self.path, name)}")
+        raise Refused(errno.EPERM, f"mkdir {join(self.path, name)}: topics only at the top")
+
+    def open_now(self, flags: int) -> Handle | None:
+        """`open` when it needs no work off the loop (on the loop), else None."""
+        return None
+
+    def open(self, flags: int) -> Handle:
+        """`flags` are open(2)'s (the access mode, O_TRUNC, O_APPEND, …)."""
+        if self.is_dir:
+            raise Refused(errno.EISDIR, f"open {self.path}")
+        raise Refused(errno.EACCES, f"open {self.path}")
+
+    def truncate(self, size: int) -> None:
+        raise Refused(errno.EINVAL, f"truncate {self.path}")
+
+    def forgettable(self) -> bool:
+        """Whether the node goes when the kernel forgets it (it is made again on a lookup)."""
+        return False
+
+    # -- helpers for subclasses ----------------------------------------------------------------------
+    def directory_attributes(self) -> Attributes:
+        return Attributes(stat.S_IFDIR | (0o555 if self.tree.read_only else 0o755), mtime_ns=self.tree.mounted_ns)
+
+    def refuse_writes(self, flags: int) -> None:
+        """EACCES unless the open only reads."""
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise Refused(errno.EACCES, f"write {self.path}: read-only file")
+
+
+class PartitionNode(Node):
+    """A node that belongs to one partition."""
+
+    def __init__(
+        self, tree: Tree, inode: int, key: tuple[object, ...], path: str, *, topic: str, partition: int
+    ) -> None:
+        super().__init__(tree, inode, key, path)
+        self.topic = topic
+        self.partition = partition
+
+    @property
+    def log(self) -> PartitionLog:
+        return self.tree.data_dir.partition(self.topic, self.partition)
+
+
+def join(directory: str, name: str) -> str:
+    """A path in the mount for log lines: `t/0` and `records` → `t/0/records`."""
+    return f"{directory}/{name}" if directory else name

@@ -1,0 +1,320 @@
+"""The pyfuse3 adapter: FUSE requests onto the tree (fs.tree), and nothing else.
+
+Each handler resolves the node or handle, runs the tree's work in a worker thread (or on the
+trio loop where the tree says it needs neither the disk nor much work: `open_now`,
+`read_now`), maps errors to errno values in one place (`_errors`), and tells the kernel what a
+write changed (`_tell_kernel`). Only `FUSEError` leaves a handler: a refusal or an engine error
+is logged as one line naming what and where; anything unexpected is logged with its traceback
+and answers EIO.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from seglogfs.engine.errors import (
+    ConfigError,
+    CorruptRecordError,
+    EngineError,
+    InvalidRecordError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    ReadOnlyError,
+    RecordTooLargeError,
+    TimestampParseError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+    UnsupportedFormatError,
+)
+from seglogfs.fs.node import Attributes, Changes, Handle, Node, NoEntry, Refused, join
+from seglogfs.fs.tree import Tree
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_VALID_S = 3600.0  # attributes and entries the tree does not time out stay valid until invalidated
+_NAME_MAX = 249  # Kafka's longest topic name
+_ERRNO: list[tuple[type[BaseException], int]] = [
+    (ReadOnlyError, errno.EROFS),
+    (RecordTooLargeError, errno.EFBIG),
+    (TimestampParseError, errno.EINVAL),
+    (InvalidRecordError, errno.EINVAL),
+    (InvalidTopicError, errno.EINVAL),
+    (ConfigError, errno.EINVAL),
+    (TopicExistsError, errno.EEXIST),
+    (UnknownTopicOrPartitionError, errno.ENOENT),
+    (OffsetOutOfRangeError, errno.ENOENT),
+    (CorruptRecordError, errno.EIO),
+    (UnsupportedFormatError, errno.EIO),
+    (EngineError, errno.EIO),
+]
+
+
+def errno_for(error: BaseException) -> int:
+    """The one table from engine errors (and OS errors) to errno values."""
+    for kind, number in _ERRNO:
+        if isinstance(error, kind):
+            return number
+    if isinstance(error, OSError) and error.errno:
+        return error.errno
+    return errno.EIO
+
+
+@contextmanager
+def _errors(what: str) -> Iterator[None]:
+    """Errors of the work inside become FUSEError, logged with what and where."""
+    try:
+        yield
+    except pyfuse3.FUSEError:
+        raise
+    except Refused as refused:
+        raise _refused(refused) from None
+    except (EngineError, OSError) as error:
+        number = errno_for(error)
+        logger.warning("%s: %s (%s)", what, error, errno.errorcode.get(number, number))
+        raise pyfuse3.FUSEError(number) from None
+    except Exception:
+        logger.exception("%s: unexpected error (EIO)", what)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+
+
+def _refused(refused: Refused) -> pyfuse3.FUSEError:
+    number = refused.errno or errno.EIO
+    level = logging.DEBUG if isinstance(refused, NoEntry) else logging.WARNING
+    logger.log(level, "%s (%s)", refused, errno.errorcode.get(number, number))
+    return pyfuse3.FUSEError(number)
+
+
+class Operations(pyfuse3.Operations):
+    """The FUSE operations of one mounted tree."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, tree: Tree) -> None:
+        super().__init__()
+        self.tree = tree
+        self._handles: dict[int, Handle] = {}
+        self._next_fh = 1
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
+
+    async def _run(self, work: Callable[[], T], what: str) -> T:
+        """Run the tree's work in a worker thread, its errors mapped."""
+        with _errors(what):
+            return await trio.to_thread.run_sync(work)
+
+    def _node(self, inode: int) -> Node:
+        node = self.tree.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _handle(self, fh: int) -> Handle:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        return handle
+
+    def _entry(self, node: Node) -> pyfuse3.EntryAttributes:
+        """The node's attributes as FUSE wants them (in a worker thread: a view's size may need
+        rendering)."""
+        return self._fuse_attributes(node.inode, node.attributes())
+
+    def _fuse_attributes(self, inode: int, attributes: Attributes) -> pyfuse3.EntryAttributes:
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = inode
+        entry.generation = 0
+        entry.entry_timeout = _VALID_S
+        entry.attr_timeout = _VALID_S if attributes.valid_s is None else attributes.valid_s
+        entry.st_mode = attributes.mode
+        entry.st_nlink = attributes.nlink
+        entry.st_uid, entry.st_gid = self._uid, self._gid
+        entry.st_size = attributes.size
+        entry.st_blocks = (attributes.size + 511) // 512
+        entry.st_blksize = attributes.block_bytes
+        entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = attributes.mtime_ns
+        return entry
+
+    async def _tell_kernel(self, changes: Changes) -> None:
+        """Drop what the kernel caches of what changed (off the loop: the calls may block)."""
+        if changes:
+            await trio.to_thread.run_sync(_invalidate, changes)
+
+    # -- lookups and directories -----------------------------------------------------------------------
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        self.requests["lookup"] += 1
+        parent = self._node(parent_inode)
+        text = os.fsdecode(name)
+        if text == "..":
+            return await self._run(lambda: self._entry(parent), f"lookup {join(parent.path, text)}")
+        return await self._run(lambda: self._entry(self.tree.lookup(parent, text)), f"lookup {join(parent.path, text)}")
+
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        self.requests["getattr"] += 1
+        node = self._node(inode)
+        return await self._run(lambda: self._entry(node), f"getattr {node.path}")
+
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
+        node = self._node(inode)
+        if fields.update_size:
+            handle = self._handles.get(fh) if fh is not None else None
+            with _errors(f"truncate {node.path}"):
+                (handle or node).truncate(attr.st_size)
+        return await self.getattr(inode, ctx)
+
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        node = self._node(inode)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        self.requests["readdir"] += 1
+        node = self._node(fh)
+
+        def list_entries() -> list[tuple[str, pyfuse3.EntryAttributes]]:
+            entries = []
+            for name, child in node.children():
+                child.looked_up = True  # readdirplus hands the kernel the entry without a lookup
+                entries.append((name, self._entry(child)))
+            return entries
+
+        entries = await self._run(list_entries, f"readdir {node.path}")
+        for index, (name, attr) in enumerate(entries[start_id:], start=start_id):
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attr, index + 1):
+                return
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        parent = self._node(parent_inode)
+        text = os.fsdecode(name)
+
+        def make() -> pyfuse3.EntryAttributes:
+            child = parent.mkdir(text)
+            child.looked_up = True
+            return self._entry(child)
+
+        return await self._run(make, f"mkdir {join(parent.path, text)}")
+
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        with _errors("statfs"):
+            result = self.tree.statfs()
+        data = pyfuse3.StatvfsData()
+        for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail"):
+            setattr(data, name, getattr(result, name))
+        data.f_namemax = _NAME_MAX
+        return data
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for inode, _ in inode_list:
+            self.tree.forget(inode)
+
+    # -- files -------------------------------------------------------------------------------------------
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        self.requests["open"] += 1
+        node = self._node(inode)
+        with _errors(f"open {node.path}"):
+            handle = node.open_now(flags)
+        if handle is None:
+            handle = await self._run(lambda: node.open(flags), f"open {node.path}")
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = handle
+        # No page cache: a read racing an append could leave a cached page that ends in zeros
+        # where the new records now are (the kernel zero-fills a short read).
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, nonseekable=not handle.seekable)
+
+    # pyfuse3 replies with any contiguous buffer: a mirror read returns the buffer it read into.
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
+        self.requests["read"] += 1
+        handle = self._handle(fh)
+        # A read that needs neither the disk nor much rendering is served on the loop: handing
+        # it to a worker thread costs more than the read (sequential readers ran at half speed).
+        with _errors(f"read {handle.node.path}"):
+            data = handle.read_now(off, size)
+        if data is None:
+            return await self._run(lambda: handle.read(off, size), f"read {handle.node.path}")
+        self.requests["read_now"] += 1
+        return data
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        self.requests["write"] += 1
+        handle = self._handle(fh)
+        changes = await self._run(lambda: handle.write(off, buf), f"write {handle.node.path}")
+        await self._tell_kernel(changes)
+        return len(buf)
+
+    async def flush(self, fh: int) -> None:
+        handle = self._handle(fh)
+        if handle.writable:
+            await self._tell_kernel(await self._run(handle.flush, f"write {handle.node.path}"))
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handle(fh)
+        if handle.writable:
+            await self._tell_kernel(await self._run(handle.fsync, f"fsync {handle.node.path}"))
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is not None:
+            await self._tell_kernel(await self._run(handle.release, f"close {handle.node.path}"))
+
+    # -- refused -------------------------------------------------------------------------------------------
+    def _refuse(self, operation: str, parent_inode: int, name: bytes = b"") -> pyfuse3.FUSEError:
+        node = self._node(parent_inode)
+        return _refused(Refused(errno.EPERM, f"{operation} {join(node.path, os.fsdecode(name))}"))
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise self._refuse("unlink", parent_inode, name)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise self._refuse("rmdir", parent_inode, name)
+
+    async def rename(  # noqa: PLR0917 (pyfuse3's signature)
+        self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
+    ) -> None:
+        raise self._refuse("rename", parent_inode_old, name_old)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        raise self._refuse("create", parent_inode, name)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise self._refuse("mknod", parent_inode, name)
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise self._refuse("symlink", parent_inode, name)
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        raise self._refuse("link", inode)
+
+    # -- background work -------------------------------------------------------------------------------------
+    async def after_background_work(self) -> None:
+        """After retention or compaction changed what views show (see Tree.after_background_work)."""
+        changes = await self._run(self.tree.after_background_work, "after background work")
+        await self._tell_kernel(changes)
+
+
+def _invalidate(changes: Changes) -> None:
+    """Tell the kernel (in a worker thread: the calls may block). ENOENT: it has forgotten the
+    inode or entry, nothing to tell."""
+    for inode in changes.inodes:
+        try:
+            pyfuse3.invalidate_inode(inode, True)
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                logger.warning("invalidating inode %d: %s", inode, error)
+    for parent, name in changes.entries:
+        try:
+            pyfuse3.invalidate_entry(parent, os.fsencode(name))
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                logger.warning("invalidating entry %s of inode %d: %s", name, parent, error)

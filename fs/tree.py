@@ -1,0 +1,206 @@
+"""The mounted tree (DESIGN.md §2), free of any FUSE binding: what exists, under which inode.
+
+    <topic>/                  directories.TopicDir: mkdir at the top creates a topic
+    <topic>/config            config_file.ConfigFile: the topic's overrides, `key=value` lines
+    <topic>/append[.jsonl]    append_file.AppendFile: records placed by Kafka's partitioner
+    <topic>/<p>/              directories.PartitionDir
+    <topic>/<p>/append[.jsonl]            append_file.AppendFile
+    <topic>/<p>/records[.jsonl]           view_file.ViewFile, from the log start offset
+    <topic>/<p>/by-offset/N[.jsonl]       view_file.ViewFile, from the first offset ≥ N
+    <topic>/<p>/by-time/T[.jsonl]         view_file.ViewFile, from the first timestamp ≥ T
+    <topic>/<p>/status        status_file.StatusFile
+    .logdir/                  mirror_node.MirrorNode: the data dir in Kafka's layout, for backups
+
+A node is made when it is first looked up and keeps its inode for good, except by-offset and
+by-time views and `.logdir` entries (there can be any number of them: dropped when the kernel
+forgets them) and a `records` file whose start retention removed (superseded by a new inode).
+
+Thread-safety: lookups, stats and listings run in worker threads at once; the inode table and
+the per-partition view index are guarded by one lock (`_lock`), held only for dictionary work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from seglogfs.engine import DataDir, PartitionLog
+from seglogfs.engine.console_formats import LineFormat, TextFormat
+from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
+from seglogfs.fs.mirror import Mirror
+from seglogfs.fs.mirror_node import MirrorNode
+from seglogfs.fs.node import Changes, Node, join
+from seglogfs.fs.view_file import ViewFile
+from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, Renderer
+
+logger = logging.getLogger(__name__)
+
+ROOT_INODE = 1  # FUSE's root inode
+N = TypeVar("N", bound=Node)
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    """What `-o` sets besides FUSE's own options (DESIGN.md §2)."""
+
+    text_format: TextFormat = field(default_factory=TextFormat)
+    line_format: LineFormat = field(default_factory=LineFormat)
+    read_only: bool = False
+    view_cache: Path | None = None  # where sealed segments' view layouts are kept (LayoutStore)
+
+
+class Tree:
+    """The nodes of one mounted data dir, by inode. See the module docstring."""
+
+    def __init__(self, data_dir: DataDir, options: MountOptions, *, clock: Callable[[], int] | None = None) -> None:
+        self.data_dir = data_dir
+        self.options = options
+        self.read_only = options.read_only
+        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.mounted_ns = self.clock() * 1_000_000
+        self.mirror = Mirror(data_dir)
+        self._lock = threading.Lock()
+        self._topic_lock = threading.Lock()
+        self._nodes: dict[int, Node] = {}
+        self._by_key: dict[tuple[object, ...], int] = {}
+        self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
+        self._next_inode = ROOT_INODE
+        self._layouts: dict[tuple[str, int, str], Layout] = {}
+        self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
+        self.root = self.intern(("root",), lambda inode, key: RootDir(self, inode, key, ""))
+
+    # -- the inode table -----------------------------------------------------------------------------
+    def intern(self, key: tuple[object, ...], make: Callable[[int, tuple[object, ...]], N]) -> N:
+        """The node called `key`, made (with a new inode) if there is none."""
+        with self._lock:
+            inode = self._by_key.get(key)
+            if inode is None:
+                inode = self._next_inode
+                self._next_inode += 1
+                node = make(inode, key)
+                self._by_key[key] = inode
+                self._nodes[inode] = node
+                if isinstance(node, ViewFile):
+                    self._views_of.setdefault((node.topic, node.partition), set()).add(inode)
+            return self._nodes[inode]  # type: ignore[return-value]
+
+    def find(self, key: tuple[object, ...]) -> Node | None:
+        inode = self._by_key.get(key)
+        return None if inode is None else self._nodes.get(inode)
+
+    def get(self, inode: int) -> Node | None:
+        """The node of `inode`; None for one the tree does not have (or no longer)."""
+        return self._nodes.get(inode)
+
+    def lookup(self, parent: Node, name: str) -> Node:
+        """`parent`'s entry `name`, now known to the kernel."""
+        child = parent.child(name)
+        child.looked_up = True
+        return child
+
+    def supersede(self, node: Node) -> None:
+        """`node`'s name will name a new node; the old one lives until the kernel forgets it."""
+        with self._lock:
+            if self._by_key.get(node.key) == node.inode:
+                del self._by_key[node.key]
+
+    def forget(self, inode: int) -> None:
+        """The kernel forgot `inode` (all its lookups at once)."""
+        node = self._nodes.get(inode)
+        if node is None:
+            return
+        node.looked_up = False
+        with self._lock:
+            superseded = self._by_key.get(node.key) != inode
+            if superseded or node.forgettable():
+                del self._nodes[inode]
+                if not superseded:
+                    del self._by_key[node.key]
+                if isinstance(node, ViewFile):
+                    self._views_of.get((node.topic, node.partition), set()).discard(inode)
+
+    # -- nodes made by more than one directory ------------------------------------------------------
+    def mirror_node(self, parts: tuple[str, ...]) -> MirrorNode:
+        path = join(LOGDIR, "/".join(parts)) if parts else LOGDIR
+        node = self.intern(("mirror", parts), lambda inode, key: MirrorNode(self, inode, key, path, parts))
+        node.resolve()  # ENOENT when it is gone
+        return node
+
+    def offset_view(self, parent: ByOffsetDir | ByTimeDir, name: str, offset: int) -> ViewFile:
+        topic, partition = parent.topic, parent.partition
+        path = join(parent.path, name)
+        jsonl = name.endswith(".jsonl")
+        return self.intern(
+            ("view", topic, partition, path),
+            lambda inode, key: ViewFile(
+                self, inode, key, path, topic=topic, partition=partition, jsonl=jsonl, start_offset=offset
+            ),
+        )
+
+    def create_topic(self, topic: str) -> None:
+        with self._topic_lock:
+            self.data_dir.create_topic(topic, now_ms=self.clock())
+
+    # -- views ----------------------------------------------------------------------------------------
+    def layout(self, log: PartitionLog, fmt: str) -> Layout:
+        """The partition's layout in a format ("text" or "jsonl"), shared by all its views."""
+        key = (log.topic, log.partition, fmt)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if fmt == "text":
+                renderer: Renderer = TextRenderer(self.options.text_format, log.partition)
+                format_key = repr(self.options.text_format)
+            else:
+                renderer = JsonLinesRenderer(log.topic, log.partition)
+                format_key = "jsonl"
+            layout = Layout(log, renderer, store=self._layout_store, format_key=format_key)
+            self._layouts[key] = layout
+        return layout
+
+    def grown(self, logs: Iterable[PartitionLog]) -> Changes:
+        """What changed after appends to `logs`: the sizes of their views the kernel knows."""
+        changes = Changes()
+        with self._lock:
+            for log in logs:
+                views = self._views_of.get((log.topic, log.partition), ())
+                changes.inodes += [inode for inode in views if (node := self._nodes.get(inode)) and node.looked_up]
+        return changes
+
+    def after_background_work(self) -> Changes:
+        """After retention or compaction: every view may have changed size, and `records` of a
+        partition whose log start moved names a new file."""
+        changes = Changes()
+        for topic, partitions in self.data_dir.topics().items():
+            for partition in partitions:
+                changes += self.grown([self.data_dir.partition(topic, partition)])
+                directory = self.find(("partition", topic, partition))
+                if isinstance(directory, PartitionDir):
+                    changes.entries += [(directory.inode, name) for name in directory.superseded_records()]
+        return changes
+
+    def prune_view_cache(self) -> None:
+        """At mount: remove stored layouts no mount has used for a while (LayoutStore.prune)."""
+        if self._layout_store is not None:
+            removed = self._layout_store.prune(self.clock() / 1000)
+            if removed:
+                logger.info(
+                    "view cache %s: removed the layouts of %d partitions unused for %d days",
+                    self._layout_store.root,
+                    removed,
+                    UNUSED_LAYOUT_DAYS,
+                )
+
+    def keep_layouts(self) -> None:
+        """At unmount: store what is measured of every view layout (see fs.views.LayoutStore)."""
+        for layout in list(self._layouts.values()):
+            layout.keep()
+
+    def statfs(self) -> os.statvfs_result:
+        return os.statvfs(self.data_dir.config.log_dirs[0])

@@ -1,0 +1,78 @@
+"""Views: `records`, `records.jsonl`, `by-offset/N[.jsonl]` and `by-time/T[.jsonl]` — a
+partition from an offset on, rendered as text or JSON Lines (fs.views), as read-only files with
+exact sizes that grow as records arrive."""
+
+from __future__ import annotations
+
+import errno
+import stat
+from typing import TYPE_CHECKING
+
+from seglogfs.fs.node import Attributes, Handle, PartitionNode, Refused
+from seglogfs.fs.views import View
+
+if TYPE_CHECKING:
+    from seglogfs.fs.tree import Tree
+
+
+class ViewFile(PartitionNode):
+    """A view from `start_offset` (None: the log start offset when first used). The node keeps
+    one `View` for its stat and all its readers."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        inode: int,
+        key: tuple[object, ...],
+        path: str,
+        *,
+        topic: str,
+        partition: int,
+        jsonl: bool,
+        start_offset: int | None,
+    ) -> None:
+        super().__init__(tree, inode, key, path, topic=topic, partition=partition)
+        self.jsonl = jsonl
+        self.start_offset = start_offset
+        self.view: View | None = None
+
+    def ensure_view(self) -> View:
+        view = self.view
+        if view is None:
+            log = self.log
+            layout = self.tree.layout(log, "jsonl" if self.jsonl else "text")
+            start = log.log_start_offset if self.start_offset is None else self.start_offset
+            view = self.view = View(layout, start)
+        return view
+
+    def attributes(self) -> Attributes:
+        log = self.log
+        mtime_ns = max(self.tree.mounted_ns, log.active_segment.max_timestamp_so_far.timestamp * 1_000_000)
+        return Attributes(stat.S_IFREG | 0o444, self.ensure_view().size(), mtime_ns)
+
+    def open_now(self, flags: int) -> Handle | None:
+        # Looked up already (the usual case): its view is there, nothing to do off the loop.
+        self.refuse_writes(flags)
+        return None if self.view is None else ViewHandle(self, self.view)
+
+    def open(self, flags: int) -> Handle:
+        self.refuse_writes(flags)
+        return ViewHandle(self, self.ensure_view())
+
+    def truncate(self, size: int) -> None:
+        raise Refused(errno.EPERM, f"truncate {self.path}")
+
+    def forgettable(self) -> bool:
+        return self.start_offset is not None  # by-offset and by-time views: any number of them
+
+
+class ViewHandle(Handle):
+    def __init__(self, node: ViewFile, view: View) -> None:
+        super().__init__(node)
+        self.view = view
+
+    def read_now(self, position: int, length: int) -> bytes | None:
+        return self.view.read_now(position, length)
+
+    def read(self, position: int, length: int) -> bytes:
+        return self.view.read(position, length)

@@ -1,0 +1,236 @@
+"""The mount's tree model without a mount: nodes, names, attributes, handles and refusals, as
+the FUSE adapter sees them (fs.tree; no pyfuse3, no trio)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from seglogfs.engine import DataDir
+from seglogfs.engine.console_formats import LineFormat
+from seglogfs.engine.errors import ConfigError, InvalidRecordError
+from seglogfs.fs.node import Handle, Node, Refused
+from seglogfs.fs.tree import MountOptions, Tree
+from seglogfs.fs.view_file import ViewFile
+from tests.conftest import NOW_MS, broker_config
+
+
+@pytest.fixture
+def data_dir(log_dir: Path) -> Iterator[DataDir]:
+    opened = DataDir.open(broker_config(log_dir, num_partitions=2), now_ms=NOW_MS)
+    opened.create_topic("t", 1, now_ms=NOW_MS)
+    opened.partition("t", 0).append_records([b"one", b"two", b"three"], now_ms=NOW_MS)
+    yield opened
+    opened.close()
+
+
+def tree_of(data_dir: DataDir, **options: object) -> Tree:
+    return Tree(data_dir, MountOptions(**options), clock=lambda: NOW_MS)  # type: ignore[arg-type]
+
+
+def walk(tree: Tree, path: str) -> Node:
+    node: Node = tree.root
+    for name in filter(None, path.split("/")):
+        node = tree.lookup(node, name)
+    return node
+
+
+def read_all(handle: Handle) -> bytes:
+    return bytes(handle.read(0, 1 << 20))
+
+
+def refused(errno_value: int, action: object) -> str:
+    with pytest.raises(Refused) as raised:
+        action()  # type: ignore[operator]
+    assert raised.value.errno == errno_value
+    return str(raised.value)
+
+
+def test_names_and_kinds(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    assert [name for name, _ in tree.root.children()] == [".logdir", "t"]
+    assert [name for name, _ in walk(tree, "t").children()] == ["append", "append.jsonl", "config", "0"]
+    assert [name for name, _ in walk(tree, "t/0").children()] == [
+        "append",
+        "append.jsonl",
+        "records",
+        "records.jsonl",
+        "by-offset",
+        "by-time",
+        "status",
+    ]
+    assert [name for name, _ in walk(tree, "t/0/by-offset").children()] == ["0", "0.jsonl"]
+    assert walk(tree, "t/0").attributes().is_dir
+    records = walk(tree, "t/0/records")
+    assert isinstance(records, ViewFile) and records.path == "t/0/records"
+    assert walk(tree, "t/0/records") is records  # one node, one inode, per name
+    assert stat.S_IMODE(records.attributes().mode) == 0o444
+
+
+def test_views_read_what_the_partition_holds(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    records = walk(tree, "t/0/records")
+    assert records.attributes().size == len(b"one\ntwo\nthree\n")
+    assert read_all(records.open(os.O_RDONLY)) == b"one\ntwo\nthree\n"
+    assert read_all(walk(tree, "t/0/by-offset/1").open(os.O_RDONLY)) == b"two\nthree\n"
+    assert read_all(walk(tree, "t/0/by-time/0").open(os.O_RDONLY)) == b"one\ntwo\nthree\n"
+    jsonl = read_all(walk(tree, "t/0/by-offset/2.jsonl").open(os.O_RDONLY))
+    assert jsonl.startswith(b'{"topic":"t","partition":0,"offset":2,')
+
+
+@pytest.mark.parametrize(
+    ("path", "number", "said"),
+    [
+        ("t/0/by-offset/abc", errno.ENOENT, "t/0/by-offset/abc: not an offset"),
+        ("t/0/by-offset/²", errno.ENOENT, "not an offset"),  # a digit to str.isdigit, not an offset
+        ("t/0/by-offset/-1", errno.ENOENT, "not an offset"),
+        ("t/0/by-offset/4", errno.ENOENT, "outside the log (0..3)"),
+        ("t/0/by-time/soon", errno.ENOENT, "t/0/by-time/soon: timestamp 'soon'"),
+        ("t/7", errno.ENOENT, "lookup t/7"),
+        ("t/²", errno.ENOENT, "lookup t/²"),
+        ("nope", errno.ENOENT, "lookup nope"),
+        ("t/0/status/x", errno.ENOTDIR, "list t/0/status"),
+    ],
+)
+def test_lookups_refused(data_dir: DataDir, path: str, number: int, said: str) -> None:
+    assert said in refused(number, lambda: walk(tree_of(data_dir), path))
+
+
+def test_files_refuse_what_they_do_not_do(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    assert "read t/0/append: append files are write-only" in refused(
+        errno.EACCES, lambda: walk(tree, "t/0/append").open(os.O_RDONLY)
+    )
+    for path in ("t/0/records", "t/0/status", "t/0/by-offset/0"):
+        node = walk(tree, path)
+        assert f"write {path}: read-only file" in refused(errno.EACCES, lambda: node.open(os.O_WRONLY))  # noqa: B023
+    assert "truncate t/0/records" in refused(errno.EPERM, lambda: walk(tree, "t/0/records").truncate(0))
+    assert "truncate t/0/append" in refused(errno.EINVAL, lambda: walk(tree, "t/0/append").truncate(5))
+    walk(tree, "t/0/append").truncate(0)  # `>` truncates first: fine, the file is always empty
+    assert "mkdir t/new: topics only at the top" in refused(errno.EPERM, lambda: walk(tree, "t").mkdir("new"))
+    assert "open t: Is a directory" in refused(errno.EISDIR, lambda: walk(tree, "t").open(os.O_RDONLY))
+
+
+def test_read_only_tree(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir, read_only=True)
+    refused(errno.EROFS, lambda: walk(tree, "t/0/append").open(os.O_WRONLY))
+    refused(errno.EROFS, lambda: walk(tree, "t/config").open(os.O_WRONLY))
+    refused(errno.EROFS, lambda: tree.root.mkdir("u"))
+    assert stat.S_IMODE(walk(tree, "t").attributes().mode) == 0o555
+
+
+def test_append_lines_partial_lines_and_growth(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    records = walk(tree, "t/0/records")
+    handle = walk(tree, "t/0/append").open(os.O_WRONLY)
+    assert not handle.seekable
+    changes = handle.write(0, b"four\nfi")
+    assert changes.inodes == [records.inode]  # the kernel is told the view grew
+    assert data_dir.partition("t", 0).log_end_offset == 4
+    handle.write(0, b"ve")
+    assert data_dir.partition("t", 0).log_end_offset == 4  # the partial line waits
+    handle.flush()
+    assert read_all(records.open(os.O_RDONLY)).endswith(b"four\nfive\n")
+
+
+def test_a_bad_line_fails_its_whole_write(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    handle = walk(tree, "t/0/append.jsonl").open(os.O_WRONLY)
+    handle.write(0, b'{"value":"pending')
+    with pytest.raises(InvalidRecordError, match=r"t/0/append\.jsonl line 2"):
+        handle.write(0, b'"}\nnot json\n')
+    assert data_dir.partition("t", 0).log_end_offset == 3  # nothing of the write stored
+    handle.write(0, b'"}\n')  # the partial line from before is still there
+    assert [r.value for r in data_dir.partition("t", 0).records(3)] == [b"pending"]
+
+
+def test_topic_append_places_keys_like_kafka(data_dir: DataDir) -> None:
+    data_dir.create_topic("k", 3, now_ms=NOW_MS)
+    tree = tree_of(data_dir, line_format=LineFormat(parse_key=True))
+    append = walk(tree, "k/append")
+    append.open(os.O_WRONLY).write(0, b"a\t1\nb\t2\nc\t3\n")
+    homes = {r.key: p for p in range(3) for r in data_dir.partition("k", p).records(0)}
+    from seglogfs.engine.partitioner import partition_for_key
+
+    assert homes == {key: partition_for_key(key, 3) for key in (b"a", b"b", b"c")}
+
+
+def test_config_file_table(data_dir: DataDir) -> None:
+    """The model's side of the shell idioms (the mount test runs them with a real shell)."""
+    tree = tree_of(data_dir)
+    config = walk(tree, "t/config")
+
+    def content() -> bytes:
+        return read_all(config.open(os.O_RDONLY))
+
+    handle = config.open(os.O_WRONLY | os.O_TRUNC)  # printf 'retention.ms=1\n' > config
+    handle.flush()  # the shell closes the first descriptor before writing: nothing applied
+    handle.write(0, b"retention.ms=1\n")
+    handle.flush()
+    handle.release()
+    assert content() == b"retention.ms=1\n"
+    assert config.attributes().size == len(b"retention.ms=1\n")
+
+    handle = config.open(os.O_WRONLY | os.O_TRUNC)  # printf 'bogus=1\n' > config
+    handle.flush()
+    with pytest.raises(ConfigError, match="t/config: unknown topic config 'bogus'"):
+        handle.write(0, b"bogus=1\n")
+    handle.flush()
+    handle.release()
+    assert content() == b"retention.ms=1\n"
+
+    for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_APPEND):  # touch, exec 3<>, >> without output
+        handle = config.open(flags)
+        handle.flush()
+        handle.release()
+        assert content() == b"retention.ms=1\n", flags
+    handle = config.open(os.O_RDWR)
+    assert handle.read(0, 100) == b"retention.ms=1\n"  # reading through O_RDWR
+
+    handle = config.open(os.O_WRONLY | os.O_APPEND)  # >>
+    handle.write(len(b"retention.ms=1\n"), b"segment.ms=5000")  # the last line without newline
+    handle.flush()
+    handle.release()
+    assert content() == b"retention.ms=1\nsegment.ms=5000\n"
+
+    handle = config.open(os.O_WRONLY | os.O_TRUNC)  # : > config
+    handle.flush()
+    assert content() == b"retention.ms=1\nsegment.ms=5000\n"
+    handle.release()
+    assert content() == b""
+
+
+def test_forgotten_nodes(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    view = walk(tree, "t/0/by-offset/1")
+    records = walk(tree, "t/0/records")
+    tree.forget(view.inode)
+    tree.forget(records.inode)
+    assert tree.get(view.inode) is None  # by-offset views are made again when looked up
+    assert tree.get(records.inode) is records  # fixed entries keep their inode
+    assert walk(tree, "t/0/by-offset/1").inode != view.inode
+
+
+def test_records_after_retention_is_a_new_file(data_dir: DataDir) -> None:
+    tree = tree_of(data_dir)
+    log = data_dir.partition("t", 0)
+    records = walk(tree, "t/0/records")
+    held = records.open(os.O_RDONLY)
+    log.roll(NOW_MS)
+    log.append_records([b"four"], now_ms=NOW_MS)
+    assert records.attributes().size == len(b"one\ntwo\nthree\nfour\n")  # a follower saw it grow
+    log.delete_records(3, NOW_MS)
+    log.delete_old_segments(NOW_MS)
+    partition = walk(tree, "t/0")
+    assert tree.after_background_work().entries == [(partition.inode, "records")]
+    fresh = walk(tree, "t/0/records")
+    assert fresh.inode != records.inode
+    assert read_all(fresh.open(os.O_RDONLY)) == b"four\n"
+    # The holder's file keeps its size and positions: a follower reads on where it was.
+    assert records.attributes().size == len(b"one\ntwo\nthree\nfour\n")
+    assert held.read(len(b"one\ntwo\nthree\n"), 100) == b"four\n"
