@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.partitioner import RoundRobin
@@ -64,8 +65,9 @@ class AppendFile(Node):
 
 
 class AppendHandle(Handle):
-    """An append file open for writing. Its writes are serialised by the FUSE adapter's caller
-    (one descriptor, one writer); appends to a partition by the partition's lock."""
+    """An append file open for writing. Thread-safe: processes sharing a descriptor (`cmd >>
+    append` in a script's subshells) write through one handle at once, so its partial line and
+    producer are kept under a lock; appends to a partition are serialised by the partition's."""
 
     seekable = False
     writable = True
@@ -74,13 +76,16 @@ class AppendHandle(Handle):
         super().__init__(node)
         self.producer = producer
         self.lines = LineSplitter()
+        self._lock = threading.Lock()
 
     def write(self, position: int, data: bytes) -> Changes:
-        return self.lines.feed(data, self._send)
+        with self._lock:
+            return self.lines.feed(data, self._send)
 
     def flush(self) -> Changes:
         # A trailing partial line is a record once the file is closed.
-        return self._send(self.lines.finish())
+        with self._lock:
+            return self._send(self.lines.finish())
 
     def fsync(self) -> Changes:
         changes = self.flush()

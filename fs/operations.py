@@ -265,8 +265,13 @@ class Operations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
-        if handle is not None:
+        if handle is None:
+            return
+        if handle.writable:
             await self._tell_kernel(await self._run(handle.release, f"close {handle.node.path}"))
+        else:  # a read-only handle lets go of what it holds: nothing that waits
+            with _errors(f"close {handle.node.path}"):
+                handle.release()
 
     # -- refused -------------------------------------------------------------------------------------------
     def _refuse(self, operation: str, parent_inode: int, name: bytes = b"") -> pyfuse3.FUSEError:

@@ -34,7 +34,7 @@ CASES: list[tuple[str, Callable[[Path], object], int, str]] = [
     ("write to the JSON view", lambda m: open_for_writing(m / "t/0/records.jsonl"), errno.EACCES, "records.jsonl"),
     ("write to status", lambda m: open_for_writing(m / "t/0/status"), errno.EACCES, "t/0/status"),
     ("config with an unknown setting", lambda m: (m / "t/config").write_bytes(b"x.y=1\n"), errno.EINVAL, "x.y"),
-    ("write to a by-offset view", lambda m: open_for_writing(m / "t/0/by-offset/0"), errno.EACCES, "write t/0/by-offset/0"),
+    ("write to a by-offset view", lambda m: open_for_writing(m / "t/0/by-offset/0"), errno.EACCES, "by-offset/0"),
     ("read an append file", lambda m: (m / "t/0/append").read_bytes(), errno.EACCES, "write-only"),
     ("rename a view", lambda m: os.rename(m / "t/0/records", m / "t/0/x"), errno.EPERM, "rename t/0/records"),
     ("rename a topic", lambda m: os.rename(m / "t", m / "u"), errno.EPERM, "rename t:"),
