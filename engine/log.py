@@ -51,7 +51,7 @@ from seglogfs.engine.records import (
     iter_batch_headers,
     set_log_append_time,
 )
-from seglogfs.engine.retention import RetentionDecision, segments_to_delete
+from seglogfs.engine.retention import RetentionDecision, segments_below_log_start, segments_to_delete
 from seglogfs.engine.segment import LogSegment, RollParams, TimestampAndOffset
 from seglogfs.engine.segments import LogSegments
 
@@ -520,8 +520,11 @@ class PartitionLog:
                 log_end_offset=self._log_end_offset,
                 now_ms=now_ms,
             )
-            if not decision:
-                return decision
+            return self._delete_segments_locked(decision, now_ms)
+
+    def _delete_segments_locked(self, decision: RetentionDecision, now_ms: int) -> RetentionDecision:
+        """Take the decided segments out (see delete_old_segments). Holds: the partition lock."""
+        if decision:
             if decision.segments[-1] is self.active_segment:
                 self._roll_locked(self._log_end_offset, now_ms)
             for segment in decision.segments:
@@ -532,12 +535,13 @@ class PartitionLog:
             self._log_start_offset = max(self._log_start_offset, first)
             self._recovery_point = max(self._recovery_point, first)
             fsync_dir(self.directory)
-            return decision
+        return decision
 
     def delete_records(self, offset: int, now_ms: int) -> int:
         """Raise the log start offset to `offset` (kafka-delete-records); segments wholly below
-        it go at once. Returns the new log start offset. OffsetOutOfRangeError above the high
-        watermark; a lower offset than the current start changes nothing."""
+        it go at once, and nothing else: time and size retention are the retention pass's.
+        Returns the new log start offset. OffsetOutOfRangeError above the high watermark; a
+        lower offset than the current start changes nothing."""
         self._check_writable()
         with self.lock:
             if offset > self.high_watermark or offset < 0:
@@ -548,7 +552,13 @@ class PartitionLog:
                     self.high_watermark,
                 )
             self._log_start_offset = max(self._log_start_offset, offset)
-            self.delete_old_segments(now_ms)
+            decision = segments_below_log_start(
+                self._segments.snapshot(),
+                log_start_offset=self._log_start_offset,
+                high_watermark=self.high_watermark,
+                log_end_offset=self._log_end_offset,
+            )
+            self._delete_segments_locked(decision, now_ms)
             return self._log_start_offset
 
     def delete_pending(self, now_ms: int, *, all_of_them: bool = False) -> int:

@@ -85,6 +85,17 @@ def segments_to_delete(
         oversized = _take_while(segments, high_watermark, log_end_offset, over)
         if oversized:
             return RetentionDecision(oversized, f"retention.bytes={config.retention_bytes}")
+    return segments_below_log_start(
+        segments, log_start_offset=log_start_offset, high_watermark=high_watermark, log_end_offset=log_end_offset
+    )
+
+
+def segments_below_log_start(
+    segments: list[LogSegment], *, log_start_offset: int, high_watermark: int, log_end_offset: int
+) -> RetentionDecision:
+    """The oldest segments whose offsets all lie below the log start offset (Kafka's
+    deleteLogStartOffsetBreachedSegments): what `delete-records` removes, whatever the topic's
+    time and size retention say."""
     below_start = _take_while(
         segments,
         high_watermark,

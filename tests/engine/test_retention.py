@@ -106,6 +106,19 @@ def test_delete_records_moves_the_start_and_drops_whole_segments(log_dir: Path) 
     assert_log_dir_valid(log_dir)
 
 
+def test_delete_records_runs_no_time_or_size_retention(log_dir: Path) -> None:
+    # Data older than retention.ms and over retention.bytes: delete-records raises the log start
+    # offset and removes the segments wholly below it, nothing more (the retention pass decides
+    # the rest); before, it ran a whole retention pass and removed every segment.
+    log = five_per_segment(log_dir, retention_ms=1000, retention_bytes=1)
+    fill(log, 15, timestamp=10)
+    assert log.delete_records(7, NOW_MS) == 7
+    assert [s.base_offset for s in log.segments] == [5, 10]
+    assert [r.offset for r in log.records(log.log_start_offset)] == list(range(7, 15))
+    log.close()
+    assert_log_dir_valid(log_dir)
+
+
 def test_deleted_segments_wait_as_dot_deleted_and_readers_keep_reading(log_dir: Path) -> None:
     # Case 83: renamed .deleted, removed after file.delete.delay.ms.
     log = five_per_segment(log_dir, retention_ms=10_000, file_delete_delay_ms=60_000)
