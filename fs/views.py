@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
+import re
 import struct
 import threading
 import zlib
@@ -90,6 +90,10 @@ class _SegmentLayout:
         """The file positions of the batches between mark `mark` and the next."""
         end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to
         return self.marks_file[mark], end
+
+
+_LAYOUT_DIRECTORY = re.compile(r".+-[0-9]+\.[0-9a-f]{24}")  # see LayoutStore.directory
+_LAYOUT_FILE = re.compile(r"\.?[0-9]{20}\.layout(\.[0-9]+\.[0-9]+)?")  # see LayoutStore._path and save
 
 
 class LayoutStore:
@@ -243,7 +247,9 @@ class LayoutStore:
 
     def prune(self, now_s: float, unused_days: float = UNUSED_LAYOUT_DAYS) -> int:
         """Remove the layouts of partitions no mount has used for `unused_days` (data dirs gone
-        or moved leave theirs behind); how many partitions' layouts went."""
+        or moved leave theirs behind); how many partitions' layouts went. Only what the store
+        made goes: a directory named as `directory` names them holding nothing but layout
+        files (`-o view.cache=` may name a directory that holds other things too)."""
         removed = 0
         try:
             entries = list(os.scandir(self.root))
@@ -251,12 +257,27 @@ class LayoutStore:
             return 0
         for entry in entries:
             try:
-                if entry.is_dir(follow_symlinks=False) and entry.stat().st_mtime < now_s - unused_days * 86400:
-                    shutil.rmtree(entry.path)
-                    removed += 1
+                if (
+                    _LAYOUT_DIRECTORY.fullmatch(entry.name)
+                    and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_mtime < now_s - unused_days * 86400
+                ):
+                    removed += self._remove_layouts(Path(entry.path))
             except OSError as error:
                 logger.debug("pruning the view cache: %s: %s", entry.path, error)
         return removed
+
+    @staticmethod
+    def _remove_layouts(directory: Path) -> int:
+        """Remove a partition's layout directory if it holds only layout files: 1 if it went."""
+        files = list(directory.iterdir())
+        if not all(_LAYOUT_FILE.fullmatch(path.name) and path.is_file() for path in files):
+            logger.warning("view cache: %s holds files it did not make: left alone", directory)
+            return 0
+        for path in files:
+            path.unlink()
+        directory.rmdir()
+        return 1
 
 
 Page = list[tuple[BatchHeader, RenderedBatch]]

@@ -296,3 +296,20 @@ def test_layouts_unused_for_a_month_are_pruned(tmp_path: Path) -> None:
     assert store.prune(now + 31 * 86400) == 1
     assert not used.exists()
     log.close()
+
+
+@pytest.mark.expect_warnings("holds files it did not make")
+def test_pruning_leaves_what_the_view_cache_did_not_make(tmp_path: Path) -> None:
+    # `-o view.cache=$HOME` pruned every old directory there (a home directory lost Documents).
+    home = tmp_path / "home"
+    documents, lookalike = home / "Documents", home / "t-1.0123456789abcdef01234567"
+    for directory in (documents, lookalike):
+        directory.mkdir(parents=True)
+    (documents / "letter.txt").write_text("keep me")
+    (lookalike / "notes.txt").write_text("keep me too")  # named like layouts, holding other things
+    month_ago = time.time() - 31 * 86400
+    for directory in (documents, lookalike, home):
+        os.utime(directory, (month_ago, month_ago))
+    assert LayoutStore(home).prune(time.time()) == 0
+    assert (documents / "letter.txt").read_text() == "keep me"
+    assert (lookalike / "notes.txt").read_text() == "keep me too"
