@@ -18,6 +18,7 @@ one, the directory fsynced. A crash leaves the old file or the new, never a mix;
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,14 +42,21 @@ class CheckpointError(EngineError):
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text`, durably: tmp file, fsync, rename, fsync of the directory."""
+    """Replace `path` with `text`, durably: tmp file, fsync, rename, fsync of the directory.
+    An OSError (ENOSPC, EIO) names `path` and leaves the old file as it was (the tmp file is
+    removed)."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
 
 
 def fsync_dir(directory: Path) -> None:

@@ -1,6 +1,9 @@
 """Kafka's sparse segment indexes: `.index` (offset → position) and `.timeindex` (time → offset).
 
-Both are arrays of fixed-size big-endian entries, memory-mapped and read through numpy views:
+Both are arrays of fixed-size big-endian entries, memory-mapped and read through numpy views,
+and written with `pwrite` (never through the mapping: a store into a preallocated, sparse page
+that the file system cannot back — a full disk — kills the process with SIGBUS, where `pwrite`
+returns ENOSPC as an error the append reports):
 
     .index       OFFSET_INDEX_DTYPE  8 bytes:  relative_offset int32 | position int32
     .timeindex   TIME_INDEX_DTYPE   12 bytes:  timestamp int64      | relative_offset int32
@@ -26,6 +29,7 @@ numpy convert the whole array on every call).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -135,8 +139,7 @@ class _MappedIndex:
             self._mmap.close()
             self._mmap = None
         if self._length > 0 and self._file is not None:
-            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
-            self._mmap = mmap.mmap(self._file.fileno(), self._length, access=access)
+            self._mmap = mmap.mmap(self._file.fileno(), self._length, access=mmap.ACCESS_READ)
 
     def _resize_locked(self, new_length: int) -> bool:
         new_length = round_down_to_entries(new_length, self._entry_bytes)
@@ -227,10 +230,22 @@ class _MappedIndex:
         with self._lock:
             self._resize_locked(self._entries * self._entry_bytes)
 
+    def _write_locked(self, position: int, data: bytes) -> None:
+        """Store `data` at `position`: `pwrite` to the file (the read-only mapping sees it: one
+        page cache), or into anonymous memory. OSError (ENOSPC, EIO) leaves the entry count
+        as it was: the caller counts an entry only once it is written."""
+        if self._file is None:
+            assert self._mmap is not None
+            self._mmap[position : position + len(data)] = data
+            return
+        written = os.pwrite(self._file.fileno(), data, position)
+        if written != len(data):  # a short write to a regular file: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+
     def flush(self) -> None:
         with self._lock:
-            if self._mmap is not None and self._file is not None and self.writable:
-                self._mmap.flush()
+            if self._file is not None and not self._file.closed and self.writable:
+                os.fsync(self._file.fileno())
 
     def close(self) -> None:
         """Trim (when writable) and release the file. Safe to call twice."""
@@ -262,11 +277,14 @@ class _MappedIndex:
         return relative
 
     def _truncate_entries_locked(self, entries: int) -> None:
-        self._entries = entries
-        self._keys_count = min(self._keys_count, entries)
-        if self._mmap is not None and self.writable:
-            start = entries * self._entry_bytes
-            self._mmap[start : self._length] = bytes(self._length - start)
+        """Keep the first `entries` entries; the ones cut are zeroed (the tail past them is
+        zeros already: preallocated, or zeroed before)."""
+        cut = self._entries
+        self._entries = min(entries, cut)
+        self._keys_count = min(self._keys_count, self._entries)
+        if self._mmap is not None and self.writable and cut > self._entries:
+            start = self._entries * self._entry_bytes
+            self._write_locked(start, bytes((cut - self._entries) * self._entry_bytes))
 
     def truncate_to(self, offset: int) -> None:
         """Remove every entry with offset ≥ `offset` (offsets never decrease in either
@@ -360,9 +378,8 @@ class OffsetIndex(_MappedIndex):
                     raise InvalidOffsetError(
                         f"{self.name}: offset {offset} is not above the last indexed offset {self.base_offset + last}"
                     )
-            assert self._mmap is not None
             start = self._entries * self._entry_bytes
-            self._mmap[start : start + 8] = relative.to_bytes(4, "big") + position.to_bytes(4, "big", signed=True)
+            self._write_locked(start, relative.to_bytes(4, "big") + position.to_bytes(4, "big", signed=True))
             self._entries += 1
 
     def sanity_check(self, log_size_bytes: int | None = None) -> None:
@@ -454,9 +471,8 @@ class TimeIndex(_MappedIndex):
             if self._entries >= slots:
                 # The closing entry of a trimmed index: grow the file by that one entry.
                 self._resize_locked((self._entries + 1) * self._entry_bytes)
-            assert self._mmap is not None
             start = self._entries * self._entry_bytes
-            self._mmap[start : start + 12] = timestamp.to_bytes(8, "big", signed=True) + relative.to_bytes(4, "big")
+            self._write_locked(start, timestamp.to_bytes(8, "big", signed=True) + relative.to_bytes(4, "big"))
             self._entries += 1
 
     def sanity_check(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from seglogfs.engine.console_formats import LineFormat
-from seglogfs.engine.errors import InvalidRecordError
+from seglogfs.engine.errors import InvalidRecordError, RecordTooLargeError
 from seglogfs.engine.json_records import record_from_json
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.partitioner import RoundRobin, partition_for_key
@@ -25,11 +25,15 @@ T = TypeVar("T")
 
 class LineSplitter:
     """Complete lines of a byte stream fed in pieces. What follows the last newline waits for
-    the next piece, or for `finish` (a last line without a newline is a line too). Not
-    thread-safe: one per stream."""
+    the next piece, or for `finish` (a last line without a newline is a line too), up to
+    `max_line_bytes`: a piece that would make the waiting line longer is refused
+    (RecordTooLargeError naming `where`), as no record could hold it. Not thread-safe: one per
+    stream."""
 
-    def __init__(self) -> None:
-        self._pending = b""
+    def __init__(self, max_line_bytes: int, where: str) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.where = where
+        self._pending = bytearray()
 
     @property
     def pending_bytes(self) -> int:
@@ -40,19 +44,26 @@ class LineSplitter:
         """`consume` the lines (without their newlines) that `data` completes. If `consume`
         raises, the splitter is as it was before: the piece was not taken."""
         cut = data.rfind(b"\n") + 1
+        rest = len(data) - cut
+        if rest + (0 if cut else len(self._pending)) > self.max_line_bytes:
+            raise RecordTooLargeError(
+                f"{self.where}: a line of more than {self.max_line_bytes} bytes without a newline "
+                f"(max.message.bytes={self.max_line_bytes})"
+            )
         if not cut:
             result = consume([])
             self._pending += data
             return result
-        lines = (self._pending + data[:cut] if self._pending else data[:cut]).split(b"\n")
+        lines = (bytes(self._pending) + data[:cut] if self._pending else data[:cut]).split(b"\n")
         lines.pop()
         result = consume(lines)
-        self._pending = data[cut:]
+        self._pending[:] = data[cut:]
         return result
 
     def finish(self) -> list[bytes]:
         """The partial line, if any, as the last line; the splitter is empty after."""
-        last, self._pending = self._pending, b""
+        last = bytes(self._pending)
+        self._pending.clear()
         return [last] if last else []
 
 

@@ -458,18 +458,23 @@ class LogSegment:
             self._rolling_based_timestamp = headers[0].max_timestamp
         offset_index, time_index = self.offset_index, self.time_index
         max_so_far = self.max_timestamp_so_far  # loaded (if need be) before the new batches exist
+        bytes_since_last_index_entry = self._bytes_since_last_index_entry
         try:
             _write_all(self._fd, data, physical_position)
-            self._size += len(data)
             self._index_appended(memoryview(data), headers, physical_position, max_so_far)
-        except BaseException:
+            # Published last: a reader bounded by the size never sees a batch that may be cut.
+            self._size = physical_position + len(data)
+        except BaseException as error:
             # A failed write (ENOSPC, EIO) or index update leaves nothing behind: the file, the
             # indexes and the bookkeeping go back to where they were.
             os.ftruncate(self._fd, physical_position)
             self._size = physical_position
+            self._bytes_since_last_index_entry = bytes_since_last_index_entry
             offset_index.truncate_to(headers[0].base_offset)
             time_index.truncate_to(headers[0].base_offset)
             self._max_timestamp_so_far = None
+            if isinstance(error, OSError) and error.filename is None and error.errno:
+                raise OSError(error.errno, f"appending to {self.log_path}: {error.strerror}") from None
             raise
 
     def _index_appended(

@@ -75,7 +75,8 @@ class AppendHandle(Handle):
     def __init__(self, node: AppendFile, producer: Producer) -> None:
         super().__init__(node)
         self.producer = producer
-        self.lines = LineSplitter()
+        max_line_bytes = max(log.config.max_message_bytes for log in producer.logs)
+        self.lines = LineSplitter(max_line_bytes, node.path)
         self._lock = threading.Lock()
 
     def write(self, position: int, data: bytes) -> Changes:

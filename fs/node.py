@@ -216,4 +216,6 @@ class PartitionNode(Node):
 
 def join(directory: str, name: str) -> str:
     """A path in the mount for log lines: `t/0` and `records` → `t/0/records`."""
+    if not name:
+        return directory
     return f"{directory}/{name}" if directory else name

@@ -78,7 +78,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     stored = 0
     with DataDir.open(config, now_ms=now_ms()) as data_dir:
         producer = Producer(data_dir.partition_for_append(args.topic, args.partition, now_ms=now_ms()), line_format)
-        splitter = LineSplitter()
+        splitter = LineSplitter(max(log.config.max_message_bytes for log in producer.logs), "stdin")
         line_number = 1
 
         def send(lines: list[bytes]) -> None:
@@ -186,9 +186,49 @@ def _quiet_broken_pipe() -> None:
 
 
 # -- clean and delete-records ---------------------------------------------------------------------
+def _print_unknown_configs(data_dir: DataDir) -> None:
+    """One line naming the topics a pass leaves alone because their broker configs are unknown."""
+    unknown = data_dir.unknown_config_topics()
+    if unknown:
+        reasons = "; ".join(sorted(set(unknown.values())))
+        print(
+            f"not deleted or compacted, broker configs unknown ({reasons}): {', '.join(sorted(unknown))}; "
+            "set cleanup.policy in a topic's config, or --override log.cleanup.policy=delete|compact for all"
+        )
+
+
+def _print_plan(data_dir: DataDir, now: int) -> bool:
+    """`clean --dry-run`: what a pass would delete and compact now; whether anything."""
+    plan = data_dir.plan_cleanup(now)
+    for log, decision in plan.retention:
+        bases = ", ".join(str(segment.base_offset) for segment in decision.segments)
+        kept = [segment for segment in log.segments if segment not in decision.segments]
+        start = max(log.log_start_offset, kept[0].base_offset) if kept else log.log_end_offset
+        print(
+            f"{log.topic}-{log.partition}: would delete {len(decision.segments)} segments ({bases}) by "
+            f"{decision.reason}; log start offset would be {start}"
+        )
+    for candidate in plan.compaction:
+        log = candidate.log
+        print(
+            f"{log.topic}-{log.partition}: would compact offsets {candidate.first_dirty_offset}.."
+            f"{candidate.first_uncleanable_offset - 1}: {candidate.cleanable_bytes} dirty bytes of "
+            f"{candidate.total_bytes} (dirty ratio {candidate.cleanable_ratio:.2f})"
+        )
+    return bool(plan)
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     config = _broker_config(args)
     now = now_ms() if args.now is None else args.now
+    if args.dry_run:
+        # Read-only: no lock, no recovery, no checkpoint written; not a byte changes.
+        with DataDir.open(config, read_only=True, now_ms=now) as data_dir:
+            planned = _print_plan(data_dir, now)
+            _print_unknown_configs(data_dir)
+        if not planned:
+            print("nothing to delete or compact")
+        return EXIT_OK
     with DataDir.open(config, now_ms=now) as data_dir:
         report = data_dir.clean(now)
         for log, decision in report.retention:
@@ -207,6 +247,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
             )
         for (topic, partition), reason in report.failed:
             print(f"{topic}-{partition}: not compacted: {reason}", file=sys.stderr)
+        _print_unknown_configs(data_dir)
     if not report:
         print("nothing to delete or compact")
     return EXIT_DATA if report.failed else EXIT_OK
@@ -320,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean = commands.add_parser("clean", help="one retention and compaction pass")
     _add_common(clean)
     clean.add_argument("--now", type=int, metavar="EPOCH_MS", help="the time to judge retention by (scripts)")
+    clean.add_argument(
+        "--dry-run", action="store_true", help="print what would be deleted or compacted, and change nothing"
+    )
     clean.set_defaults(handler=cmd_clean)
 
     delete_records = commands.add_parser("delete-records", help="raise a partition's log start offset")
@@ -368,8 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"seglogfs: {error}", file=sys.stderr)
         return EXIT_DATA
     except OSError as error:
-        where = f" {error.filename}" if error.filename else ""
-        print(f"seglogfs:{where}: {error.strerror or error}", file=sys.stderr)
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"seglogfs: {where}{error.strerror or error}", file=sys.stderr)
         return EXIT_DATA
     except KeyboardInterrupt:
         return 130

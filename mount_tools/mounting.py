@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import logging.handlers
 import os
 import shutil
 import subprocess
@@ -68,7 +69,7 @@ def parse_mount_options(
     items: list[str] | None,
 ) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
     """`-o` values → (view properties, append properties, Kafka overrides, mount settings: the
-    FUSE flags `ro`, `allow_other`, `default_permissions` and `view.cache`)."""
+    FUSE flags `ro`, `allow_other`, `default_permissions`, `view.cache` and `log`)."""
     view: dict[str, str] = {}
     append: dict[str, str] = {}
     overrides: list[str] = []
@@ -78,9 +79,9 @@ def parse_mount_options(
             key, sep, value = option.partition("=")
             if key in ("ro", "allow_other", "default_permissions") and not sep:
                 flags[key] = "true"
-            elif key == "view.cache":
+            elif key in ("view.cache", "log"):
                 if not value:
-                    raise ConfigError(f"-o {option}: give a directory, or none")
+                    raise ConfigError(f"-o {option}: give a {'file' if key == 'log' else 'directory'}, or none")
                 flags[key] = value
             elif key in _IGNORED or key.startswith("x-"):
                 continue
@@ -109,6 +110,44 @@ def view_cache_directory(option: str | None) -> Path | None:
     return Path(base) / "seglogfs"
 
 
+def log_file(option: str | None) -> Path | None:
+    """Where a mount logs: `-o log=FILE`, `none` for nowhere; by default
+    /var/log/seglogfs/seglogfs.log for root, else $XDG_STATE_HOME/seglogfs/seglogfs.log
+    (~/.local/state/seglogfs/seglogfs.log)."""
+    if option is not None:
+        return None if option == "none" else Path(option).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/log/seglogfs/seglogfs.log")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "seglogfs" / "seglogfs.log"
+
+
+def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> None:
+    """The mount's log lines: to stderr in the foreground; to `file` (appended, reopened when
+    rotated) and to syslog (the journal) where there is one. Each line names the mount."""
+    handlers: list[logging.Handler] = []
+    if foreground:
+        handlers.append(logging.StreamHandler())
+    if file is not None:
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(logging.handlers.WatchedFileHandler(file))
+        except OSError as error:
+            raise ConfigError(f"-o log={file}: cannot write the log there: {error.strerror}") from None
+    formatter = logging.Formatter(
+        f"%(asctime)s seglogfs[%(process)d] {mountpoint}: %(levelname)s %(name)s: %(message)s"
+    )
+    for handler in handlers:
+        handler.setFormatter(formatter)
+    if not foreground and os.path.exists("/dev/log"):
+        syslog = logging.handlers.SysLogHandler("/dev/log", facility=logging.handlers.SysLogHandler.LOG_DAEMON)
+        syslog.setFormatter(logging.Formatter(f"seglogfs[%(process)d]: {mountpoint}: %(levelname)s %(message)s"))
+        handlers.append(syslog)
+    if foreground and file is None:
+        handlers[0].setFormatter(logging.Formatter("seglogfs: %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+
+
 def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
     from seglogfs.fs.tree import MountOptions  # noqa: PLC0415 (imported only for the mount)
     from seglogfs.mount_tools.serving import serve  # noqa: PLC0415
@@ -124,14 +163,26 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
     if not mountpoint.is_dir():
         raise ConfigError(f"{mountpoint}: mount point is not a directory")
     kwargs = {"allow_other": "allow_other" in flags, "default_permissions": "default_permissions" in flags}
+    log = log_file(flags.get("log")) if "log" in flags or not args.foreground else None
     if args.foreground:
-        logging.basicConfig(level=logging.INFO, format="seglogfs: %(levelname)s %(name)s: %(message)s")
+        set_up_logging(mountpoint.absolute(), foreground=True, file=log)
         serve(broker_config, mountpoint, options, ready=lambda: None, **kwargs)
         return 0
-    return _serve_in_background(broker_config, mountpoint, options, kwargs)
+    if log is not None:  # refused before the fork, with one line, when it cannot be written
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a"):
+                pass
+        except OSError as error:
+            raise ConfigError(
+                f"{log}: cannot write the mount's log there ({error.strerror}); -o log=FILE or none"
+            ) from None
+    return _serve_in_background(broker_config, mountpoint, options, kwargs, log)
 
 
-def _serve_in_background(broker_config: BrokerConfig, mountpoint: Path, options: object, kwargs: dict) -> int:
+def _serve_in_background(
+    broker_config: BrokerConfig, mountpoint: Path, options: object, kwargs: dict, log: Path | None
+) -> int:
     """Fork; the child mounts and serves, the parent returns once the mount is in place (or
     with the child's error)."""
     from seglogfs.mount_tools.serving import serve  # noqa: PLC0415
@@ -152,7 +203,7 @@ def _serve_in_background(broker_config: BrokerConfig, mountpoint: Path, options:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
         os.dup2(devnull, fd)
-    logging.basicConfig(level=logging.INFO, format="seglogfs: %(levelname)s %(name)s: %(message)s")
+    set_up_logging(mountpoint.absolute(), foreground=False, file=log)
 
     def ready() -> None:
         os.write(write_end, b"ok")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from tests.conftest import REPO
 
 FUSERMOUNT = shutil.which("fusermount3") or "fusermount"
+REFUSED = r"\(E[A-Z]+\)$"  # a request the mount turned down, as its log says it: for expect_warnings
 
 
 class Mount:
@@ -40,8 +42,9 @@ class Mount:
             time.sleep(0.02)
 
     def stop(self) -> None:
-        if os.path.ismount(self.path):
-            subprocess.run([FUSERMOUNT, "-u", "-z", str(self.path)], check=False, capture_output=True)
+        # Whatever state it is in (a mount whose process died answers "Transport endpoint is
+        # not connected" and is no mount point to os.path.ismount): lazily unmounted.
+        subprocess.run([FUSERMOUNT, "-u", "-z", str(self.path)], check=False, capture_output=True)
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -64,8 +67,23 @@ class Mount:
         return self.log.read_text(errors="replace")
 
 
+def check_mount_log(mount: Mount, expected: list[str]) -> None:
+    """A mount that ended must have exited 0 and logged no WARNING, ERROR or traceback that the
+    test did not expect (`@pytest.mark.expect_warnings(pattern, ...)`)."""
+    status = mount.process.returncode
+    said = mount.output()
+    unexpected = [
+        line
+        for line in said.splitlines()
+        if re.search(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback", line)
+        and not any(re.search(pattern, line) for pattern in expected)
+    ]
+    assert status == 0, f"the mount exited with {status}:\n{said}"
+    assert not unexpected, "the mount logged what the test did not expect:\n" + "\n".join(unexpected)
+
+
 @pytest.fixture
-def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+def mount(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Mount]]:
     """`mount(data_dir, *options)` mounts (the data dir is created if need be) and returns the
     Mount; every mount made is unmounted after the test. Layouts are kept in the test's own
     directory unless the options say where (`view.cache=`)."""
@@ -84,3 +102,6 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
     yield make
     for each in made:
         each.stop()
+    expected = [pattern for marker in request.node.iter_markers("expect_warnings") for pattern in marker.args]
+    for each in made:
+        check_mount_log(each, expected)

@@ -12,12 +12,19 @@ import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
 from tests.conftest import NOW_MS
-from tests.fs.conftest import Mount
+from tests.fs.conftest import REFUSED, Mount
 
 
 def write(path: Path, data: bytes) -> None:
     with open(path, "ab", buffering=0) as handle:
         handle.write(data)
+
+
+def write_parts(path: Path, *sizes: int) -> None:
+    """Writes of `sizes` bytes without a newline through one descriptor."""
+    with open(path, "ab", buffering=0) as handle:
+        for size in sizes:
+            handle.write(b"y" * size)
 
 
 def seek_append(path: Path) -> None:
@@ -46,6 +53,7 @@ CASES: list[tuple[str, Callable[[Path], object], int, str]] = [
     ("truncate an append file to 5", lambda m: os.truncate(m / "t/0/append", 5), errno.EINVAL, "truncate t/0/append"),
     ("seek in an append file", lambda m: seek_append(m / "t/0/append"), errno.ESPIPE, ""),
     ("line over max.message.bytes", lambda m: write(m / "t/0/append", b"x" * 5000 + b"\n"), errno.EFBIG, "t/0/append"),
+    ("partial line past max.message.bytes", lambda m: write_parts(m / "t/0/append", 1500), errno.EFBIG, "newline"),
     ("topic name with a space", lambda m: os.mkdir(m / "bad name"), errno.EINVAL, "mkdir bad name"),
     ("topic name of 250 characters", lambda m: os.mkdir(m / ("x" * 250)), errno.EINVAL, "mkdir xxx"),
     ("topic name '..'", lambda m: os.mkdir(m / "t" / ".."), errno.EEXIST, ""),
@@ -85,6 +93,7 @@ def prepared(tmp_path: Path) -> Path:
     return data
 
 
+@pytest.mark.expect_warnings(REFUSED)
 def test_bad_input_table(mount, prepared: Path) -> None:
     m: Mount = mount(prepared, "-o", "message.max.bytes=1000")
     assert len(CASES) >= 25

@@ -15,7 +15,7 @@ from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.cleaner import Cleaner
 from seglogfs.engine.cleaner_manager import log_to_clean
 from tests.conftest import NOW_MS
-from tests.fs.conftest import Mount
+from tests.fs.conftest import REFUSED, Mount
 
 
 def render(records) -> bytes:
@@ -45,6 +45,7 @@ def expected_from(data: Path, offset: int) -> bytes:
         return render(data_dir.partition("c", 0).records(offset))
 
 
+@pytest.mark.expect_warnings(REFUSED)
 def test_by_offset_matches_the_engine(mount, prepared: Path) -> None:
     survivors_before = expected_from(prepared, 0)
     m: Mount = mount(prepared)
@@ -72,6 +73,7 @@ def test_by_offset_at_the_log_end_is_empty_and_grows(mount, prepared: Path) -> N
         assert reader.read() == b"new\n"
 
 
+@pytest.mark.expect_warnings(REFUSED)
 def test_by_time_matches_the_engine(mount, prepared: Path) -> None:
     m: Mount = mount(prepared)
     by_time = m.path / "c" / "0" / "by-time"

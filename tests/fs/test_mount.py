@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.fs.conftest import Mount
+from tests.fs.conftest import REFUSED, Mount
 
 
 def sh(command: str, **kwargs) -> subprocess.CompletedProcess[bytes]:
@@ -125,6 +125,7 @@ def test_followers_see_appends_within_two_seconds(mount, follower: str) -> None:
         reader.close()
 
 
+@pytest.mark.expect_warnings(REFUSED)
 def test_mkdir_creates_a_topic_and_bad_names_are_refused(mount) -> None:
     m: Mount = mount()
     os.mkdir(m.path / "orders")
@@ -185,6 +186,7 @@ def test_kafka_settings_as_mount_options(mount) -> None:
     assert record["timestampType"] == "LogAppendTime" and record["timestamp"] != 5
 
 
+@pytest.mark.expect_warnings(REFUSED)
 def test_topic_config_is_written_through_the_mount(mount) -> None:
     m: Mount = mount()
     os.mkdir(m.path / "t")
@@ -235,6 +237,7 @@ CONFIG_IDIOMS = [
 ]
 
 
+@pytest.mark.expect_warnings(REFUSED)
 @pytest.mark.parametrize(("idiom", "status", "expected"), CONFIG_IDIOMS, ids=[c[0] for c in CONFIG_IDIOMS])
 def test_config_file_takes_shell_idioms(mount, idiom: str, status: int, expected: bytes) -> None:
     m: Mount = mount()
@@ -327,3 +330,25 @@ def test_tail_f_follows_through_retention(mount, tmp_path: Path) -> None:
     assert start > 0
     # A reader coming now sees the partition from its new start.
     assert (part / "records").read_bytes() == b"".join(line + b"\n" for line in expected[start:])
+
+
+def test_a_background_mount_logs_to_a_file(tmp_path: Path) -> None:
+    """Without -f the mount's stderr is gone once it is up: its log lines go to a file
+    (`-o log=FILE`; by default /var/log/seglogfs/seglogfs.log for root) and to syslog."""
+    data, mountpoint, log = tmp_path / "data", tmp_path / "mnt", tmp_path / "logs" / "mount.log"
+    mountpoint.mkdir()
+    command = [sys.executable, "-m", "seglogfs.mount_tools.cli", "mount", str(data), str(mountpoint)]
+    options = ["-o", f"log={log},view.cache=none"]
+    done = subprocess.run([*command, *options], cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    try:
+        os.mkdir(mountpoint / "t")
+        with pytest.raises(FileNotFoundError):
+            (mountpoint / "t" / "0" / "by-offset" / "abc").stat()
+    finally:
+        subprocess.run([sys.executable, "-m", "seglogfs.mount_tools.cli", "umount", str(mountpoint)], check=True)
+    assert eventually(lambda: "requests" in log.read_text())  # written at unmount
+    said = log.read_text()
+    assert f"{mountpoint}: WARNING" in said and "t/0/by-offset/abc: not an offset" in said
+    bad = subprocess.run([*command, "-o", "log=/proc/nope/x.log"], cwd=REPO, capture_output=True, check=False)
+    assert bad.returncode == 1 and b"cannot write the mount's log there" in bad.stderr

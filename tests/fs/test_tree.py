@@ -13,7 +13,7 @@ import pytest
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.console_formats import LineFormat
-from seglogfs.engine.errors import ConfigError, InvalidRecordError
+from seglogfs.engine.errors import ConfigError, InvalidRecordError, RecordTooLargeError
 from seglogfs.fs.node import Handle, Node, Refused
 from seglogfs.fs.tree import MountOptions, Tree
 from seglogfs.fs.view_file import ViewFile
@@ -147,6 +147,18 @@ def test_a_bad_line_fails_its_whole_write(data_dir: DataDir) -> None:
     assert data_dir.partition("t", 0).log_end_offset == 3  # nothing of the write stored
     handle.write(0, b'"}\n')  # the partial line from before is still there
     assert [r.value for r in data_dir.partition("t", 0).records(3)] == [b"pending"]
+
+
+def test_a_partial_line_is_capped_at_max_message_bytes(log_dir: Path) -> None:
+    # 300 MiB without a newline used to be buffered whole (and copied on every write).
+    with DataDir.open(broker_config(log_dir, message_max_bytes=1000), now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", 1, now_ms=NOW_MS)
+        handle = walk(tree_of(data_dir), "t/0/append").open(os.O_WRONLY)
+        handle.write(0, b"x" * 600)
+        with pytest.raises(RecordTooLargeError, match="more than 1000 bytes without a newline"):
+            handle.write(0, b"x" * 600)
+        handle.write(0, b"\n")  # the write that failed took nothing: 600 bytes and a newline
+        assert [len(r.value or b"") for r in data_dir.partition("t", 0).records(0)] == [600]
 
 
 def test_topic_append_places_keys_like_kafka(data_dir: DataDir) -> None:

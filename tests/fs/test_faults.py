@@ -1,0 +1,94 @@
+"""The OS saying no: a full disk under the CLI and under a live mount. The answer is an error
+(ENOSPC, exit 1 with one line), never a signal death; every record acknowledged before stays
+readable; writing resumes once space is freed, and the data dir checks clean."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from seglogfs.engine.check import check_log_dirs
+from tests.conftest import REPO
+from tests.fs.conftest import Mount
+
+SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+LINES = b"".join(b"record-%08d-%s\n" % (i, b"x" * 40) for i in range(60_000))  # 3.4 MB
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs, unmounted after the test."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def seglogfs(*args: str, data: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*SEGLOGFS, *args], input=data, capture_output=True, cwd=REPO, timeout=120, check=False)
+
+
+def consumed(data_dir: Path) -> list[bytes]:
+    done = seglogfs("consume", str(data_dir), "--topic", "t", "--from-beginning")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def fill(disk: Path) -> Path:
+    """A file taking what is left of `disk`."""
+    filler = disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, check=False)
+    return filler
+
+
+def test_produce_on_a_full_disk(small_disk: Path) -> None:
+    data_dir = small_disk / "data"
+    with open(small_disk / "reserve", "wb") as reserve:  # freed later, for the records that follow
+        reserve.write(b"r" * (256 << 10))
+    done = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES)
+    said = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 1, done  # an exit, not a signal (SIGBUS was -7)
+    assert len(said) == 1 and "No space left on device" in said[0] and "00000000000000000000.log" in said[0]
+    stored = consumed(data_dir)
+    assert 0 < len(stored) < 60_000
+    assert stored == LINES.splitlines()[: len(stored)]  # what was acknowledged, in order, nothing torn
+    assert check_log_dirs([data_dir]).clean
+    (small_disk / "reserve").unlink()
+    more = seglogfs("produce", str(data_dir), "--topic", "t", data=b"after\n")
+    assert more.returncode == 0, more.stderr
+    assert consumed(data_dir)[-1] == b"after"
+
+
+@pytest.mark.expect_warnings("write t/0/append: .*No space left on device")
+def test_append_through_a_mount_on_a_full_disk(mount, small_disk: Path) -> None:
+    m: Mount = mount(small_disk / "data")
+    (m.path / "t").mkdir()
+    append = m.path / "t" / "0" / "append"
+    with pytest.raises(OSError) as raised, open(append, "ab") as handle:
+        for start in range(0, len(LINES), 1 << 20):
+            handle.write(LINES[start : start + (1 << 20)])
+    assert raised.value.errno == errno.ENOSPC
+    assert m.process.poll() is None  # the mount is up
+    records = (m.path / "t" / "0" / "records").read_bytes().splitlines()
+    # Every line of the writes that succeeded; the close made a record of the partial line the
+    # last of them left (a line cut between two writes, as `cat` cuts them).
+    assert 0 < len(records) < 60_000 and records[:-1] == LINES.splitlines()[: len(records) - 1]
+    assert LINES.splitlines()[len(records) - 1].startswith(records[-1])
+    filler = fill(small_disk)
+    with pytest.raises(OSError) as raised:
+        append.write_bytes(b"x" * 60_000 + b"\n")
+    assert raised.value.errno == errno.ENOSPC
+    filler.unlink()  # space freed: writing resumes
+    with open(append, "ab") as handle:
+        handle.write(b"after\n")
+    assert (m.path / "t" / "0" / "records").read_bytes().splitlines()[-1] == b"after"
+    m.stop()
+    assert check_log_dirs([small_disk / "data"]).clean
