@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from seglogfs.engine.checkpoint import fsync_dir
 from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import UnsupportedFormatError
 from seglogfs.engine.naming import (
@@ -120,6 +121,7 @@ def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms
                     (directory / f"{old_base:020d}{suffix}").unlink(missing_ok=True)
         for suffix in INDEX_SUFFIXES:
             (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)
+        fsync_dir(directory)  # the replaced segments are gone for good before the swap takes their place
         os.replace(directory / f"{base:020d}{LOG_SUFFIX}{SWAP_SUFFIX}", directory / f"{base:020d}{LOG_SUFFIX}")
     return sorted(os.listdir(directory))
 
@@ -137,8 +139,11 @@ def load_partition(
     """Open the segments of one partition dir; see the module docstring for the steps."""
     names = sorted(os.listdir(directory))
     if writable:
+        listed = names
         names = _remove_leftovers(directory, names)
         names = _complete_swaps(directory, names, config, now_ms)
+        if names != listed:
+            fsync_dir(directory)  # what was removed or renamed stays so after a power cut
     # One parse of the listing: which bases have a log, and which index files exist.
     files: dict[int, set[str]] = {}
     for name in names:

@@ -80,7 +80,7 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
     if _DELETED_PARTITION_DIR.match(name):
         return None
     topic, dash, partition = name.rpartition("-")
-    if not dash or not topic or not partition.isdigit():
+    if not dash or not topic or not (partition.isascii() and partition.isdigit()):  # "²" is a digit to isdigit
         return None
     if not _LEGAL_TOPIC.fullmatch(topic):
         return None

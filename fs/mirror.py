@@ -68,7 +68,7 @@ class Mirror:
             return self.log_dirs[0], parts
         if not parts:
             return None
-        if not parts[0].isdigit() or int(parts[0]) >= len(self.log_dirs):
+        if not (parts[0].isascii() and parts[0].isdigit()) or int(parts[0]) >= len(self.log_dirs):
             raise FileNotFoundError(parts[0])
         return self.log_dirs[int(parts[0])], parts[1:]
 

@@ -91,6 +91,8 @@ def test_views_read_what_the_partition_holds(data_dir: DataDir) -> None:
         ("t/0/by-offset/-1", errno.ENOENT, "not an offset"),
         ("t/0/by-offset/4", errno.ENOENT, "outside the log (0..3)"),
         ("t/0/by-time/soon", errno.ENOENT, "t/0/by-time/soon: timestamp 'soon'"),
+        ("t/0/by-time/99999999999999999999", errno.ENOENT, "out of range"),  # past int64: was EIO
+        ("t/0/by-time/²", errno.ENOENT, "neither epoch milliseconds nor ISO-8601"),  # was EIO
         ("t/7", errno.ENOENT, "lookup t/7"),
         ("t/²", errno.ENOENT, "lookup t/²"),
         ("nope", errno.ENOENT, "lookup nope"),
