@@ -3,7 +3,10 @@
 Each handler resolves the node or handle, runs the tree's work in a worker thread (or on the
 trio loop where the tree says it needs neither the disk nor much work: `open_now`,
 `read_now`), maps errors to errno values in one place (`_errors`), and tells the kernel what a
-write changed (`_tell_kernel`). Only `FUSEError` leaves a handler: a refusal or an engine error
+write changed (`_tell_kernel`): before the request returns for files someone holds open (a
+follower's next fstat must see the growth), and for the others (any number of by-offset views
+looked up once) soon after, coalesced by `notify_in_background`, so that a write's latency does
+not grow with the number of views the kernel knows. Only `FUSEError` leaves a handler: a refusal or an engine error
 is logged as one line naming what and where; anything unexpected is logged with its traceback
 and answers EIO.
 """
@@ -107,6 +110,9 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self._uid, self._gid = os.getuid(), os.getgid()
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
+        self._open_inodes: Counter[int] = Counter()  # open handles per inode
+        self._queued: set[int] = set()  # inodes to invalidate soon (no handle open)
+        self._wake = trio.Event()
 
     async def _run(self, work: Callable[[], T], what: str) -> T:
         """Run the tree's work in a worker thread, its errors mapped."""
@@ -146,9 +152,29 @@ class Operations(pyfuse3.Operations):
         return entry
 
     async def _tell_kernel(self, changes: Changes) -> None:
-        """Drop what the kernel caches of what changed (off the loop: the calls may block)."""
-        if changes:
-            await trio.to_thread.run_sync(_invalidate, changes)
+        """Drop what the kernel caches of what changed (off the loop: the calls may block): at
+        once for open files and entries, soon for the rest (see the module docstring)."""
+        if not changes:
+            return
+        now = Changes(entries=changes.entries)
+        for inode in changes.inodes:
+            if self._open_inodes[inode]:
+                now.inodes.append(inode)
+            else:
+                self._queued.add(inode)
+        if self._queued:
+            self._wake.set()
+        if now:
+            await trio.to_thread.run_sync(_invalidate, now)
+
+    async def notify_in_background(self) -> None:
+        """Invalidate the queued inodes, all that queued up meanwhile at a time (a nursery
+        task of the mount)."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            batch, self._queued = Changes(inodes=sorted(self._queued)), set()
+            await trio.to_thread.run_sync(_invalidate, batch)
 
     # -- lookups and directories -----------------------------------------------------------------------
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -229,6 +255,7 @@ class Operations(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = handle
+        self._open_inodes[inode] += 1
         # No page cache: a read racing an append could leave a cached page that ends in zeros
         # where the new records now are (the kernel zero-fills a short read).
         return pyfuse3.FileInfo(fh=fh, direct_io=True, nonseekable=not handle.seekable)
@@ -267,6 +294,10 @@ class Operations(pyfuse3.Operations):
         handle = self._handles.pop(fh, None)
         if handle is None:
             return
+        inode = handle.node.inode
+        self._open_inodes[inode] -= 1
+        if not self._open_inodes[inode]:
+            del self._open_inodes[inode]
         if handle.writable:
             await self._tell_kernel(await self._run(handle.release, f"close {handle.node.path}"))
         else:  # a read-only handle lets go of what it holds: nothing that waits

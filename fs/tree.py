@@ -73,6 +73,7 @@ class Tree:
         self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
         self._next_inode = ROOT_INODE
         self._layouts: dict[tuple[str, int, str], Layout] = {}
+        self._layouts_lock = threading.Lock()  # held to make a layout (cheap: nothing is measured)
         self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
         self.root = self.intern(("root",), lambda inode, key: RootDir(self, inode, key, ""))
 
@@ -150,18 +151,20 @@ class Tree:
 
     # -- views ----------------------------------------------------------------------------------------
     def layout(self, log: PartitionLog, fmt: str) -> Layout:
-        """The partition's layout in a format ("text" or "jsonl"), shared by all its views."""
+        """The partition's layout in a format ("text" or "jsonl"), shared by all its views: one,
+        however many first looks race for it (each would measure the partition)."""
         key = (log.topic, log.partition, fmt)
-        layout = self._layouts.get(key)
-        if layout is None:
-            if fmt == "text":
-                renderer: Renderer = TextRenderer(self.options.text_format, log.partition)
-                format_key = repr(self.options.text_format)
-            else:
-                renderer = JsonLinesRenderer(log.topic, log.partition)
-                format_key = "jsonl"
-            layout = Layout(log, renderer, store=self._layout_store, format_key=format_key)
-            self._layouts[key] = layout
+        with self._layouts_lock:
+            return self._layouts.get(key) or self._new_layout(key, log, fmt)
+
+    def _new_layout(self, key: tuple[str, int, str], log: PartitionLog, fmt: str) -> Layout:
+        if fmt == "text":
+            renderer: Renderer = TextRenderer(self.options.text_format, log.partition)
+            format_key = repr(self.options.text_format)
+        else:
+            renderer = JsonLinesRenderer(log.topic, log.partition)
+            format_key = "jsonl"
+        layout = self._layouts[key] = Layout(log, renderer, store=self._layout_store, format_key=format_key)
         return layout
 
     def grown(self, logs: Iterable[PartitionLog]) -> Changes:

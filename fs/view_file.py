@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import stat
+import threading
 from typing import TYPE_CHECKING
 
 from seglogfs.fs.node import Attributes, Handle, PartitionNode, Refused
@@ -35,14 +36,19 @@ class ViewFile(PartitionNode):
         self.jsonl = jsonl
         self.start_offset = start_offset
         self.view: View | None = None
+        self._view_lock = threading.Lock()
 
     def ensure_view(self) -> View:
+        """The node's view, made on first use (one, however many first uses race)."""
         view = self.view
         if view is None:
-            log = self.log
-            layout = self.tree.layout(log, "jsonl" if self.jsonl else "text")
-            start = log.log_start_offset if self.start_offset is None else self.start_offset
-            view = self.view = View(layout, start)
+            with self._view_lock:
+                view = self.view
+                if view is None:
+                    log = self.log
+                    layout = self.tree.layout(log, "jsonl" if self.jsonl else "text")
+                    start = log.log_start_offset if self.start_offset is None else self.start_offset
+                    view = self.view = View(layout, start)
         return view
 
     def attributes(self) -> Attributes:

@@ -353,7 +353,10 @@ _PAGES = _PageCache(_PAGE_CACHE_BYTES)
 
 
 class Layout:
-    """The rendering of one partition in one format. Thread-safe."""
+    """The rendering of one partition in one format. Thread-safe: one thread at a time brings
+    it up to date (`snapshot`, under `_lock`, which may render for seconds); what it measured
+    is published as one immutable tuple (`_published`), which readers on the event loop take
+    without a lock (`known_size`, `read_now`), so they never wait for a measure."""
 
     def __init__(
         self,
@@ -378,6 +381,7 @@ class Layout:
         # so an open view's bytes do not move under its reader when older segments go.
         self._front = 0
         self._bases: list[int] = []
+        self._published: tuple[list[_SegmentLayout], list[int]] = ([], [])  # (order, starts), swapped whole
         self.generation = 0  # changes when a segment joins or leaves: positions may move
         self._tail: tuple[LogSegment, int, int, Page] | None = None  # the growing segment's last page
 
@@ -405,6 +409,7 @@ class Layout:
                     total += layout.size
                 self._order, self._starts = order, starts
                 self._bases = [layout.segment.base_offset for layout in order]
+                self._published = (order, starts)
             return self._order, self._starts, self._bases
 
     def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
@@ -543,17 +548,15 @@ class Layout:
         return None if None in pieces else b"".join(pieces)  # type: ignore[arg-type]
 
     def known_size(self) -> int:
-        """The total size as last measured (no look at the log)."""
-        with self._lock:
-            order, starts = self._order, self._starts
+        """The total size as last measured (no look at the log, no lock: for the event loop)."""
+        order, starts = self._published
         return starts[-1] + order[-1].size if order else 0
 
     def _pieces(self, position: int, length: int, *, now: bool) -> Iterator[memoryview | None]:
         """The layout bytes [position, position + length) as pieces of rendered pages (views, not
         copies); with `now`, None (and the end) at the first page `_page_now` cannot give within
         the read's rendering budget."""
-        with self._lock:
-            order, starts = self._order, self._starts
+        order, starts = self._published
         wanted = length
         budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)

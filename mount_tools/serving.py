@@ -60,6 +60,7 @@ async def _background(operations: Operations, scheduler: Scheduler | None) -> No
 async def _main(operations: Operations, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_background, operations, scheduler)
+        nursery.start_soon(operations.notify_in_background)
 
         async def stop_on_signals() -> None:
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -313,3 +314,47 @@ def test_pruning_leaves_what_the_view_cache_did_not_make(tmp_path: Path) -> None
     assert LayoutStore(home).prune(time.time()) == 0
     assert (documents / "letter.txt").read_text() == "keep me"
     assert (lookalike / "notes.txt").read_text() == "keep me too"
+
+
+class _HeldRenderer(TextRenderer):
+    """Measures only once `release` is set: a measure that takes as long as the test wants."""
+
+    def __init__(self) -> None:
+        super().__init__(TextFormat(), 0)
+        self.measuring = threading.Event()
+        self.release = threading.Event()
+
+    def measure(self, header, batch) -> int:  # type: ignore[no-untyped-def]
+        self.measuring.set()
+        assert self.release.wait(30)
+        return super().measure(header, batch)
+
+
+def test_readers_on_the_loop_never_wait_for_a_measure(tmp_path: Path) -> None:
+    """A measure holds the layout for as long as it renders (seconds per GiB): what the event
+    loop asks of a layout (its known size, reads of rendered pages) must not wait for it (a
+    follower's read stalled 255 ms behind a burst of appends, seconds behind a compaction)."""
+    log = make_log(tmp_path / "t-0")
+    log.append_records([b"one", b"two"], now_ms=NOW_MS)
+    renderer = _HeldRenderer()
+    renderer.release.set()
+    layout = Layout(log, renderer)
+    view = View(layout, 0)
+    assert view.size() == 8 and view.read(0, 8) == b"one\ntwo\n"
+    renderer.release.clear()
+    log.append_records([b"three"], now_ms=NOW_MS)
+    measurer = threading.Thread(target=view.size)  # a stat from a worker thread: measures "three"
+    measurer.start()
+    assert renderer.measuring.wait(10)
+    answers: list[object] = []
+    loop = threading.Thread(target=lambda: answers.extend([layout.known_size(), view.read_now(0, 8)]))
+    loop.start()
+    loop.join(10)
+    blocked = loop.is_alive()
+    renderer.release.set()
+    measurer.join(10)
+    loop.join(10)
+    assert not blocked, "a reader on the loop waited for the measure"
+    assert answers == [8, b"one\ntwo\n"]
+    assert view.size() == 14
+    log.close()
