@@ -125,6 +125,11 @@ class LogSegment:
             _ = self._fd  # create it now
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
+        # Indexes open lazily, on whichever thread (a reader's, without the partition lock)
+        # first needs them: opened, checked (and for a writable segment recovered) under this
+        # lock, and used without it only once `_indexes_ready` says they are whole.
+        self._index_lock = threading.RLock()
+        self._indexes_ready = False
         self._active = False
         self._max_timestamp_so_far: TimestampOffset | None = None
         self._rolling_based_timestamp: int | None = None
@@ -193,22 +198,31 @@ class LogSegment:
         self._rebuild_indexes(truncate=False)
 
     def _close_indexes(self) -> None:
-        for index in (self._offset_index, self._time_index):
-            if index is not None:
-                index.close()
-        self._offset_index = self._time_index = None
+        with self._index_lock:
+            self._indexes_ready = False
+            for index in (self._offset_index, self._time_index):
+                if index is not None:
+                    index.close()
+            self._offset_index = self._time_index = None
+
+    def _ensure_indexes(self) -> None:
+        with self._index_lock:
+            if not self._indexes_ready:
+                if self._offset_index is None or self._time_index is None:
+                    self._open_indexes()
+                self._indexes_ready = True
 
     @property
     def offset_index(self) -> OffsetIndex:
-        if self._offset_index is None:
-            self._open_indexes()
+        if not self._indexes_ready:
+            self._ensure_indexes()
         assert self._offset_index is not None
         return self._offset_index
 
     @property
     def time_index(self) -> TimeIndex:
-        if self._time_index is None:
-            self._open_indexes()
+        if not self._indexes_ready:
+            self._ensure_indexes()
         assert self._time_index is not None
         return self._time_index
 
@@ -396,9 +410,13 @@ class LogSegment:
 
     @property
     def max_timestamp_so_far(self) -> TimestampOffset:
-        if self._max_timestamp_so_far is None:
-            self._max_timestamp_so_far = self._load_max_timestamp()
-        return self._max_timestamp_so_far
+        known = self._max_timestamp_so_far
+        if known is None:
+            with self._index_lock:  # loaded once; never over a newer value an append set
+                if self._max_timestamp_so_far is None:
+                    self._max_timestamp_so_far = self._load_max_timestamp()
+                known = self._max_timestamp_so_far
+        return known
 
     @property
     def largest_timestamp(self) -> int:
@@ -491,7 +509,8 @@ class LogSegment:
                 self._bytes_since_last_index_entry = 0
             physical_position += header.size_in_bytes
             self._bytes_since_last_index_entry += header.size_in_bytes
-        self._max_timestamp_so_far = max_so_far
+        with self._index_lock:  # see max_timestamp_so_far
+            self._max_timestamp_so_far = max_so_far
 
     def _rebuild_indexes(self, *, truncate: bool) -> int:
         """Re-read every batch, check it and rebuild both indexes; with `truncate`, cut the log
@@ -538,7 +557,8 @@ class LogSegment:
         if not self._active:
             offset_index.trim_to_valid_size()
             time_index.trim_to_valid_size()
-        self._max_timestamp_so_far = max_so_far
+        with self._index_lock:
+            self._max_timestamp_so_far = max_so_far
         self._bytes_since_last_index_entry = valid_bytes - last_index_entry
         self._rolling_based_timestamp = None
         return truncated
