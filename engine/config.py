@@ -6,6 +6,19 @@ Kafka has several broker names for one setting the most precise wins:
 `log.roll.ms` > `log.roll.hours`, `log.retention.ms` > `log.retention.minutes` >
 `log.retention.hours`, `log.roll.jitter.ms` > `log.roll.jitter.hours`. Values come from a
 `server.properties` file and repeatable `--override key=value`, the latter winning.
+
+A topic's effective config is built in layers, each winning over the ones before it:
+
+1. the broker's topic defaults: `server.properties`, then the dynamic broker configs of a KRaft
+   metadata log (cluster-wide default, then this broker's; Kafka's dynamic configs beat static
+   ones), then `--override` (the operator's explicit setting for this seglogfs run);
+2. for Kafka's internal topics, the configs the broker creates them with
+   (`internal_topic_overrides`: `__consumer_offsets` and `__transaction_state` are compacted);
+3. the topic's overrides in the broker's metadata log (Kafka's ConfigRecord);
+4. the topic's seglogfs overrides (`.seglogfs-topic-configs.json`, the mount's `config` file).
+
+engine.datadir assembles the layers; it also turns cleanup off (`LogConfig.without_cleanup`) for
+`__cluster_metadata` and for topics whose broker configs cannot be known.
 """
 
 from __future__ import annotations
@@ -15,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from seglogfs.engine.compression import CompressionType
@@ -124,12 +138,25 @@ BROKER_SETTINGS: dict[str, _Setting] = {
     "log.flush.offset.checkpoint.interval.ms": _Setting(_parse_int, 60_000, minimum=0),
     "log.flush.start.offset.checkpoint.interval.ms": _Setting(_parse_int, 60_000, minimum=0),
     "log.flush.scheduler.interval.ms": _Setting(_parse_int, LONG_MAX, minimum=0),
+    "offsets.topic.segment.bytes": _Setting(_parse_int, 100 * 1024 * 1024, minimum=1),
+    "transaction.state.log.segment.bytes": _Setting(_parse_int, 100 * 1024 * 1024, minimum=1),
 }
+
+# Broker names that set a topic default: what a dynamic broker config may change here.
+TOPIC_DEFAULT_NAMES = frozenset(name for setting in TOPIC_SETTINGS.values() for name, _ in setting.broker_names)
+OVERRIDE_SOURCE = "--override"  # how `BrokerConfig.source` names a value from --override
+
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+TRANSACTION_STATE_TOPIC = "__transaction_state"
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    """A topic's effective settings (Kafka's LogConfig), snake_case of the topic-level names."""
+    """A topic's effective settings (Kafka's LogConfig), snake_case of the topic-level names.
+
+    `cleanup_policy` is a sorted tuple of `delete` and `compact`; the empty tuple (shown as an
+    empty `cleanup.policy`) is a log neither deleted nor compacted. No setting gives it: seglogfs
+    uses it for `__cluster_metadata` and for topics whose broker configs are unknown."""
 
     segment_bytes: int
     segment_ms: int
@@ -171,6 +198,11 @@ class LogConfig:
         if self.compact:
             return min(self.segment_ms, self.max_compaction_lag_ms)
         return self.segment_ms
+
+    def without_cleanup(self) -> LogConfig:
+        """This config with neither retention nor compaction: only the log start offset (raised
+        by delete-records) still removes segments."""
+        return dataclasses.replace(self, cleanup_policy=())
 
     def as_properties(self) -> dict[str, str]:
         """The settings under their Kafka topic-level names, as strings."""
@@ -266,8 +298,11 @@ class BrokerConfig:
     log_flush_offset_checkpoint_interval_ms: int
     log_flush_start_offset_checkpoint_interval_ms: int
     log_flush_scheduler_interval_ms: int
+    offsets_topic_segment_bytes: int
+    transaction_state_log_segment_bytes: int
     topic_defaults: LogConfig
     source: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    raw: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(
@@ -283,7 +318,7 @@ class BrokerConfig:
             raw.update(read_properties(properties_file))
         for item in overrides:
             key, value = parse_override(item)
-            raw[key] = (value, f"--override {key}")
+            raw[key] = (value, f"{OVERRIDE_SOURCE} {key}")
         return cls.from_raw(raw, log_dirs)
 
     @classmethod
@@ -295,15 +330,6 @@ class BrokerConfig:
                 values[_field(key)] = _convert(setting, key, text, source)
             else:
                 values[_field(key)] = setting.default
-        topic_values: dict[str, Any] = {}
-        for name, setting in TOPIC_SETTINGS.items():
-            topic_values[_field(name)] = setting.default
-            for broker_name, factor in setting.broker_names:
-                if broker_name in raw:
-                    text, source = raw[broker_name]
-                    value = _convert(setting, broker_name, text, source)
-                    topic_values[_field(name)] = value * factor if factor != 1 and value >= 0 else value
-                    break
         if log_dirs is not None:
             dirs = tuple(Path(d) for d in log_dirs)
         else:
@@ -313,16 +339,88 @@ class BrokerConfig:
             raise ConfigError("log.dirs names no directory")
         return cls(
             log_dirs=dirs,
-            topic_defaults=LogConfig(**topic_values),
+            topic_defaults=_topic_defaults(raw),
             source={key: source for key, (_, source) in raw.items()},
+            raw=MappingProxyType(dict(raw)),
             **values,
         )
+
+    @property
+    def cleanup_policy_overridden(self) -> bool:
+        """Whether the operator gave `log.cleanup.policy` with --override (or a mount's -o): the
+        policy seglogfs then applies to topics whose own configs are unknown (engine.datadir).
+        A server.properties value does not count: it is the broker's file, written beside
+        per-topic configs kept elsewhere (ZooKeeper, the metadata log)."""
+        entry = self.raw.get("log.cleanup.policy")
+        return entry is not None and entry[1].startswith(OVERRIDE_SOURCE)
+
+    def topic_defaults_with(self, dynamic: Mapping[str, str], source: str) -> LogConfig:
+        """The topic defaults with Kafka's dynamic broker configs (broker names, as a metadata
+        log's broker ConfigRecords hold them, cluster default and this broker's merged by the
+        caller) over server.properties and under --override. Names that set no topic default are
+        ignored; ConfigError naming `source` for a bad value."""
+        relevant = {key: (value, f"{source} {key}") for key, value in dynamic.items() if key in TOPIC_DEFAULT_NAMES}
+        if not relevant:
+            return self.topic_defaults
+        static = {key: entry for key, entry in self.raw.items() if not entry[1].startswith(OVERRIDE_SOURCE)}
+        overridden = {key: entry for key, entry in self.raw.items() if entry[1].startswith(OVERRIDE_SOURCE)}
+        return _topic_defaults({**static, **_without_shadowed(relevant, overridden), **overridden})
 
     def log_config(self, overrides: Mapping[str, str] | None = None, source: str = "topic config") -> LogConfig:
         """A topic's effective config: the defaults with its overrides (topic-level names)."""
         if not overrides:
             return self.topic_defaults
         return apply_topic_overrides(self.topic_defaults, overrides, source)
+
+
+def _topic_defaults(raw: Mapping[str, tuple[str, str]]) -> LogConfig:
+    """Topic defaults from broker settings: for each topic setting, its most precise broker name
+    that is set, else Kafka's default."""
+    topic_values: dict[str, Any] = {}
+    for name, setting in TOPIC_SETTINGS.items():
+        topic_values[_field(name)] = setting.default
+        for broker_name, factor in setting.broker_names:
+            if broker_name in raw:
+                text, source = raw[broker_name]
+                value = _convert(setting, broker_name, text, source)
+                topic_values[_field(name)] = value * factor if factor != 1 and value >= 0 else value
+                break
+    return LogConfig(**topic_values)
+
+
+def _without_shadowed(
+    layer: Mapping[str, tuple[str, str]], winners: Mapping[str, tuple[str, str]]
+) -> dict[str, tuple[str, str]]:
+    """`layer` less every broker name of a topic setting that `winners` sets under any of its
+    names: `--override log.retention.hours=1` must beat a dynamic `log.retention.ms`, although
+    `.ms` is the more precise name. (Between static and dynamic configs Kafka merges key by key
+    and then resolves precision, so that merge is a plain dict update.)"""
+    shadowed: set[str] = set()
+    for setting in TOPIC_SETTINGS.values():
+        names = {broker_name for broker_name, _ in setting.broker_names}
+        if names & winners.keys():
+            shadowed |= names
+    return {key: entry for key, entry in layer.items() if key not in shadowed}
+
+
+def internal_topic_overrides(topic: str, broker: BrokerConfig) -> dict[str, str]:
+    """The topic configs a Kafka broker creates its internal topics with (GroupCoordinator's
+    offsetsTopicConfigs, TransactionStateManager's transactionTopicConfigs), topic-level names;
+    {} for other topics. A KRaft metadata log also holds them as ConfigRecords; a ZooKeeper-mode
+    dir does not, which is why they are known here."""
+    if topic == CONSUMER_OFFSETS_TOPIC:
+        return {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(broker.offsets_topic_segment_bytes),
+            "compression.type": "producer",
+        }
+    if topic == TRANSACTION_STATE_TOPIC:
+        return {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(broker.transaction_state_log_segment_bytes),
+            "compression.type": "uncompressed",
+        }
+    return {}
 
 
 def apply_topic_overrides(base: LogConfig, overrides: Mapping[str, str], source: str = "topic config") -> LogConfig:

@@ -10,9 +10,40 @@ Each log dir holds `<topic>-<partition>/` dirs and, at its root, Kafka's files:
     replication-offset-checkpoint       high watermarks
     cleaner-offset-checkpoint
     .seglogfs-topic-configs.json        per-topic config overrides (first log dir only)
+    meta.properties                     a Kafka broker's (read only: it marks a broker's dir)
 
 Kafka keeps topic overrides in its metadata, not in log dirs; the JSON file is the one file
 seglogfs adds, a dot file that a broker reading the dir ignores.
+
+Topic configs. A KRaft broker's configs are in its metadata log, `__cluster_metadata-0` in one of
+the log dirs (engine.metadata_log); a topic's config is Kafka's layers (engine.config) with the
+seglogfs overrides on top: server.properties < the metadata log's dynamic broker configs <
+--override, then Kafka's internal-topic configs < the metadata log's topic ConfigRecords < the
+seglogfs overrides. The operator's explicit seglogfs setting wins, as `kafka-configs --alter`
+would on the broker. `__cluster_metadata` is never deleted or compacted (Kafka trims it with
+snapshots), whatever is set.
+
+Configs that cannot be known. Unless the operator has set a policy for it (`cleanup.policy` in
+its seglogfs overrides), a topic's broker configs are unknown when
+
+* the dir is a Kafka broker's (`meta.properties` in a log dir), the topic is not
+  `__consumer_offsets`/`__transaction_state`, no `--override log.cleanup.policy` is given (a
+  server.properties value does not count: it is the broker's own file, written beside per-topic
+  configs kept elsewhere), and no readable metadata log has a TopicRecord for it: there is no
+  metadata log (a ZooKeeper-mode broker's dir, whose configs live in ZooKeeper), or it cannot be
+  read, or it does not name the topic; or
+* one of its overrides in the metadata log has a value seglogfs cannot read.
+
+Such a topic is neither deleted by time or size nor compacted (`LogConfig.without_cleanup`) until
+a policy is set; a writable open logs one WARNING naming them. Topics seglogfs creates in a broker's dir get their
+policy written into their overrides, so they stay managed. A dir seglogfs made (no
+`meta.properties`) has no unknown configs: the broker defaults apply, as always.
+
+Thread safety. The partition table (`_logs`) and the overrides table are copy-on-write: a writer
+builds a new dict and publishes it in one assignment, under `_lock` (`create_topic`,
+`set_topic_overrides`), and readers (`topics`, `partitions`, `partition`, `cleanable_logs`,
+`checkpoint`, …) iterate whatever table they read, which never changes. A topic appears only once
+all its partitions exist. Cleanup and checkpoints are one caller's at a time (the scheduler).
 
 Opening for writing takes every `.lock` (a second writer gets LogDirLockedError naming the
 holder), then loads partitions, recovering them after an unclean stop. Opening read-only takes no
@@ -22,15 +53,19 @@ lock and writes nothing: it reads what a writer has made durable so far, whole b
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import struct
+import tempfile
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from seglogfs.engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
@@ -45,8 +80,16 @@ from seglogfs.engine.checkpoint import (
     write_offset_checkpoint,
 )
 from seglogfs.engine.cleaner import Cleaner, CleanResult, earliest_delete_horizon
-from seglogfs.engine.cleaner_manager import LogToClean, filthiest, log_to_clean
-from seglogfs.engine.config import BrokerConfig, LogConfig, validate_topic_overrides
+from seglogfs.engine.cleaner_manager import LogToClean, filthiest, is_cleanable, log_to_clean
+from seglogfs.engine.config import (
+    TOPIC_SETTINGS,
+    BrokerConfig,
+    LogConfig,
+    apply_topic_overrides,
+    internal_topic_overrides,
+    read_properties,
+    validate_topic_overrides,
+)
 from seglogfs.engine.errors import (
     ConfigError,
     EngineError,
@@ -56,13 +99,17 @@ from seglogfs.engine.errors import (
     UnknownTopicOrPartitionError,
 )
 from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
 from seglogfs.engine.naming import partition_dir_name, partition_dirs, validate_topic
-from seglogfs.engine.retention import RetentionDecision
+from seglogfs.engine.retention import RetentionDecision, segments_to_delete
+from seglogfs.engine.segment import LogSegment
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
+META_PROPERTIES = "meta.properties"
+_WARN_TOPICS_NAMED = 20  # the unknown-configs warning names this many topics, then counts the rest
 TopicPartition = tuple[str, int]
 _LOCKED_HERE: set[str] = set()
 
@@ -91,6 +138,47 @@ def _describe_pid(pid: int) -> str:
     return f"process {pid} ({cmdline[:120]})"
 
 
+def _write_atomically_unique(path: Path, text: str) -> None:
+    """Replace `path` with `text` durably, as checkpoint.write_atomically does (temporary file,
+    fsync, rename, fsync of the directory), but through a temporary name of this writer's own
+    (`<name>.<random>.tmp`), so two writers never share one. A crash leaves the old file or the
+    new; a leftover temporary file is ignored. An OSError (ENOSPC, EIO) names `path` and leaves
+    the old file as it was."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o644)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        fsync_dir(path.parent)
+    except OSError as error:
+        raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _node_id(log_dirs: tuple[Path, ...]) -> str | None:
+    """The broker's `node.id` (KRaft) or `broker.id` (ZooKeeper mode) from its meta.properties."""
+    for log_dir in log_dirs:
+        path = log_dir / META_PROPERTIES
+        if not path.is_file():
+            continue
+        try:
+            properties = read_properties(path)
+        except ConfigError:
+            continue
+        for key in ("node.id", "broker.id"):
+            if key in properties:
+                return properties[key][0].strip()
+    return None
+
+
 @dataclass
 class CleanupReport:
     """What one cleanup pass did: retention per partition, compaction passes, and the
@@ -104,17 +192,48 @@ class CleanupReport:
         return bool(self.retention or self.compaction or self.failed)
 
 
+@dataclass
+class CleanupPlan:
+    """What a cleanup pass would do now (`DataDir.plan_cleanup`): the segments retention would
+    delete, per partition, and the compacted logs the cleaner would pass over, filthiest first,
+    each with its dirty section as it would be after retention."""
+
+    retention: list[tuple[PartitionLog, RetentionDecision]] = field(default_factory=list)
+    compaction: list[LogToClean] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.retention or self.compaction)
+
+
+class _AfterRetention:
+    """A log as a retention decision would leave it, for `plan_cleanup`'s compaction estimate: the
+    attributes engine.cleaner_manager and `earliest_delete_horizon` read, nothing else."""
+
+    def __init__(self, log: PartitionLog, kept: list[LogSegment]) -> None:
+        self.topic = log.topic
+        self.partition = log.partition
+        self.config = log.config
+        self.segments = kept
+        self.log_start_offset = max(log.log_start_offset, kept[0].base_offset)
+        self.log_end_offset = log.log_end_offset
+        self.high_watermark = log.high_watermark
+
+
 class DataDir:
-    """The partitions of one broker's log dirs. Not thread-safe for topic creation; each
-    partition's own operations follow PartitionLog's rules."""
+    """The partitions of one broker's log dirs. Thread-safe: topic creation and config changes
+    serialise on the data dir's lock, and readers see a partition table that never changes
+    under them (see the module docstring); each partition's own operations follow
+    PartitionLog's rules. Cleanup passes and checkpoints are for one caller at a time."""
 
     def __init__(self, config: BrokerConfig, *, writable: bool, recover_all: bool = False) -> None:
         """Use `DataDir.open`."""
         self.config = config
         self.writable = writable
         self._lock_fds: list[tuple[str, int]] = []
-        self._logs: dict[TopicPartition, PartitionLog] = {}
-        self._topic_overrides: dict[str, dict[str, str]] = {}
+        # Guards the writers of the two tables below; both are replaced whole, never changed.
+        self._lock = threading.RLock()
+        self._logs: Mapping[TopicPartition, PartitionLog] = {}
+        self._topic_overrides: Mapping[str, Mapping[str, str]] = {}
         self._recover_all = recover_all
         self._closed = False
         self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
@@ -122,11 +241,20 @@ class DataDir:
         self._cleaner_checkpoints_written: dict[TopicPartition, int] | None = None
         self._uncleanable: dict[TopicPartition, str] = {}
         self._delete_horizons: dict[TopicPartition, int | None] = {}
+        # What the broker's own files say about topic configs (set once, at open).
+        self._broker_dir = False
+        self._metadata: MetadataImage | None = None
+        self._metadata_dir: Path | None = None
+        self._metadata_problem: str | None = None
+        self._topic_defaults = config.topic_defaults
+        self._policy_given = config.cleanup_policy_overridden
 
     @classmethod
     def open(cls, config: BrokerConfig, *, read_only: bool = False, recover_all: bool = False, now_ms: int) -> DataDir:
         """Open every log dir (creating missing ones when writable) and load its partitions.
-        `recover_all` checks and repairs every segment, whatever the last stop was (repair)."""
+        `recover_all` checks and repairs every segment, whatever the last stop was (repair).
+        A writable open logs one WARNING when some topics' configs are unknown (see the module
+        docstring); a read-only open, which never cleans, does not."""
         data_dir = cls(config, writable=not read_only, recover_all=recover_all and not read_only)
         try:
             data_dir._open(now_ms)
@@ -143,8 +271,11 @@ class DataDir:
             elif not log_dir.is_dir():
                 raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")
         self._topic_overrides = self._read_topic_overrides()
+        self._read_broker_configs()
         for log_dir in self.config.log_dirs:
             self._load_log_dir(log_dir, now_ms)
+        if self.writable:
+            self._warn_unknown_configs()
 
     def _take_lock(self, log_dir: Path) -> None:
         # POSIX record locks, as Kafka's FileChannel.tryLock takes, so that seglogfs and a broker
@@ -188,10 +319,11 @@ class DataDir:
             self._cleaner_checkpoints.update(read_offset_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
         except CheckpointError as error:
             logger.warning("%s; compaction starts again from each log's start", error)
+        logs = dict(self._logs)
         for name, topic, partition in partition_dirs(log_dir):
-            if (topic, partition) in self._logs:
+            if (topic, partition) in logs:
                 raise EngineError(f"{log_dir / name}: partition {topic}-{partition} is in two log dirs")
-            self._logs[(topic, partition)] = PartitionLog.open(
+            logs[(topic, partition)] = PartitionLog.open(
                 log_dir / name,
                 topic,
                 partition,
@@ -202,6 +334,7 @@ class DataDir:
                 log_start_offset=start_offsets.get((topic, partition), 0),
                 now_ms=now_ms,
             )
+        self._logs = logs
         if self.writable and marker.exists():
             # From now on the dir is in use: a crash must not look like a clean stop.
             marker.unlink()
@@ -212,7 +345,7 @@ class DataDir:
     def _topic_configs_path(self) -> Path:
         return self.config.log_dirs[0] / TOPIC_CONFIGS_FILE
 
-    def _read_topic_overrides(self) -> dict[str, dict[str, str]]:
+    def _read_topic_overrides(self) -> dict[str, Mapping[str, str]]:
         path = self._topic_configs_path
         try:
             document = json.loads(path.read_text(encoding="utf-8"))
@@ -227,54 +360,150 @@ class DataDir:
             topic: validate_topic_overrides(overrides, f"{path} topic {topic}") for topic, overrides in topics.items()
         }
 
-    def _write_topic_overrides(self) -> None:
+    def _write_topic_overrides(self, table: Mapping[str, Mapping[str, str]]) -> None:
         document = {
             "version": 1,
-            "topics": {t: dict(sorted(o.items())) for t, o in sorted(self._topic_overrides.items()) if o},
+            "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o},
         }
-        write_atomically(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
+        _write_atomically_unique(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
+
+    def _read_broker_configs(self) -> None:
+        """Whether these are a Kafka broker's log dirs, and what its metadata log says. A metadata
+        log that cannot be used is remembered with the reason: its topics' configs are then
+        unknown (never guessed)."""
+        self._broker_dir = any((log_dir / META_PROPERTIES).is_file() for log_dir in self.config.log_dirs)
+        found = [d / METADATA_PARTITION_DIR for d in self.config.log_dirs if (d / METADATA_PARTITION_DIR).is_dir()]
+        if not found:
+            return
+        self._metadata_dir = found[0]
+        try:
+            image = read_metadata_image(found[0])
+            node = _node_id(self.config.log_dirs)
+            dynamic = {**image.broker_configs.get("", {}), **(image.broker_configs.get(node, {}) if node else {})}
+            self._topic_defaults = self.config.topic_defaults_with(dynamic, f"{found[0]} dynamic broker config")
+        except (EngineError, OSError) as error:
+            self._metadata_problem = f"its metadata log cannot be used: {error}"
+            return
+        self._metadata = image
+
+    def _why_unknown(self, topic: str, table: Mapping[str, Mapping[str, str]]) -> str | None:
+        """Why `topic`'s broker configs are unknown with overrides `table`; None when known."""
+        if topic == METADATA_TOPIC or "cleanup.policy" in table.get(topic, {}):
+            return None
+        if internal_topic_overrides(topic, self.config) or self._policy_given:
+            return None
+        if self._metadata_problem is not None:
+            return self._metadata_problem
+        if self._metadata is not None:
+            return None if topic in self._metadata.topics else f"{self._metadata_dir} has no TopicRecord for it"
+        if self._broker_dir:
+            return "no metadata log: a ZooKeeper-mode broker's dir, whose topic configs are in ZooKeeper"
+        return None
+
+    def _resolve(self, topic: str, table: Mapping[str, Mapping[str, str]]) -> tuple[LogConfig, str | None]:
+        """`topic`'s effective config with overrides `table`, and why its broker configs are
+        unknown (None when known). The layers are in the module docstring."""
+        source = f"config of topic {topic}"
+        layers = internal_topic_overrides(topic, self.config)
+        why = self._why_unknown(topic, table)
+        stored = self._metadata.topic_configs.get(topic, {}) if self._metadata is not None else {}
+        for key, value in stored.items():
+            if key not in TOPIC_SETTINGS:
+                continue  # min.insync.replicas and the like: nothing a log here uses
+            try:
+                layers.update(validate_topic_overrides({key: value}, f"{self._metadata_dir} {source}"))
+            except ConfigError as error:
+                if "cleanup.policy" not in table.get(topic, {}):
+                    why = why or str(error)
+        layers.update(table.get(topic, {}))
+        config = apply_topic_overrides(self._topic_defaults, layers, source) if layers else self._topic_defaults
+        if topic == METADATA_TOPIC or why is not None:
+            config = config.without_cleanup()
+        return config, why
+
+    def _warn_unknown_configs(self) -> None:
+        unknown = self.unknown_config_topics()
+        if not unknown:
+            return
+        names = sorted(unknown)
+        listed = ", ".join(names[:_WARN_TOPICS_NAMED]) + (
+            f" and {len(names) - _WARN_TOPICS_NAMED} more" if len(names) > _WARN_TOPICS_NAMED else ""
+        )
+        reasons = "; ".join(sorted(set(unknown.values())))
+        logger.warning(
+            "%s: retention and compaction are off for %d topics whose broker configs are unknown (%s): %s. "
+            "They stay off until a policy is set: cleanup.policy in a topic's config file "
+            "(.seglogfs-topic-configs.json), or --override log.cleanup.policy=delete|compact (-o on a mount) "
+            "for all of them",
+            ",".join(str(d) for d in self.config.log_dirs),
+            len(names),
+            reasons,
+            listed,
+        )
+
+    def unknown_config_topics(self) -> dict[str, str]:
+        """Topic → why its broker configs are unknown, for the topics here whose retention and
+        compaction are therefore off (see the module docstring). Thread-safe."""
+        table = self._topic_overrides
+        return {topic: why for topic in self.topics() if (why := self._resolve(topic, table)[1]) is not None}
 
     def topic_overrides(self, topic: str) -> dict[str, str]:
+        """The topic's seglogfs overrides (what its `config` file shows); not the broker's."""
         return dict(self._topic_overrides.get(topic, {}))
 
     def topic_config(self, topic: str) -> LogConfig:
-        overrides = self._topic_overrides.get(topic)
-        return self.config.log_config(overrides, f"config of topic {topic}")
+        """The topic's effective config: Kafka's layers and the seglogfs overrides (see the module
+        docstring), with cleanup off for `__cluster_metadata` and unknown configs."""
+        return self._resolve(topic, self._topic_overrides)[0]
 
     def set_topic_overrides(self, topic: str, overrides: Mapping[str, str]) -> LogConfig:
         """Replace a topic's config overrides (kafka-configs --alter, the whole set at once):
         checked first, stored, then in effect for every partition of the topic. Raises
-        ConfigError for an unknown name or a bad value, changing nothing."""
+        ConfigError for an unknown name or a bad value, and for `cleanup.policy` on
+        `__cluster_metadata`, changing nothing. Thread-safe: writers take the data dir's lock,
+        and the file is replaced atomically through a temporary name of this call's own."""
         self._check_writable()
-        logs = [log for (t, _), log in sorted(self._logs.items()) if t == topic]
-        if not logs:
-            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         source = f"config of topic {topic}"
-        checked = validate_topic_overrides(overrides, source)
-        config = self.config.log_config(checked, source)
-        self._topic_overrides[topic] = checked
-        self._write_topic_overrides()
-        for log in logs:
-            with log.lock:
-                log.config = config
+        with self._lock:
+            logs = [log for (t, _), log in sorted(self._logs.items()) if t == topic]
+            if not logs:
+                raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+            checked = validate_topic_overrides(overrides, source)
+            if topic == METADATA_TOPIC and "cleanup.policy" in checked:
+                raise ConfigError(
+                    f"{source}: cleanup.policy cannot be set: {METADATA_TOPIC} is Kafka's metadata log, which "
+                    f"Kafka trims with snapshots; seglogfs never deletes or compacts it"
+                )
+            table = {**self._topic_overrides, topic: checked}
+            config, why = self._resolve(topic, table)
+            self._write_topic_overrides(table)
+            self._topic_overrides = table
+            for log in logs:
+                with log.lock:
+                    log.config = config
+        if why is not None:
+            logger.info("topic %s: retention and compaction stay off until cleanup.policy is set (%s)", topic, why)
         return config
 
     # -- topics and partitions ------------------------------------------------------------------
     def topics(self) -> dict[str, list[int]]:
-        """Topic → its partitions, sorted."""
+        """Topic → its partitions, sorted. Thread-safe."""
         out: dict[str, list[int]] = {}
         for topic, partition in sorted(self._logs):
             out.setdefault(topic, []).append(partition)
         return out
 
     def partitions(self) -> Iterator[PartitionLog]:
-        for key in sorted(self._logs):
-            yield self._logs[key]
+        """Every partition, sorted by topic and partition, as the table was when called."""
+        logs = self._logs
+        for key in sorted(logs):
+            yield logs[key]
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
-        log = self._logs.get((topic, partition))
+        logs = self._logs
+        log = logs.get((topic, partition))
         if log is None:
-            if any(t == topic for t, _ in self._logs):
+            if any(t == topic for t, _ in logs):
                 raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition}")
             raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
         return log
@@ -286,29 +515,50 @@ class DataDir:
     def create_topic(
         self, topic: str, partitions: int | None = None, overrides: Mapping[str, str] | None = None, *, now_ms: int
     ) -> list[PartitionLog]:
-        """Create `topic` with `partitions` (default `num.partitions`) and config overrides."""
+        """Create `topic` with `partitions` (default `num.partitions`) and config overrides.
+        Thread-safe: creators serialise on the data dir's lock, and the topic appears to
+        readers only once every partition exists. In a broker's dir, where a topic no broker
+        knows would count as one whose configs are unknown, the policy it gets (the given one,
+        else the broker default) is written into its overrides. If a partition cannot be made,
+        the ones made so far are closed and left on disk (a reopen loads them: DEVELOPING.md F8)
+        and the error is raised."""
         self._check_writable()
         validate_topic(topic)
-        if any(t == topic for t, _ in self._logs):
-            raise TopicExistsError(f"topic {topic!r} exists already")
-        count = self.config.num_partitions if partitions is None else partitions
-        if count < 1:
-            raise ConfigError(f"topic {topic!r}: partition count must be at least 1, not {count}")
-        checked = validate_topic_overrides(overrides or {}, f"config of topic {topic}")
-        if checked:
-            self._topic_overrides[topic] = checked
-            self._write_topic_overrides()
-        config = self.topic_config(topic)
-        topic_id = new_topic_id()
-        created = []
-        for partition in range(count):
-            directory = self._least_loaded_log_dir() / partition_dir_name(topic, partition)
-            log = PartitionLog.create(directory, topic, partition, config, topic_id=topic_id, now_ms=now_ms)
-            self._logs[(topic, partition)] = log
-            created.append(log)
-        for log_dir in self.config.log_dirs:
-            fsync_dir(log_dir)
-        return created
+        with self._lock:
+            if any(t == topic for t, _ in self._logs):
+                raise TopicExistsError(f"topic {topic!r} exists already")
+            count = self.config.num_partitions if partitions is None else partitions
+            if count < 1:
+                raise ConfigError(f"topic {topic!r}: partition count must be at least 1, not {count}")
+            checked = validate_topic_overrides(overrides or {}, f"config of topic {topic}")
+            if self._why_unknown(topic, {topic: checked}) is not None:
+                checked = {**checked, "cleanup.policy": ",".join(self._topic_defaults.cleanup_policy)}
+            table = self._topic_overrides
+            if checked:
+                table = {**table, topic: checked}
+                self._write_topic_overrides(table)
+                self._topic_overrides = table
+            config = self._resolve(topic, table)[0]
+            topic_id = new_topic_id()
+            counts = self._partition_counts()
+            created: dict[TopicPartition, PartitionLog] = {}
+            try:
+                for partition in range(count):
+                    log_dir = min(self.config.log_dirs, key=lambda d: counts[d])
+                    counts[log_dir] += 1
+                    directory = log_dir / partition_dir_name(topic, partition)
+                    created[(topic, partition)] = PartitionLog.create(
+                        directory, topic, partition, config, topic_id=topic_id, now_ms=now_ms
+                    )
+                for log_dir in self.config.log_dirs:
+                    fsync_dir(log_dir)
+            except BaseException:
+                for log in created.values():
+                    with contextlib.suppress(Exception):
+                        log.close()
+                raise
+            self._logs = {**self._logs, **created}
+        return list(created.values())
 
     def partition_for_append(self, topic: str, partition: int | None, *, now_ms: int) -> list[PartitionLog]:
         """The partitions of `topic` to produce to, creating the topic with `num.partitions` when
@@ -316,26 +566,63 @@ class DataDir:
         if not any(t == topic for t, _ in self._logs):
             if not self.config.auto_create_topics_enable:
                 raise UnknownTopicOrPartitionError(f"unknown topic {topic!r} (auto.create.topics.enable=false)")
-            self.create_topic(topic, now_ms=now_ms)
+            with contextlib.suppress(TopicExistsError):  # another thread created it meanwhile
+                self.create_topic(topic, now_ms=now_ms)
         if partition is not None:
             return [self.partition(topic, partition)]
-        return [self._logs[(topic, p)] for p in self.topics()[topic]]
+        logs = self._logs
+        return [logs[key] for key in sorted(logs) if key[0] == topic]
 
-    def _least_loaded_log_dir(self) -> Path:
+    def _partition_counts(self) -> dict[Path, int]:
+        """Partitions per log dir, for placing new ones in the least loaded (as Kafka does)."""
         counts = dict.fromkeys(self.config.log_dirs, 0)
         for log in self._logs.values():
             counts[log.directory.parent] = counts.get(log.directory.parent, 0) + 1
-        return min(self.config.log_dirs, key=lambda d: counts[d])
+        return counts
 
     # -- cleanup ------------------------------------------------------------------------------------
     def clean(self, now_ms: int) -> CleanupReport:
         """One full cleanup pass: retention over every partition, removal of deleted segments
         whose `file.delete.delay.ms` has passed, then compaction of every compacted log that is
-        cleanable (`seglogfs clean`)."""
+        cleanable (`seglogfs clean`). Topics with cleanup off (`__cluster_metadata`, unknown
+        configs) lose nothing but segments below their log start offset."""
         report = CleanupReport(retention=self.delete_old_segments(now_ms))
         compacted = self.compact(now_ms)
         report.compaction, report.failed = compacted.compaction, compacted.failed
         return report
+
+    def plan_cleanup(self, now_ms: int) -> CleanupPlan:
+        """What `clean(now_ms)` would delete and compact, changing nothing on disk or in memory
+        (`seglogfs clean --dry-run`; works on a read-only open). Compaction is judged on each log
+        as retention would leave it; what a pass would keep of it is only known by running it."""
+        plan = CleanupPlan()
+        candidates = []
+        for key, log in sorted(self._logs.items()):
+            segments = log.segments
+            decision = segments_to_delete(
+                segments,
+                log.config,
+                log_start_offset=log.log_start_offset,
+                high_watermark=log.high_watermark,
+                log_end_offset=log.log_end_offset,
+                now_ms=now_ms,
+            )
+            if decision:
+                plan.retention.append((log, decision))
+            if not log.config.compact or key in self._uncleanable or not self.config.log_cleaner_enable:
+                continue
+            gone = {id(segment) for segment in decision.segments}
+            kept = [segment for segment in segments if id(segment) not in gone]
+            if not kept:
+                continue  # every segment goes: the pass rolls, and only an empty active one is left
+            # The cleaner's state functions read only what `_AfterRetention` has.
+            view = cast(PartitionLog, _AfterRetention(log, kept)) if decision else log
+            candidate = log_to_clean(view, self._cleaner_checkpoints.get(key), now_ms)
+            horizon = earliest_delete_horizon(view, candidate.first_dirty_offset)
+            if is_cleanable(candidate) or (horizon is not None and horizon <= now_ms):
+                candidates.append(candidate)
+        plan.compaction = sorted(candidates, key=lambda c: -c.cleanable_ratio)
+        return plan
 
     def delete_old_segments(self, now_ms: int) -> list[tuple[PartitionLog, RetentionDecision]]:
         """One retention pass over every partition, then removal of deleted segments whose
@@ -353,7 +640,8 @@ class DataDir:
 
     def cleanable_logs(self, now_ms: int) -> list[LogToClean]:
         """Every compacted log's cleaning state now (uncleanable ones left out). A cleaner
-        checkpoint outside its log is reset to the log start here, as Kafka does."""
+        checkpoint outside its log is reset to the log start here, as Kafka does. Safe beside
+        topic creation in another thread (it reads one partition table)."""
         candidates = []
         for key, log_ in self._logs.items():
             if not log_.config.compact or key in self._uncleanable:
@@ -410,7 +698,8 @@ class DataDir:
     def _write_cleaner_checkpoints(self) -> None:
         """Write `cleaner-offset-checkpoint` of every log dir, when it changed since the last
         write (the scheduler asks every log.cleaner.backoff.ms)."""
-        current = {key: offset for key, offset in self._cleaner_checkpoints.items() if key in self._logs}
+        logs = self._logs
+        current = {key: offset for key, offset in self._cleaner_checkpoints.items() if key in logs}
         if current == self._cleaner_checkpoints_written:
             return
         self._cleaner_checkpoints_written = current
@@ -420,7 +709,7 @@ class DataDir:
                 {
                     key: offset
                     for key, offset in self._cleaner_checkpoints.items()
-                    if key in self._logs and self._logs[key].directory.parent == log_dir
+                    if key in logs and logs[key].directory.parent == log_dir
                 },
             )
 
@@ -429,8 +718,9 @@ class DataDir:
         """Write the root checkpoints of every log dir from the partitions' offsets now."""
         self._check_writable()
         self._write_cleaner_checkpoints()
+        every = self._logs
         for log_dir in self.config.log_dirs:
-            logs = [log for log in self._logs.values() if log.directory.parent == log_dir]
+            logs = [log for log in every.values() if log.directory.parent == log_dir]
             write_offset_checkpoint(
                 log_dir / RECOVERY_POINT_CHECKPOINT, {(log.topic, log.partition): log.recovery_point for log in logs}
             )
