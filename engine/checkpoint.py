@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,21 +43,27 @@ class CheckpointError(EngineError):
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text`, durably: tmp file, fsync, rename, fsync of the directory.
-    An OSError (ENOSPC, EIO) names `path` and leaves the old file as it was (the tmp file is
-    removed)."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Replace `path` with `text` durably: a temporary file of this writer's own
+    (`<name>.<random>.tmp`, so two writers never share one), fsync, rename, fsync of the
+    directory. A crash leaves the old file or the new (and perhaps a temporary file, which
+    nothing reads). An OSError (ENOSPC, EIO) names `path` and leaves the old file as it was."""
+    tmp = None
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o644)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        tmp = None
         fsync_dir(path.parent)
     except OSError as error:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -59,7 +59,6 @@ import json
 import logging
 import os
 import struct
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
@@ -136,31 +135,6 @@ def _describe_pid(pid: int) -> str:
     except OSError:
         return f"process {pid}"
     return f"process {pid} ({cmdline[:120]})"
-
-
-def _write_atomically_unique(path: Path, text: str) -> None:
-    """Replace `path` with `text` durably, as checkpoint.write_atomically does (temporary file,
-    fsync, rename, fsync of the directory), but through a temporary name of this writer's own
-    (`<name>.<random>.tmp`), so two writers never share one. A crash leaves the old file or the
-    new; a leftover temporary file is ignored. An OSError (ENOSPC, EIO) names `path` and leaves
-    the old file as it was."""
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o644)
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        fsync_dir(path.parent)
-    except OSError as error:
-        raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def _node_id(log_dirs: tuple[Path, ...]) -> str | None:
@@ -365,7 +339,7 @@ class DataDir:
             "version": 1,
             "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o},
         }
-        _write_atomically_unique(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
+        write_atomically(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
 
     def _read_broker_configs(self) -> None:
         """Whether these are a Kafka broker's log dirs, and what its metadata log says. A metadata

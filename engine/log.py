@@ -37,6 +37,7 @@ from seglogfs.engine.errors import (
     RecordTooLargeError,
 )
 from seglogfs.engine.loader import load_partition, segment_for
+from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import CLEANED_SUFFIX, SWAP_SUFFIX
 from seglogfs.engine.records import (
     NO_PRODUCER,
@@ -191,6 +192,13 @@ class PartitionLog:
         if not self.writable:
             raise ReadOnlyError(f"{self.directory}: partition is open read-only")
 
+    def _check_appendable(self) -> None:
+        self._check_writable()
+        if self.topic == METADATA_TOPIC:
+            # A broker's KRaft metadata log: only the controller writes it; a record from here
+            # would corrupt the broker's metadata.
+            raise InvalidRecordError(f"{self.topic}-{self.partition}: the broker's metadata log takes no appends")
+
     # -- appending -------------------------------------------------------------------------------
     def append_records(
         self,
@@ -209,7 +217,7 @@ class PartitionLog:
         Timestamps default to `now_ms` (CreateTime); topics with LogAppendTime get `now_ms`.
         Raises RecordTooLargeError for a record that alone exceeds `max.message.bytes`,
         InvalidRecordError for a null key on a compacted topic."""
-        self._check_writable()
+        self._check_appendable()
         n = len(values)
         if n == 0:
             raise InvalidRecordError(f"{self.topic}-{self.partition}: nothing to append")
@@ -292,7 +300,7 @@ class PartitionLog:
         from the log end offset; without (restore, replication) each batch must start above the
         previous one and at or above the log end offset. Each batch is checked (CRC, size,
         keys on compacted topics) before anything is written."""
-        self._check_writable()
+        self._check_appendable()
         with self.lock:
             return self._append_batches_locked(data, assign_offsets=assign_offsets, now_ms=now_ms)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.errors import ConfigError
+from seglogfs.engine.errors import ConfigError, InvalidRecordError
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, kafka_fixtures
 from tests.engine.test_metadata_log import config_record, frame, topic_record, write_log
@@ -292,3 +292,15 @@ def test_concurrent_config_changes_leave_one_whole_file(log_dir: Path) -> None:
         assert saved == {topic: {"retention.ms": "29000"} for topic in ("a", "b", "c", "d")}
         assert all(data_dir.partition(t, 0).config.retention_ms == 29000 for t in ("a", "b", "c", "d"))
     assert [p.name for p in log_dir.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_the_metadata_log_takes_no_appends(tmp_path: Path) -> None:
+    """Only a broker's controller writes `__cluster_metadata`: a record from a produce or an
+    append file would corrupt the broker's metadata."""
+    copy = copy_fixture("flink-on-prem-cp760", tmp_path)
+    with DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition(METADATA_TOPIC, 0)
+        end = log.log_end_offset
+        with pytest.raises(InvalidRecordError, match="metadata log takes no appends"):
+            log.append_records([b"x"], keys=[b"k"], now_ms=NOW_MS)
+        assert log.log_end_offset == end
