@@ -618,7 +618,7 @@ class DataDir:
         topic creation in another thread (it reads one partition table)."""
         candidates = []
         for key, log_ in self._logs.items():
-            if not log_.config.compact or key in self._uncleanable:
+            if not log_.config.compact or key in self._uncleanable or log_.offline_reason is not None:
                 continue
             candidate = log_to_clean(log_, self._cleaner_checkpoints.get(key), now_ms)
             self._cleaner_checkpoints[key] = candidate.first_dirty_offset
@@ -655,7 +655,7 @@ class DataDir:
                 done.add(key)
                 try:
                     result = self._cleaner.clean(chosen, now_ms)
-                except EngineError as error:
+                except (EngineError, OSError) as error:  # the cleaner's own writes: ENOSPC, EIO
                     self._uncleanable[key] = str(error)
                     report.failed.append((key, str(error)))
                     logger.error("cleaning %s-%d failed, leaving it uncleanable: %s", key[0], key[1], error)
@@ -720,19 +720,38 @@ class DataDir:
 
     def close(self) -> None:
         """Flush, close every partition, write the checkpoints and `.kafka_cleanshutdown`, and
-        release the locks: the state Kafka leaves after a clean shutdown. Safe to call twice."""
+        release the locks: the state Kafka leaves after a clean shutdown. Safe to call twice.
+
+        A partition or checkpoint that fails to close (a full disk, EIO) does not stop the
+        others: each failure is logged, no clean-shutdown marker is written (the next open
+        recovers, as after a crash), and one EngineError names the first failure at the end.
+        Offline partitions likewise leave no marker."""
         if self._closed:
             return
         self._closed = True
+        failures: list[str] = []
         try:
             for log in self._logs.values():
-                log.close()
+                try:
+                    log.close()
+                except (EngineError, OSError) as error:
+                    failures.append(f"closing {log.topic}-{log.partition}: {error}")
             if self.writable:
-                self.checkpoint()
-                for log_dir in self.config.log_dirs:
-                    write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
+                try:
+                    self.checkpoint()
+                except OSError as error:
+                    failures.append(f"writing checkpoints: {error}")
+                offline = any(log.offline_reason is not None for log in self._logs.values())
+                if not failures and not offline:
+                    for log_dir in self.config.log_dirs:
+                        write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
         finally:
             self._release_locks()
+        for failure in failures:
+            logger.error("%s", failure)
+        if failures:
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise EngineError(f"{failures[0]}{more}; the next open recovers as after a crash")
 
     def __enter__(self) -> DataDir:
         return self

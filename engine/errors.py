@@ -101,5 +101,10 @@ class ReadOnlyError(EngineError):
     """A write to a data dir that was opened read-only."""
 
 
+class LogOfflineError(EngineError):
+    """A partition whose storage failed was taken offline (Kafka's offline log dir): it takes
+    no appends and serves no reads until the data dir is opened again."""
+
+
 class TimestampParseError(EngineError):
     """A timestamp that is neither epoch milliseconds nor ISO-8601."""

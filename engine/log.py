@@ -12,6 +12,7 @@ when they looked, so they only ever see whole batches.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Iterator, Sequence
@@ -32,6 +33,7 @@ from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import (
     CorruptRecordError,
     InvalidRecordError,
+    LogOfflineError,
     OffsetOutOfRangeError,
     ReadOnlyError,
     RecordTooLargeError,
@@ -55,6 +57,8 @@ from seglogfs.engine.records import (
 from seglogfs.engine.retention import RetentionDecision, segments_below_log_start, segments_to_delete
 from seglogfs.engine.segment import LogSegment, RollParams, TimestampAndOffset
 from seglogfs.engine.segments import LogSegments
+
+logger = logging.getLogger(__name__)
 
 LEADER_EPOCH = 0  # a single replica is leader of epoch 0 for its whole life
 
@@ -104,6 +108,7 @@ class PartitionLog:
         self._last_flush_ms = now_ms
         self._closed = False
         self._pending_deletes: list[tuple[int, LogSegment]] = []
+        self.offline_reason: str | None = None  # why the partition was taken offline, if it was
         if writable and segments:
             segments[-1].roll_jitter_ms = self._new_jitter()
 
@@ -192,8 +197,21 @@ class PartitionLog:
         if not self.writable:
             raise ReadOnlyError(f"{self.directory}: partition is open read-only")
 
+    def take_offline(self, reason: str) -> None:
+        """Stop serving the partition after its storage failed (Kafka takes the log dir
+        offline): appends and reads raise LogOfflineError naming `reason` from now on; what
+        is on disk stays as it is for the operator (and the next open's recovery) to judge."""
+        if self.offline_reason is None:
+            self.offline_reason = reason
+            logger.error("%s-%d is offline: %s", self.topic, self.partition, reason)
+
+    def check_online(self) -> None:
+        if self.offline_reason is not None:
+            raise LogOfflineError(f"{self.topic}-{self.partition} is offline: {self.offline_reason}")
+
     def _check_appendable(self) -> None:
         self._check_writable()
+        self.check_online()
         if self.topic == METADATA_TOPIC:
             # A broker's KRaft metadata log: only the controller writes it; a record from here
             # would corrupt the broker's metadata.
@@ -462,7 +480,9 @@ class PartitionLog:
         self, start_offset: int, end_offset: int | None = None
     ) -> Iterator[tuple[LogSegment, BatchHeader, memoryview]]:
         """Every whole, CRC-checked batch holding offsets in [start, end), in order, across
-        segments. Raises CorruptRecordError (path, position) on a batch that fails its check."""
+        segments. Raises CorruptRecordError (path, position) on a batch that fails its check,
+        LogOfflineError for a partition taken offline."""
+        self.check_online()
         stop = self._log_end_offset if end_offset is None else end_offset
         for segment in self._segments.from_offset(start_offset):
             if segment.base_offset >= stop:

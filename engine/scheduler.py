@@ -12,16 +12,46 @@ from a trio task, the CLI once, tests with a fake clock) and calls `run_due(now_
 
 `next_due_ms` tells the caller when to come back. Not thread-safe: one caller drives it; the
 partitions it works on take their own locks.
+
+Failures never leave `run_due` (Kafka's log-dir failure handling, s3ql's failsafe mode): each
+partition's work is guarded on its own. A transient error (a full disk, too many open files,
+no memory) is logged and the task retried with back-off, doubling up to
+`MAX_BACKOFF_MS`; anything else that fails a partition's work (EIO, a damaged segment, a bug)
+takes that partition offline (`PartitionLog.take_offline`: its reads and appends fail naming
+why, its status says it), logged with the traceback, and the other partitions go on. A
+checkpoint that cannot be written is retried with back-off: the data is safe, only the next
+open's recovery is longer.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
 
 from seglogfs.engine.config import LONG_MAX
 from seglogfs.engine.datadir import DataDir
+from seglogfs.engine.errors import LogOfflineError
+from seglogfs.engine.log import PartitionLog
+
+logger = logging.getLogger(__name__)
 
 _DEFAULT_FLUSH_CHECK_MS = 1000
+_FIRST_BACKOFF_MS = 1000
+MAX_BACKOFF_MS = 60_000
+T = TypeVar("T")
+TRANSIENT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR}
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying later may succeed (the OS said "not now"), rather than the storage
+    having failed."""
+    return isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS
 
 
 @dataclass
@@ -29,6 +59,7 @@ class _Task:
     name: str
     interval_ms: int
     next_ms: int
+    failures: int = 0  # transient failures in a row: the back-off doubles with each
 
 
 @dataclass
@@ -38,6 +69,9 @@ class SchedulerReport:
     ran: list[str] = field(default_factory=list)
     deleted_segments: int = 0
     cleaned_logs: int = 0
+    failed: list[str] = field(default_factory=list)  # tasks that hit a transient error (retried)
+    retried: list[PartitionLog] = field(default_factory=list)  # partitions whose work will be retried
+    offline: list[PartitionLog] = field(default_factory=list)  # partitions taken offline now
 
 
 class Scheduler:
@@ -66,22 +100,69 @@ class Scheduler:
 
     def run_due(self, now_ms: int) -> SchedulerReport:
         """Run every task whose time has come (each once, however late), then schedule it again
-        one interval from now."""
+        one interval from now, or sooner, after a back-off, when it hit a transient error.
+        Never raises (see the module docstring)."""
         report = SchedulerReport()
         for task in self._tasks:
             if task.next_ms > now_ms:
                 continue
-            if task.name == "retention":
-                for _log, decision in self.data_dir.delete_old_segments(now_ms):
-                    report.deleted_segments += len(decision.segments)
-            elif task.name == "compaction":
-                report.cleaned_logs += len(self.data_dir.compact(now_ms).compaction)
-            elif task.name == "flush":
-                for log in self.data_dir.partitions():
-                    log.maybe_flush(now_ms)
-                    log.delete_pending(now_ms)
-            else:
-                self.data_dir.checkpoint()
+            try:
+                retry = self._run(task.name, now_ms, report)
+            except Exception as error:  # the task as a whole: a checkpoint, the cleaner's set-up
+                retry = True
+                first = task.failures == 0  # the traceback once, not at every retry
+                logger.warning(
+                    "%s failed, retried later: %s", task.name, error, exc_info=first and not is_transient(error)
+                )
             report.ran.append(task.name)
-            task.next_ms = now_ms + max(task.interval_ms, 1)
+            task.failures = task.failures + 1 if retry else 0
+            wait_ms = max(task.interval_ms, 1)
+            if retry:
+                report.failed.append(task.name)
+                wait_ms = min(wait_ms, _FIRST_BACKOFF_MS << min(task.failures - 1, 16), MAX_BACKOFF_MS)
+            task.next_ms = now_ms + wait_ms
         return report
+
+    def _run(self, name: str, now_ms: int, report: SchedulerReport) -> bool:
+        """One task; whether to retry it soon (a partition's work hit a transient error)."""
+        if name == "checkpoint":
+            self.data_dir.checkpoint()
+            return False
+        if name == "compaction":
+            report.cleaned_logs += len(self.data_dir.compact(now_ms).compaction)
+            return False
+        retried_before = len(report.retried)
+        deleted = 0
+        for log in self.data_dir.partitions():
+            if log.offline_reason is not None:
+                continue
+            if name == "retention":
+                decision = self._guarded(log, "retention", report, partial(log.delete_old_segments, now_ms))
+                if decision is not None:
+                    deleted += len(decision.segments)
+            else:
+                self._guarded(log, "flush", report, partial(log.maybe_flush, now_ms))
+            self._guarded(log, "deleting segments", report, partial(log.delete_pending, now_ms))
+        if deleted:
+            report.deleted_segments += deleted
+            self.data_dir.checkpoint()
+        return len(report.retried) > retried_before
+
+    @staticmethod
+    def _guarded(log: PartitionLog, what: str, report: SchedulerReport, work: Callable[[], T]) -> T | None:
+        """`work()` on one partition; None when it failed: a transient error is logged and the
+        partition noted for a retry, anything else takes the partition offline."""
+        try:
+            return work()
+        except LogOfflineError:
+            return None
+        except Exception as error:
+            where = f"{log.topic}-{log.partition}: {what}"
+            if is_transient(error):
+                logger.warning("%s failed, retried later: %s", where, error)
+                report.retried.append(log)
+            else:
+                logger.exception("%s failed", where)
+                log.take_offline(f"{what} failed: {error}")
+                report.offline.append(log)
+            return None

@@ -11,7 +11,8 @@ from seglogfs.engine.log import PartitionLog
 
 
 def partition_status(log: PartitionLog) -> dict[str, Any]:
-    """The document of one partition, read under no lock: each figure is as it was when read."""
+    """The document of one partition, read under no lock: each figure is as it was when read.
+    An offline partition's document says why (`offline`) and lists what it can."""
     return {
         "topic": log.topic,
         "partition": log.partition,
@@ -20,6 +21,7 @@ def partition_status(log: PartitionLog) -> dict[str, Any]:
         "highWatermark": log.high_watermark,
         "recoveryPoint": log.recovery_point,
         "sizeInBytes": log.size_in_bytes(),
+        "offline": log.offline_reason,  # why the partition was taken offline, or null
         "segments": [
             {
                 "baseOffset": segment.base_offset,

@@ -54,6 +54,8 @@ class AppendFile(Node):
         data_dir = self.tree.data_dir
         if self.partition is not None:
             logs = [data_dir.partition(self.topic, self.partition)]
+            if logs[0].offline_reason is not None:
+                raise Refused(errno.EIO, f"write {self.path}: the partition is offline ({logs[0].offline_reason})")
         else:
             logs = [data_dir.partition(self.topic, p) for p in data_dir.topics().get(self.topic, [])]
         line_format = None if self.jsonl else self.tree.options.line_format

@@ -213,6 +213,13 @@ class PartitionNode(Node):
     def log(self) -> PartitionLog:
         return self.tree.data_dir.partition(self.topic, self.partition)
 
+    def check_online(self, what: str) -> None:
+        """EIO naming why for a partition taken offline (its storage failed); its `status`
+        stays readable and says why."""
+        reason = self.log.offline_reason
+        if reason is not None:
+            raise Refused(errno.EIO, f"{what} {self.path}: the partition is offline ({reason})")
+
 
 def join(directory: str, name: str) -> str:
     """A path in the mount for log lines: `t/0` and `records` → `t/0/records`."""

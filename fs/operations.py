@@ -63,6 +63,26 @@ _ERRNO: list[tuple[type[BaseException], int]] = [
 ]
 
 
+# What an OS error from the storage may tell the caller as it is: the rest is EIO to a reader or
+# writer of the mount, with the log line naming what and where.
+_CALLERS_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EFBIG,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENOMEM,
+        errno.EINTR,
+        errno.EAGAIN,
+        errno.EIO,
+    }
+)
+
+
 def errno_for(error: BaseException) -> int:
     """The one table from engine errors (and OS errors) to errno values."""
     for kind, number in _ERRNO:
@@ -84,6 +104,8 @@ def _errors(what: str) -> Iterator[None]:
         raise _refused(refused) from None
     except (EngineError, OSError) as error:
         number = errno_for(error)
+        if isinstance(error, OSError) and not isinstance(error, EngineError) and number not in _CALLERS_ERRNOS:
+            number = errno.EIO  # the storage failed (a segment gone, a directory where a file was)
         logger.warning("%s: %s (%s)", what, error, errno.errorcode.get(number, number))
         raise pyfuse3.FUSEError(number) from None
     except Exception:

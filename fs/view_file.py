@@ -59,10 +59,12 @@ class ViewFile(PartitionNode):
     def open_now(self, flags: int) -> Handle | None:
         # Looked up already (the usual case): its view is there, nothing to do off the loop.
         self.refuse_writes(flags)
+        self.check_online("open")
         return None if self.view is None else ViewHandle(self, self.view)
 
     def open(self, flags: int) -> Handle:
         self.refuse_writes(flags)
+        self.check_online("open")
         return ViewHandle(self, self.ensure_view())
 
     def truncate(self, size: int) -> None:
@@ -75,10 +77,14 @@ class ViewFile(PartitionNode):
 class ViewHandle(Handle):
     def __init__(self, node: ViewFile, view: View) -> None:
         super().__init__(node)
+        self.view_file = node
         self.view = view
 
     def read_now(self, position: int, length: int) -> bytes | None:
+        if self.view_file.log.offline_reason is not None:
+            return None  # the worker thread's read says why
         return self.view.read_now(position, length)
 
     def read(self, position: int, length: int) -> bytes:
+        self.view_file.check_online("read")
         return self.view.read(position, length)

@@ -52,9 +52,13 @@ async def _background(operations: Operations, scheduler: Scheduler | None) -> No
     assert scheduler is not None
     while True:
         await trio.sleep(max(scheduler.next_due_ms - _now_ms(), 10) / 1000)
-        report = await trio.to_thread.run_sync(scheduler.run_due, _now_ms())
-        if report.deleted_segments or report.cleaned_logs:
-            await operations.after_background_work()
+        try:
+            report = await trio.to_thread.run_sync(scheduler.run_due, _now_ms())
+            if report.deleted_segments or report.cleaned_logs or report.offline:
+                await operations.after_background_work()
+        except Exception:  # run_due guards its work: this is a bug, and the mount stays up
+            logger.exception("background work failed; retried in a minute")
+            await trio.sleep(60)
 
 
 async def _main(operations: Operations, scheduler: Scheduler | None, ready: Callable[[], None]) -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
+
+import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.checkpoint import read_offset_checkpoint
+from seglogfs.engine.errors import LogOfflineError
 from seglogfs.engine.scheduler import Scheduler
+from seglogfs.engine.status import partition_status
 from tests.conftest import NOW_MS, assert_log_dir_valid
 
 
@@ -63,4 +68,81 @@ def test_compaction_runs_every_cleaner_backoff(log_dir: Path) -> None:
         # Nothing new is dirty: the next run finds nothing to do.
         assert scheduler.run_due(NOW_MS + 30_000).cleaned_logs == 0
         assert read_offset_checkpoint(log_dir / "cleaner-offset-checkpoint")[("c", 0)] == log.active_segment.base_offset
+    assert_log_dir_valid(log_dir)
+
+
+def _two_partitions(log_dir: Path) -> DataDir:
+    config = BrokerConfig.load(overrides=["log.flush.interval.messages=1"], log_dirs=[log_dir])
+    data_dir = DataDir.open(config, now_ms=NOW_MS)
+    data_dir.create_topic("t", 2, now_ms=NOW_MS)
+    for partition in (0, 1):
+        data_dir.partition("t", partition).append_records([b"before"], now_ms=NOW_MS)
+    return data_dir
+
+
+@pytest.mark.expect_warnings(r"t-0: flush failed", r"t-0 is offline")
+def test_a_raising_task_takes_its_partition_offline_and_the_others_go_on(log_dir: Path) -> None:
+    data_dir = _two_partitions(log_dir)
+    broken, fine = data_dir.partition("t", 0), data_dir.partition("t", 1)
+
+    def fail(now_ms: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    broken.maybe_flush = fail  # type: ignore[method-assign]
+    scheduler = Scheduler(data_dir, NOW_MS)
+    report = scheduler.run_due(NOW_MS + 1000)  # raised out of run_due and unmounted before
+    assert report.offline == [broken] and "flush failed" in (broken.offline_reason or "")
+    assert partition_status(broken)["offline"] == broken.offline_reason
+    with pytest.raises(LogOfflineError, match="t-0 is offline: flush failed"):
+        broken.append_records([b"x"], now_ms=NOW_MS)
+    with pytest.raises(LogOfflineError):
+        list(broken.records(0))
+    fine.append_records([b"after"], now_ms=NOW_MS)
+    assert [r.value for r in fine.records(0)] == [b"before", b"after"]
+    assert scheduler.run_due(NOW_MS + 2000).offline == []  # not offline twice, the rest still runs
+    data_dir.close()
+    assert not (log_dir / ".kafka_cleanshutdown").exists()  # an offline partition: recover at open
+
+
+@pytest.mark.expect_warnings(r"t-0: retention failed, retried later")
+def test_a_transient_error_is_retried_with_back_off(log_dir: Path) -> None:
+    data_dir = _two_partitions(log_dir)
+    log = data_dir.partition("t", 0)
+    calls: list[int] = []
+    original = log.delete_old_segments
+
+    def full_disk(now_ms: int):  # type: ignore[no-untyped-def]
+        calls.append(now_ms)
+        if len(calls) < 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(now_ms)
+
+    log.delete_old_segments = full_disk  # type: ignore[method-assign]
+    scheduler = Scheduler(data_dir, NOW_MS)
+    interval = data_dir.config.log_retention_check_interval_ms
+    now = NOW_MS + interval
+    report = scheduler.run_due(now)
+    assert report.failed == ["retention"] and report.offline == [] and log.offline_reason is None
+    retry = next(task for task in scheduler._tasks if task.name == "retention").next_ms
+    assert retry == now + 1000  # a second, not a whole check interval
+    scheduler.run_due(retry)
+    retry_again = next(task for task in scheduler._tasks if task.name == "retention").next_ms
+    assert retry_again == retry + 2000  # doubled
+    assert scheduler.run_due(retry_again).failed == []  # the disk has room again
+    assert len(calls) == 3
+    data_dir.close()
+
+
+@pytest.mark.expect_warnings(r"checkpoint failed, retried later")
+def test_a_failing_checkpoint_write_is_retried_and_harms_nothing(log_dir: Path) -> None:
+    data_dir = _two_partitions(log_dir)
+    (log_dir / "recovery-point-offset-checkpoint").unlink(missing_ok=True)
+    (log_dir / "recovery-point-offset-checkpoint").mkdir()  # the rename onto it fails
+    scheduler = Scheduler(data_dir, NOW_MS)
+    report = scheduler.run_due(NOW_MS + data_dir.config.log_flush_offset_checkpoint_interval_ms)
+    assert "checkpoint" in report.failed and report.offline == []
+    data_dir.partition("t", 1).append_records([b"still"], now_ms=NOW_MS)
+    (log_dir / "recovery-point-offset-checkpoint").rmdir()
+    assert "checkpoint" not in scheduler.run_due(scheduler.next_due_ms + 120_000).failed
+    data_dir.close()
     assert_log_dir_valid(log_dir)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import errno
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.check import check_log_dirs
-from tests.conftest import REPO
+from tests.conftest import NOW_MS, REPO
 from tests.fs.conftest import Mount
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
@@ -92,3 +94,47 @@ def test_append_through_a_mount_on_a_full_disk(mount, small_disk: Path) -> None:
     assert (m.path / "t" / "0" / "records").read_bytes().splitlines()[-1] == b"after"
     m.stop()
     assert check_log_dirs([small_disk / "data"]).clean
+
+
+def log_shows(m: Mount, text: str, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while text not in m.output():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.expect_warnings(
+    r"checkpoint failed, retried later", r"a/0/records: .*Is a directory.*\(EIO\)", "Traceback"
+)
+def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> None:
+    """A checkpoint that cannot be written and a segment that cannot be read: the mount stays
+    up, the other partition serves, the failed read answers EIO with a log line saying what
+    (one failing background write took the whole mount down before)."""
+    data = tmp_path / "data"
+    with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=NOW_MS) as data_dir:
+        for topic in ("a", "b"):
+            data_dir.create_topic(topic, 1, now_ms=NOW_MS)
+            data_dir.partition(topic, 0).append_records([b"%s-one" % topic.encode()], now_ms=NOW_MS)
+        data_dir.partition("a", 0).roll(NOW_MS)  # a sealed segment, opened only when read
+        data_dir.partition("a", 0).append_records([b"a-two"], now_ms=NOW_MS)
+    m: Mount = mount(data, "-o", "log.flush.offset.checkpoint.interval.ms=200,view.cache=none")
+    checkpoint = data / "recovery-point-offset-checkpoint"
+    checkpoint.unlink()
+    checkpoint.mkdir()  # the checkpoint's rename onto it fails, every time
+    assert log_shows(m, "checkpoint failed, retried later")
+    segment = data / "a-0" / "00000000000000000000.log"
+    segment.rename(segment.with_name("moved.log"))
+    segment.mkdir()  # the segment's bytes cannot be read any more
+    with pytest.raises(OSError) as raised:
+        (m.path / "a" / "0" / "records").read_bytes()
+    assert raised.value.errno == errno.EIO
+    with open(m.path / "b" / "0" / "append", "ab") as handle:
+        handle.write(b"b-two\n")
+    assert (m.path / "b" / "0" / "records").read_bytes() == b"b-one\nb-two\n"
+    assert m.process.poll() is None
+    checkpoint.rmdir()  # the operator mends it: the next try succeeds, and the unmount is clean
+    segment.rmdir()
+    segment.with_name("moved.log").rename(segment)
+    m.stop()

@@ -4,6 +4,7 @@ the FUSE adapter sees them (fs.tree; no pyfuse3, no trio)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from collections.abc import Iterator
@@ -248,3 +249,18 @@ def test_records_after_retention_is_a_new_file(data_dir: DataDir) -> None:
     # The holder's file keeps its size and positions: a follower reads on where it was.
     assert records.attributes().size == len(b"one\ntwo\nthree\nfour\n")
     assert held.read(len(b"one\ntwo\nthree\n"), 100) == b"four\n"
+
+
+@pytest.mark.expect_warnings("t-0 is offline")
+def test_an_offline_partition_answers_eio_and_its_status_says_why(data_dir: DataDir) -> None:
+    data_dir.create_topic("u", 1, now_ms=NOW_MS)
+    tree = tree_of(data_dir)
+    walk(tree, "t/0/records").attributes()  # looked up before: its view is there
+    data_dir.partition("t", 0).take_offline("flush failed: [Errno 5] Input/output error")
+    said = refused(errno.EIO, lambda: walk(tree, "t/0/records").open(os.O_RDONLY))
+    assert "open t/0/records: the partition is offline (flush failed: [Errno 5]" in said
+    refused(errno.EIO, lambda: walk(tree, "t/0/append").open(os.O_WRONLY))
+    status = json.loads(read_all(walk(tree, "t/0/status").open(os.O_RDONLY)))
+    assert status["offline"] == "flush failed: [Errno 5] Input/output error"
+    walk(tree, "u/0/append").open(os.O_WRONLY).write(0, b"fine\n")  # the rest serves
+    assert read_all(walk(tree, "u/0/records").open(os.O_RDONLY)) == b"fine\n"
