@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -65,6 +66,9 @@ _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
 
 
+_SERIALS = itertools.count()
+
+
 @dataclass
 class _SegmentLayout:
     """Where a segment's rendering lies: marks (view position, file position and base offset of
@@ -80,6 +84,9 @@ class _SegmentLayout:
     since_mark: int = 0
     sealed: bool = False
     last_batch: tuple[int, int] = (-1, 0)  # (position, CRC) of the last batch measured
+    # Tells this measure's pages from those of an earlier measure of the same segment (cut back
+    # and appended to again: the same positions may hold other batches now).
+    serial: int = field(default_factory=lambda: next(_SERIALS))
 
     def page_size(self, mark: int) -> int:
         """The rendered size of the page from mark `mark`."""
@@ -397,11 +404,22 @@ class Layout:
             if not unchanged:
                 order = self._relayout(segments)
             changed = not unchanged
-            for layout in order[-2:]:  # the last segment grows; the one before may have just been sealed
-                if not layout.sealed:
-                    before = layout.size
-                    self._extend(layout, last=layout is order[-1])
-                    changed = changed or layout.size != before
+            for slot in range(max(len(order) - 2, 0), len(order)):
+                # The last segment grows; the one before may have just been sealed.
+                layout = order[slot]
+                if layout.sealed:
+                    continue
+                if layout.segment.size < layout.scanned_to:
+                    # Cut back under the measure (an append that failed after some of its
+                    # batches were visible, a recovery): measure the segment again.
+                    order = list(order)
+                    order[slot] = layout = _SegmentLayout(layout.segment)
+                    self._tail = None
+                    self.generation += 1
+                    changed = True
+                before = layout.size
+                self._extend(layout, last=slot == len(order) - 1)
+                changed = changed or layout.size != before
             if changed:
                 starts, total = [], self._front
                 for layout in order:
@@ -475,7 +493,7 @@ class Layout:
     def _page(self, layout: _SegmentLayout, mark: int) -> Page:
         """The batches between mark `mark` and the next, each with its rendering."""
         start, end = layout.page_bounds(mark)
-        key = (self, layout.segment, start, end)
+        key = (self, layout.segment, layout.serial, start, end)
         page = _PAGES.get(key)
         if page is None:
             page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
@@ -486,7 +504,7 @@ class Layout:
         already, or renders to at most `budget` bytes and its bytes are in the OS page cache (then
         it is rendered here); else None."""
         start, end = layout.page_bounds(mark)
-        key = (self, layout.segment, start, end)
+        key = (self, layout.segment, layout.serial, start, end)
         page = _PAGES.get(key)
         size = layout.page_size(mark)
         if page is not None or size > budget:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import threading
@@ -357,4 +358,34 @@ def test_readers_on_the_loop_never_wait_for_a_measure(tmp_path: Path) -> None:
     assert not blocked, "a reader on the loop waited for the measure"
     assert answers == [8, b"one\ntwo\n"]
     assert view.size() == 14
+    log.close()
+
+
+def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Path) -> None:
+    """A write split into several batches fails after some of them were appended (and seen by
+    a view measuring meanwhile); the log cuts them back, and the view must too (a view reported
+    1808 bytes of a log holding 13)."""
+    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log.append_records([b"kept"], now_ms=NOW_MS)
+    view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
+    assert view.size() == len(b"kept\n")
+    segment = log.active_segment
+    real_append = segment.append
+    calls: list[int] = []
+
+    def append_then_fail(data, headers):  # type: ignore[no-untyped-def]
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(data, headers)
+        assert view.size() > len(b"kept\n")  # a reader measured the first batch of the write
+
+    segment.append = append_then_fail  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        log.append_records([b"x" * 100] * 6, now_ms=NOW_MS)  # several batches of max.message.bytes
+    assert len(calls) == 2
+    segment.append = real_append  # type: ignore[method-assign]
+    assert view.size() == len(b"kept\n") and view.read(0, 100) == b"kept\n"
+    log.append_records([b"after"], now_ms=NOW_MS)  # the same positions, other bytes
+    assert view.read(0, 100) == expected_text(log, 0, TextFormat()) == b"kept\nafter\n"
     log.close()
