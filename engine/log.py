@@ -161,7 +161,12 @@ class PartitionLog:
         directory.mkdir(parents=False, exist_ok=False)
         write_partition_metadata(directory / PARTITION_METADATA, topic_id)
         write_leader_epochs(directory / LEADER_EPOCH_CHECKPOINT, [(LEADER_EPOCH, 0)])
-        return cls.open(directory, topic, partition, config, writable=True, clean_shutdown=True, now_ms=now_ms)
+        log = cls.open(directory, topic, partition, config, writable=True, clean_shutdown=True, now_ms=now_ms)
+        # The first segment's names and the partition dir's own name: durable before a record
+        # is (an fsync of the segment alone does not make its name survive a power cut).
+        fsync_dir(directory)
+        fsync_dir(directory.parent)
+        return log
 
     # -- offsets --------------------------------------------------------------------------------
     @property
