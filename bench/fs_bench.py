@@ -11,6 +11,10 @@
                 segment is measured), the first after a remount (sealed segments' layouts kept
                 in the view cache) and later opens (p50)
     partitions  mount time and the mount process's memory with 1,000 partitions
+    write-views write latency of one-line appends (p50) with 1 view looked up and with 1,000
+                (by-offset/N): the ratio should stay near 1
+    loop-block  the longest the mount's event loop was kept from running during a 1 GiB burst of
+                appends while a reader measures a view of the partition (the mount reports it)
 
 Throughput figures are the best of three rounds, the two sides of a ratio interleaved. Results
 print as they come and are written to bench/results/fs.json (replacing the figures of the
@@ -25,6 +29,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,6 +51,8 @@ class Mounted:
     def __init__(self, data: Path, mountpoint: Path, *options: str) -> None:
         mountpoint.mkdir(parents=True, exist_ok=True)
         self.path = mountpoint
+        self.log = mountpoint.parent / f"{mountpoint.name}.log"
+        log = open(self.log, "wb")  # noqa: SIM115 (the process holds it)
         started = time.perf_counter()
         cache = f"view.cache={data.parent / (data.name + '-view-cache')}"
         self.process = subprocess.Popen(
@@ -63,7 +70,7 @@ class Mounted:
             ],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=log,
         )
         while not os.path.ismount(mountpoint):
             if self.process.poll() is not None:
@@ -76,6 +83,14 @@ class Mounted:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+    def report(self) -> dict:
+        """The mount's request counters and loop stall since its last report (SIGUSR1)."""
+        marker = self.log.read_text().count("requests ")
+        self.process.send_signal(signal.SIGUSR1)
+        while self.log.read_text().count("requests ") == marker:
+            time.sleep(0.01)
+        return json.loads(self.log.read_text().rsplit("requests ", 1)[1].splitlines()[0])
 
     def close(self) -> None:
         subprocess.run([FUSERMOUNT, "-u", "-z", str(self.path)], check=False, capture_output=True)
@@ -294,6 +309,50 @@ def bench_by_offset(root: Path, big: int, samples: int = 200) -> dict:
     }
 
 
+def bench_write_views(root: Path, samples: int = 300, views: int = 1000) -> dict:
+    def p50_write_ms(append: int) -> float:
+        latencies = []
+        for i in range(samples):
+            start = time.perf_counter()
+            os.write(append, b"line-%d\n" % i)
+            latencies.append((time.perf_counter() - start) * 1000)
+        return statistics.median(latencies)
+
+    with Mounted(root / "views-data", root / "views-mnt") as m:
+        os.mkdir(m.path / "t")
+        append = os.open(m.path / "t" / "0" / "append", os.O_WRONLY | os.O_APPEND)
+        os.write(append, b"".join(b"seed-%d\n" % i for i in range(views)))
+        (m.path / "t" / "0" / "records").stat()
+        one = p50_write_ms(append)
+        for n in range(views):  # the kernel now knows 1,000 more views of the partition
+            (m.path / "t" / "0" / "by-offset" / str(n)).stat()
+        many = p50_write_ms(append)
+        os.close(append)
+    return {"views": views, "p50_ms_1_view": one, "p50_ms_1000_views": many, "ratio": many / one}
+
+
+def bench_loop_block(root: Path, total: int) -> dict:
+    lines = root / "burst.txt"
+    with open(lines, "wb") as out:
+        line = b"x" * 99 + b"\n"
+        chunk = line * 10_000
+        for _ in range(total // len(chunk)):
+            out.write(chunk)
+    with Mounted(root / "burst-data", root / "burst-mnt") as m:
+        os.mkdir(m.path / "t")
+        view = m.path / "t" / "0" / "records.jsonl"
+        m.report()  # the stall count starts now
+        writer = subprocess.Popen(["sh", "-c", f"cat {lines} >> {m.path / 't' / '0' / 'append'}"])
+        stats = 0
+        while writer.poll() is None:  # a reader measuring the growing view meanwhile
+            view.stat()
+            stats += 1
+            time.sleep(0.05)
+        report = m.report()
+    lines.unlink()
+    return {"burst_bytes": total, "stats_meanwhile": stats, "loop_blocked_max_ms": report["loop_blocked_max_ms"]}
+
+
 def bench_partitions(root: Path, partitions: int = 1000) -> dict:
     data = root / "many-data"
     with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=NOW_MS) as data_dir:
@@ -322,6 +381,8 @@ def main() -> None:
         "append": lambda: bench_append(root, total),
         "follow": lambda: bench_follow(root),
         "partitions": lambda: bench_partitions(root),
+        "write-views": lambda: bench_write_views(root),
+        "loop-block": lambda: bench_loop_block(root, total),
         "by-offset": lambda: bench_by_offset(root, int(args.big_gib * (1 << 30))),
     }
     results = {}

@@ -4,11 +4,12 @@ Each handler resolves the node or handle, runs the tree's work in a worker threa
 trio loop where the tree says it needs neither the disk nor much work: `open_now`,
 `read_now`), maps errors to errno values in one place (`_errors`), and tells the kernel what a
 write changed (`_tell_kernel`): before the request returns for files someone holds open (a
-follower's next fstat must see the growth), and for the others (any number of by-offset views
-looked up once) soon after, coalesced by `notify_in_background`, so that a write's latency does
-not grow with the number of views the kernel knows. Only `FUSEError` leaves a handler: a refusal or an engine error
-is logged as one line naming what and where; anything unexpected is logged with its traceback
-and answers EIO.
+follower's next fstat must see the growth), soon after (coalesced by `notify_in_background`) for
+`records` files not open. By-offset and by-time views are watched only while open (see
+`Tree.grown`): a write's latency does not grow with the number of views the kernel knows.
+
+Only `FUSEError` leaves a handler: a refusal or an engine error is logged as one line naming
+what and where; anything unexpected is logged with its traceback and answers EIO.
 """
 
 from __future__ import annotations

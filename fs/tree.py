@@ -88,9 +88,22 @@ class Tree:
                 node = make(inode, key)
                 self._by_key[key] = inode
                 self._nodes[inode] = node
-                if isinstance(node, ViewFile):
+                if isinstance(node, ViewFile) and not node.forgettable():
                     self._views_of.setdefault((node.topic, node.partition), set()).add(inode)
             return self._nodes[inode]  # type: ignore[return-value]
+
+    def view_opened(self, node: ViewFile) -> None:
+        """A by-offset or by-time view is watched for growth while it is open (`records` always
+        is); any number of them may be looked up, and a write must not tell the kernel of each."""
+        with self._lock:
+            node.open_handles += 1
+            self._views_of.setdefault((node.topic, node.partition), set()).add(node.inode)
+
+    def view_closed(self, node: ViewFile) -> None:
+        with self._lock:
+            node.open_handles -= 1
+            if node.open_handles == 0 and node.forgettable():
+                self._views_of.get((node.topic, node.partition), set()).discard(node.inode)
 
     def find(self, key: tuple[object, ...]) -> Node | None:
         inode = self._by_key.get(key)
@@ -168,7 +181,8 @@ class Tree:
         return layout
 
     def grown(self, logs: Iterable[PartitionLog]) -> Changes:
-        """What changed after appends to `logs`: the sizes of their views the kernel knows."""
+        """What changed after appends to `logs`: the sizes of their watched views the kernel
+        knows (`records` files, and other views while open: see `view_opened`)."""
         changes = Changes()
         with self._lock:
             for log in logs:

@@ -9,11 +9,14 @@ import stat
 import threading
 from typing import TYPE_CHECKING
 
-from seglogfs.fs.node import Attributes, Handle, PartitionNode, Refused
+from seglogfs.fs.node import Attributes, Changes, Handle, PartitionNode, Refused
 from seglogfs.fs.views import View
 
 if TYPE_CHECKING:
     from seglogfs.fs.tree import Tree
+
+
+UNWATCHED_VIEW_VALID_S = 1.0
 
 
 class ViewFile(PartitionNode):
@@ -37,6 +40,7 @@ class ViewFile(PartitionNode):
         self.start_offset = start_offset
         self.view: View | None = None
         self._view_lock = threading.Lock()
+        self.open_handles = 0  # ViewHandles not released (the tree counts them under its lock)
 
     def ensure_view(self) -> View:
         """The node's view, made on first use (one, however many first uses race)."""
@@ -54,7 +58,10 @@ class ViewFile(PartitionNode):
     def attributes(self) -> Attributes:
         log = self.log
         mtime_ns = max(self.tree.mounted_ns, log.active_segment.max_timestamp_so_far.timestamp * 1_000_000)
-        return Attributes(stat.S_IFREG | 0o444, self.ensure_view().size(), mtime_ns)
+        # By-offset and by-time views are told of growth only while open (there can be any
+        # number of them): looked up but closed, their size may be a second old.
+        valid_s = UNWATCHED_VIEW_VALID_S if self.forgettable() else None
+        return Attributes(stat.S_IFREG | 0o444, self.ensure_view().size(), mtime_ns, valid_s=valid_s)
 
     def open_now(self, flags: int) -> Handle | None:
         # Looked up already (the usual case): its view is there, nothing to do off the loop.
@@ -75,10 +82,17 @@ class ViewFile(PartitionNode):
 
 
 class ViewHandle(Handle):
+    """An open view: watched for growth until released (Tree.view_opened)."""
+
     def __init__(self, node: ViewFile, view: View) -> None:
         super().__init__(node)
         self.view_file = node
         self.view = view
+        node.tree.view_opened(node)
+
+    def release(self) -> Changes:
+        self.view_file.tree.view_closed(self.view_file)
+        return Changes()
 
     def read_now(self, position: int, length: int) -> bytes | None:
         if self.view_file.log.offline_reason is not None:

@@ -75,16 +75,47 @@ async def _main(operations: Operations, scheduler: Scheduler | None, ready: Call
 
         nursery.start_soon(stop_on_signals)
 
+        watch = _LoopWatch()
+        nursery.start_soon(watch.run)
+
         async def report_on_sigusr1() -> None:
             with trio.open_signal_receiver(signal.SIGUSR1) as signals:
                 async for _ in signals:
-                    logger.info("requests %s", json.dumps(dict(sorted(operations.requests.items()))))
+                    _report(operations, watch)
 
         nursery.start_soon(report_on_sigusr1)
         ready()
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # unmounted from outside: stop the background work
-    logger.info("requests %s", json.dumps(dict(sorted(operations.requests.items()))))
+    _report(operations, watch)
+
+
+class _LoopWatch:
+    """How long the trio loop was kept from running its tasks: a task that asks to wake every
+    few milliseconds notes how late it woke (a handler that blocks delays every request)."""
+
+    PERIOD_S = 0.005
+
+    def __init__(self) -> None:
+        self.longest_ms = 0.0  # since the last report
+
+    async def run(self) -> None:
+        while True:
+            asked = trio.current_time() + self.PERIOD_S
+            await trio.sleep_until(asked)
+            self.longest_ms = max(self.longest_ms, (trio.current_time() - asked) * 1000)
+
+    def take(self) -> float:
+        longest, self.longest_ms = self.longest_ms, 0.0
+        return round(longest, 3)
+
+
+def _report(operations: Operations, watch: _LoopWatch) -> None:
+    """The requests served so far by kind, and the loop's longest stall since the last report
+    (SIGUSR1, and at unmount)."""
+    counts: dict[str, float] = dict(sorted(operations.requests.items()))
+    counts["loop_blocked_max_ms"] = watch.take()
+    logger.info("requests %s", json.dumps(counts))
 
 
 def serve(

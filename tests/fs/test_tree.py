@@ -264,3 +264,19 @@ def test_an_offline_partition_answers_eio_and_its_status_says_why(data_dir: Data
     assert status["offline"] == "flush failed: [Errno 5] Input/output error"
     walk(tree, "u/0/append").open(os.O_WRONLY).write(0, b"fine\n")  # the rest serves
     assert read_all(walk(tree, "u/0/records").open(os.O_RDONLY)) == b"fine\n"
+
+
+def test_a_write_tells_of_records_and_open_views_only(data_dir: DataDir) -> None:
+    """Any number of by-offset views may be looked up (`ls by-offset`, a script's stats): a write
+    must not tell the kernel of each (write latency grew with them); they are watched while
+    open, and looked up but closed their size times out within a second."""
+    tree = tree_of(data_dir)
+    records = walk(tree, "t/0/records")
+    looked_up = [walk(tree, f"t/0/by-offset/{n}") for n in range(3)]
+    assert all(view.attributes().valid_s == 1.0 for view in looked_up)
+    assert records.attributes().valid_s is None  # told of every growth
+    held = looked_up[1].open(os.O_RDONLY)
+    append = walk(tree, "t/0/append").open(os.O_WRONLY)
+    assert sorted(append.write(0, b"x\n").inodes) == sorted([records.inode, looked_up[1].inode])
+    held.release()
+    assert append.write(0, b"y\n").inodes == [records.inode]
