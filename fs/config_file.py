@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.config import format_topic_config, parse_topic_config
@@ -55,7 +56,8 @@ class ConfigFile(Node):
 
 
 class ConfigHandle(Handle):
-    """`config` open for writing. See the module docstring."""
+    """`config` open for writing. See the module docstring. Thread-safe: its state changes
+    under `_lock` (a truncate arrives on the event loop, writes in worker threads)."""
 
     writable = True
 
@@ -67,14 +69,20 @@ class ConfigHandle(Handle):
         self.written = False  # a write came through this handle (its flush applies)
         self.spoiled = False  # a write was refused: nothing is applied
         self.applied: bytes | None = None
+        self._lock = threading.Lock()
 
     def read_now(self, position: int, length: int) -> bytes:
-        return bytes(self.text[position : position + length])
+        with self._lock:
+            return bytes(self.text[position : position + length])
 
     def read(self, position: int, length: int) -> bytes:
         return self.read_now(position, length)
 
     def write(self, position: int, data: bytes) -> Changes:
+        with self._lock:
+            return self._write_locked(position, data)
+
+    def _write_locked(self, position: int, data: bytes) -> Changes:
         text = bytearray(self.text)
         if position > len(text):
             text += bytes(position - len(text))
@@ -90,16 +98,19 @@ class ConfigHandle(Handle):
 
     def truncate(self, size: int) -> None:
         # An open with O_TRUNC where the kernel truncates apart from the open (no atomic O_TRUNC).
-        self.text = self.text[:size] + bytes(max(0, size - len(self.text)))
-        self.changed = True
+        with self._lock:
+            self.text = self.text[:size] + bytes(max(0, size - len(self.text)))
+            self.changed = True
 
     def flush(self) -> Changes:
-        return self._apply() if self.written else Changes()
+        with self._lock:
+            return self._apply_locked() if self.written else Changes()
 
     def release(self) -> Changes:
-        return self._apply()
+        with self._lock:
+            return self._apply_locked()
 
-    def _apply(self) -> Changes:
+    def _apply_locked(self) -> Changes:
         text = bytes(self.text)
         if self.spoiled or not self.changed or text == self.applied:
             return Changes()
