@@ -346,7 +346,10 @@ class Cleaner:
                 raise CleaningAbortedError(f"{log.directory}: segments changed while cleaning")
             stats.segments_cleaned += len(group)
         except BaseException:
-            cleaned.delete_files()
+            # Gone with the failure only if it never took the old segments' place: swapped into
+            # the map, it holds their records now (the loader finishes a swap a crash cut short).
+            if not any(segment is cleaned for segment in log.segments):
+                cleaned.delete_files()
             raise
 
     @staticmethod

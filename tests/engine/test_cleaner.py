@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -664,3 +665,31 @@ def test_legacy_message_data_is_not_cleaned(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedFormatError, match="legacy message format"):
         DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS)
     assert {p: p.read_bytes() for p in (copy / "numbers-0").iterdir()} == before
+
+
+def test_a_swap_failing_after_the_map_changed_keeps_the_cleaned_segment(log_dir: Path) -> None:
+    """The swap fails after the cleaned segment took the old ones' place (renaming an old
+    segment `.deleted` hits EIO): the cleaned segment holds their records now and must stay
+    (the cleaner deleted it, leaving the group's records only in `.deleted` files)."""
+    log = make_log(log_dir / "t-0")
+    for i in range(60):
+        put(log, i % 6, i)
+    log.roll(NOW_MS)
+    latest = {key: value for _, key, value in keyed(log)}
+    victim = log.segments[1]
+    real_mark = victim.mark_deleted
+
+    def failing_mark() -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    victim.mark_deleted = failing_mark  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        clean(log)
+    victim.mark_deleted = real_mark  # type: ignore[method-assign]
+    assert {key: value for _, key, value in keyed(log)} == latest  # every key readable, latest value
+    log.close()
+    reopened = PartitionLog.open(
+        log_dir / "t-0", "t", 0, log.config, writable=True, clean_shutdown=False, now_ms=NOW_MS
+    )  # the loader finishes the swap the failure cut short
+    assert {key: value for _, key, value in keyed(reopened)} == latest
+    reopened.close()
