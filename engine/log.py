@@ -623,6 +623,7 @@ class PartitionLog:
             for segment in old:
                 segment.mark_deleted()
                 self._pending_deletes.append((now_ms + self.config.file_delete_delay_ms, segment))
+            fsync_dir(self.directory)  # the old segments are out for good before the new one is in
             new.change_file_suffixes(SWAP_SUFFIX, "")
             fsync_dir(self.directory)
             return True
