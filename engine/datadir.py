@@ -240,7 +240,10 @@ class DataDir:
     def _open(self, now_ms: int) -> None:
         for log_dir in self.config.log_dirs:
             if self.writable:
-                log_dir.mkdir(parents=True, exist_ok=True)
+                if not log_dir.is_dir():
+                    log_dir.mkdir(parents=True, exist_ok=True)
+                    # The new name is durable only with its parent (Kafka's createAndValidateLogDirs).
+                    fsync_dir(log_dir.absolute().parent)
                 self._take_lock(log_dir)
             elif not log_dir.is_dir():
                 raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")

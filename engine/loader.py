@@ -175,7 +175,8 @@ def load_partition(
     if writable and not clean_shutdown and segments:
         truncated = _recover_from(segments, recovery_point)
     start = max(log_start_offset, segments[0].base_offset) if segments else log_start_offset
-    if not segments and writable:
+    made_segment = not segments and writable
+    if made_segment:
         segments.append(segment_for(directory, start, config, writable=True, now_ms=now_ms))
     end = segments[-1].read_next_offset() if segments else start
     if writable and end < start:
@@ -184,6 +185,11 @@ def load_partition(
             segment.delete_files()
         segments = [segment_for(directory, start, config, writable=True, now_ms=now_ms)]
         end = start
+        made_segment = True
+    if made_segment:
+        # Records flushed into it survive a power cut only with its name (and the removed
+        # segments stay removed): a flush fsyncs the segment's files, never its directory.
+        fsync_dir(directory)
     if writable:
         segments[-1].make_active()
     return LoadedLog(segments, start, end, min(recovery_point, end) if not clean_shutdown else end, truncated)

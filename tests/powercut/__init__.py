@@ -1,0 +1,1 @@
+"""Power-cut tests: the engine on a FUSE passthrough that knows what a power cut keeps."""
