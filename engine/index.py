@@ -22,9 +22,12 @@ can leave (a length that is not a multiple of the entry size, entries out of ord
 past the log), so that a damaged index is rebuilt rather than trusted.
 
 Look-ups, appends and resizes are thread-safe: each index guards its mapping with a lock, since
-a reader may look up while the writer appends, trims or closes. Look-ups are binary searches on
-the mapped column (`np.searchsorted`, with numpy scalars as needles: a Python int needle makes
-numpy convert the whole array on every call).
+a reader may look up while the writer appends, trims or closes. An index is closed when its
+segment gives back its files (a roll, a release, or an eviction by `engine.handles`); a reader
+that still holds the object reopens it read-only on its next look-up. `fsync` runs only for an
+index written (or resized) since its last one: closing an untouched index costs no disk flush.
+Look-ups are binary searches on the mapped column (`np.searchsorted`, with numpy scalars as
+needles: a Python int needle makes numpy convert the whole array on every call).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import mmap
 import os
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -122,6 +126,8 @@ class _MappedIndex:
         self._keys = np.empty(0, dtype=self.KEY_DTYPE)
         self._keys_count = 0
         self._closed = False
+        # Written or resized through this object since its last fsync (only a file's index).
+        self._dirty = False
         if newly_created:
             # Only a new index is preallocated; an existing one keeps its length until its
             # segment becomes the active one (`resize`), as Kafka does.
@@ -161,6 +167,7 @@ class _MappedIndex:
             self._mmap.close()
             self._mmap = None
         self._file.truncate(new_length)
+        self._dirty = True
         self._length = new_length
         self._map_locked()
         return True
@@ -178,6 +185,7 @@ class _MappedIndex:
             return
         self._closed = False
         self.writable = False
+        self._dirty = False
         self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
         self._length = os.fstat(self._file.fileno()).st_size
         self._entries = self._length // self._entry_bytes
@@ -238,31 +246,62 @@ class _MappedIndex:
             assert self._mmap is not None
             self._mmap[position : position + len(data)] = data
             return
+        self._dirty = True
         written = os.pwrite(self._file.fileno(), data, position)
         if written != len(data):  # a short write to a regular file: the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
 
     def flush(self) -> None:
+        """fsync what was written since the last fsync (nothing to do for an untouched index)."""
         with self._lock:
-            if self._file is not None and not self._file.closed and self.writable:
+            if self._file is not None and not self._file.closed and self.writable and self._dirty:
                 os.fsync(self._file.fileno())
+                self._dirty = False
 
     def close(self) -> None:
-        """Trim (when writable) and release the file. Safe to call twice."""
+        """Trim (when writable), fsync (when written since the last fsync) and release the file
+        and the mapping. Safe to call twice; a reader holding the object reopens it read-only."""
         with self._lock:
-            self._closed = True
-            if self._file is None or self._file.closed:
-                if self._mmap is not None:
-                    self._mmap.close()
-                    self._mmap = None
-                return
-            if self.writable:
-                self._resize_locked(self._entries * self._entry_bytes)
-                os.fsync(self._file.fileno())
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        self._closed = True
+        if self._file is None or self._file.closed:
             if self._mmap is not None:
                 self._mmap.close()
                 self._mmap = None
-            self._file.close()
+            return
+        if self.writable:
+            self._resize_locked(self._entries * self._entry_bytes)
+            if self._dirty:
+                os.fsync(self._file.fileno())
+                self._dirty = False
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
+        self._file.close()
+
+    def moved_to(self, path: Path) -> None:
+        """The file was renamed (`.deleted`, `.swap`, …): a reopen finds it under `path`."""
+        with self._lock:
+            if self.path is not None:
+                self.path = path
+
+    def __del__(self) -> None:
+        # An index reopened for a reader after its segment let it go (`_reopen_if_closed_locked`)
+        # belongs to no segment: its file and mapping go with the reader's last reference.
+        # (No module globals here: they may be gone when this runs at interpreter exit.)
+        file, mapping = getattr(self, "_file", None), getattr(self, "_mmap", None)
+        if mapping is not None:
+            try:  # noqa: SIM105 - contextlib may be gone
+                mapping.close()
+            except BufferError:  # a view still holds it: unmapped with the view
+                pass
+        if file is not None:
+            try:  # noqa: SIM105 - contextlib may be gone
+                file.close()
+            except OSError:
+                pass
 
     def _check_writable(self) -> None:
         if not self.writable:
@@ -301,6 +340,23 @@ class _MappedIndex:
         """Remove every entry."""
         with self._lock:
             self._truncate_entries_locked(0)
+
+
+def close_unless_busy(indexes: Sequence[_MappedIndex]) -> bool:
+    """Close all of `indexes`, or none when another thread holds the lock of one of them (a
+    look-up in progress): for eviction, which never waits. Returns whether they were closed."""
+    taken: list[_MappedIndex] = []
+    try:
+        for index in indexes:
+            if not index._lock.acquire(blocking=False):
+                return False
+            taken.append(index)
+        for index in indexes:
+            index._close_locked()
+        return True
+    finally:
+        for index in taken:
+            index._lock.release()
 
 
 class OffsetIndex(_MappedIndex):

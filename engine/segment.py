@@ -24,6 +24,25 @@ the partition's lock (appends, rolls, flushes, truncation, retention and the cle
 it: see engine.log); a `.cleaned` segment is written by the cleaner alone, without that lock,
 until it is swapped in. Readers may call the read methods concurrently with appends: they read
 with `os.pread` up to a size they were given or read once.
+
+Open files: a segment opens its `.log` and its indexes on first use and gives them back when the
+process holds too many (`engine.handles`: a process-wide LRU with a budget derived from the
+descriptor limit), or when it is released or closed; they reopen on next use. Every method that
+uses the `.log` descriptor holds a *lease* for as long as it does (an iterator: until it is
+exhausted or closed): a leased segment is never evicted, and `release_handles`, `close_handlers`
+and `delete_files` on a leased segment only mark it, the files closing when the last lease ends.
+So a descriptor is never closed under a `pread` (EBADF, or a read of whatever file reused the
+number). Never evicted either, pinned: the active segment, and a new one still being written (a
+`.cleaned` segment, until sealed). A segment marked deleted is not pinned (a retention pass may
+remove thousands at once): evicted, it reopens its files under their `.deleted` names until
+`delete_files`. A reopen checks it found the file it had open, or renamed (device and inode): a
+`.deleted` name that the delete of a later segment of the same base has since taken is ESTALE,
+not that segment's bytes.
+
+Locks, in order: `_index_lock` (an RLock: opening, checking and recovering the indexes, closing
+them, renaming the files) → `_handle_lock` (the descriptor, the lease count, the pending
+release) → the cache's lock (`engine.handles`) and each index's own lock. Eviction only ever
+try-acquires a segment's locks, and skips the segment when one is taken.
 """
 
 from __future__ import annotations
@@ -37,7 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
-from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset
+from seglogfs.engine.handles import OPEN_SEGMENTS, opening
+from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
 from seglogfs.engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
 from seglogfs.engine.records import (
     BATCH_OVERHEAD_BYTES,
@@ -112,17 +132,19 @@ class LogSegment:
         self.file_suffix = file_suffix
         self.log_path = log_file(directory, base_offset, file_suffix)
         # The file is opened on first use: a data dir of many segments opens in no time and holds
-        # descriptors only for the segments in use (Kafka keeps every one open).
+        # descriptors only for the segments in use (Kafka keeps every one open). See the module
+        # docstring for leases and eviction.
         self._handle: int | None = None
         self._handle_lock = threading.Lock()
+        self._leases = 0
+        self._release_pending = False
         self._closed = False
-        try:
-            self._size = os.stat(self.log_path).st_size
-        except FileNotFoundError:
-            if not writable:
-                raise
-            self._size = 0
-            _ = self._fd  # create it now
+        # Appended to or cut since the last fsync: a release or an eviction fsyncs first.
+        self._log_dirty = False
+        # (st_dev, st_ino) of the `.log` once opened or renamed: a reopen must find that file.
+        self._file_id: tuple[int, int] | None = None
+        # A segment this object created takes appends until it is sealed: pinned until then.
+        self._writing = False
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
         # Indexes open lazily, on whichever thread (a reader's, without the partition lock)
@@ -135,23 +157,79 @@ class LogSegment:
         self._rolling_based_timestamp: int | None = None
         self._bytes_since_last_index_entry = 0
         self.deleted = False
+        try:
+            self._size = os.stat(self.log_path).st_size
+        except FileNotFoundError:
+            if not writable:
+                raise
+            self._size = 0
+            self._writing = True
+            self._lease()  # create it now
+            self._unlease()
 
     def __repr__(self) -> str:
         return f"LogSegment({self.log_path}, size={self._size})"
 
     # -- files --------------------------------------------------------------------------------
-    @property
-    def _fd(self) -> int:
-        handle = self._handle
-        if handle is None:
-            with self._handle_lock:
-                if self._handle is None:
-                    if self._closed:
-                        raise OSError(f"{self.log_path}: segment is closed")
-                    flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
-                    self._handle = os.open(self.log_path, flags | os.O_CLOEXEC, 0o644)
-                handle = self._handle
+    def _lease(self) -> int:
+        """The `.log` descriptor, opened if need be, held open until the matching `_unlease`:
+        neither eviction nor a release closes it meanwhile. OSError when the segment is closed
+        (and no lease keeps its file open). Thread-safe; no syscall unless it opens."""
+        with self._handle_lock:
+            handle = self._handle
+            if handle is None:
+                handle = self._open_log_locked()
+            self._leases += 1
+        OPEN_SEGMENTS.touch(self)
         return handle
+
+    def _unlease(self) -> None:
+        """End a lease; the last one runs a release that was asked for meanwhile."""
+        with self._handle_lock:
+            self._leases -= 1
+            if self._leases or not self._release_pending:
+                return
+        self._release_now()
+
+    def _open_log_locked(self) -> int:
+        if self._closed:
+            raise OSError(f"{self.log_path}: segment is closed")
+        flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
+        path = self.log_path
+        handle = opening(lambda: os.open(path, flags | os.O_CLOEXEC, 0o644))
+        try:
+            stat = os.fstat(handle)
+            file_id = (stat.st_dev, stat.st_ino)
+            if self._file_id is None:
+                self._file_id = file_id
+            elif file_id != self._file_id:
+                # Renamed `.deleted`, then replaced by the `.deleted` file of a later segment of the
+                # same base (two deletes within file.delete.delay.ms); or, read-only, replaced by
+                # the writing process's compaction since this segment last had it open.
+                raise OSError(errno.ESTALE, f"{path}: the segment's file was replaced since it was opened")
+        except BaseException:
+            os.close(handle)
+            raise
+        self._handle = handle
+        return handle
+
+    @property
+    def evictable(self) -> bool:
+        """Whether the cache may ask for this segment's files now: not leased and not pinned (a
+        hint, read without locks; `try_release_handles` decides)."""
+        return not (self._leases or self._active or self._writing)
+
+    @property
+    def leased(self) -> bool:
+        """Whether a read, an iteration or a write holds the `.log` open now."""
+        return self._leases > 0
+
+    @property
+    def handles_open(self) -> bool:
+        """Whether the `.log` or a file-backed index is open now."""
+        return self._handle is not None or any(
+            index is not None and index.path is not None for index in (self._offset_index, self._time_index)
+        )
 
     @property
     def offset_index_path(self) -> Path:
@@ -169,7 +247,12 @@ class LogSegment:
     def refresh_size(self) -> int:
         """Re-read the file size (a read-only view of a log that another process appends to)."""
         if not self.writable:
-            self._size = os.fstat(self._fd).st_size if self._handle is not None else os.stat(self.log_path).st_size
+            with self._handle_lock:  # an open descriptor cannot be closed meanwhile
+                handle = self._handle
+                if handle is not None:
+                    self._size = os.fstat(handle).st_size
+            if handle is None:
+                self._size = os.stat(self.log_path).st_size
         return self._size
 
     def _open_indexes(self) -> None:
@@ -186,8 +269,11 @@ class LogSegment:
                     offset_index.resize(self.max_index_bytes)
                     time_index.resize(self.max_index_bytes)
                 return
-            except (CorruptIndexError, OSError):
-                pass  # handled below, once the error (and what its traceback holds) is gone
+            except (CorruptIndexError, OSError) as error:
+                if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+                    self._close_indexes()
+                    raise  # no damage: too many open files (`opening` sheds some and retries)
+                # handled below, once the error (and what its traceback holds) is gone
             if self.writable:
                 self.recover()
                 return
@@ -205,37 +291,51 @@ class LogSegment:
                     index.close()
             self._offset_index = self._time_index = None
 
-    def _ensure_indexes(self) -> None:
-        with self._index_lock:
-            if not self._indexes_ready:
-                if self._offset_index is None or self._time_index is None:
-                    self._open_indexes()
-                self._indexes_ready = True
+    def _ensure_indexes(self) -> tuple[OffsetIndex, TimeIndex]:
+        """Both indexes, opened (checked, recovered) if need be. Under a lease: the segment
+        counts as holding open files, and a release asked for meanwhile waits until the objects
+        are handed out (then closes them: their holders reopen them)."""
+        self._lease()
+        try:
+            with self._index_lock:
+                if not self._indexes_ready or self._offset_index is None or self._time_index is None:
+                    if self._offset_index is None or self._time_index is None:
+                        opening(self._open_indexes)
+                    self._indexes_ready = True
+                offset_index, time_index = self._offset_index, self._time_index
+                assert offset_index is not None and time_index is not None
+                return offset_index, time_index
+        finally:
+            self._unlease()
 
+    # The index objects are returned as read, never looked up again: an eviction may set the
+    # attributes to None at any moment, and an index closed under its holder reopens itself.
     @property
     def offset_index(self) -> OffsetIndex:
-        if not self._indexes_ready:
-            self._ensure_indexes()
-        assert self._offset_index is not None
-        return self._offset_index
+        index = self._offset_index
+        if index is None or not self._indexes_ready:
+            return self._ensure_indexes()[0]
+        return index
 
     @property
     def time_index(self) -> TimeIndex:
-        if not self._indexes_ready:
-            self._ensure_indexes()
-        assert self._time_index is not None
-        return self._time_index
+        index = self._time_index
+        if index is None or not self._indexes_ready:
+            return self._ensure_indexes()[1]
+        return index
 
     @property
     def indexes_loaded(self) -> bool:
         return self._offset_index is not None
 
     def make_active(self) -> None:
-        """This segment takes appends from now on: its indexes get their preallocated size."""
-        self._active = True
-        if self._offset_index is not None and self._time_index is not None:
-            self._offset_index.resize(self.max_index_bytes)
-            self._time_index.resize(self.max_index_bytes)
+        """This segment takes appends from now on (pinned: never evicted): its indexes get their
+        preallocated size."""
+        with self._index_lock:  # no eviction closes the indexes between the flag and the resize
+            self._active = True
+            if self._offset_index is not None and self._time_index is not None:
+                self._offset_index.resize(self.max_index_bytes)
+                self._time_index.resize(self.max_index_bytes)
 
     # -- reading ------------------------------------------------------------------------------
     def iter_batches(
@@ -247,35 +347,43 @@ class LogSegment:
 
         With `nowait` (for small ranges read on an event loop) the range is read at once and
         only from the OS page cache: BlockingIOError, before any batch, when part of it would
-        have to come from the disk."""
+        have to come from the disk.
+
+        The segment is leased from the first batch read until the iterator ends or is closed."""
         end = self._size if end_position is None else end_position
         position = start_position
-        while position + BATCH_OVERHEAD_BYTES <= end:
-            if nowait:
-                view = memoryview(read_cached(self._fd, position, end - position))
-            else:
-                view = memoryview(os.pread(self._fd, min(_READ_CHUNK_BYTES, end - position), position))
-            if len(view) < BATCH_OVERHEAD_BYTES:
-                return
-            offset = 0
-            while offset + BATCH_OVERHEAD_BYTES <= len(view):
-                header = BatchHeader.parse(view, offset, position + offset)
-                size = header.size_in_bytes
-                if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+        if position + BATCH_OVERHEAD_BYTES > end:
+            return
+        handle = self._lease()
+        try:
+            while position + BATCH_OVERHEAD_BYTES <= end:
+                if nowait:
+                    view = memoryview(read_cached(handle, position, end - position))
+                else:
+                    view = memoryview(os.pread(handle, min(_READ_CHUNK_BYTES, end - position), position))
+                if len(view) < BATCH_OVERHEAD_BYTES:
                     return
-                if offset + size > len(view):
-                    break
-                yield header, view[offset : offset + size]
-                offset += size
-            if offset == 0:
-                # A single batch larger than the chunk: read it whole.
-                header = BatchHeader.parse(view, 0, position)
-                whole = memoryview(os.pread(self._fd, header.size_in_bytes, position))
-                if len(whole) < header.size_in_bytes:
-                    return
-                yield header, whole
-                offset = header.size_in_bytes
-            position += offset
+                offset = 0
+                while offset + BATCH_OVERHEAD_BYTES <= len(view):
+                    header = BatchHeader.parse(view, offset, position + offset)
+                    size = header.size_in_bytes
+                    if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+                        return
+                    if offset + size > len(view):
+                        break
+                    yield header, view[offset : offset + size]
+                    offset += size
+                if offset == 0:
+                    # A single batch larger than the chunk: read it whole.
+                    header = BatchHeader.parse(view, 0, position)
+                    whole = memoryview(os.pread(handle, header.size_in_bytes, position))
+                    if len(whole) < header.size_in_bytes:
+                        return
+                    yield header, whole
+                    offset = header.size_in_bytes
+                position += offset
+        finally:
+            self._unlease()
 
     def checked_batches(
         self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False
@@ -300,7 +408,12 @@ class LogSegment:
         (`PartitionLog.batches`, `offset_for_timestamp`, the cleaner) holds no lock."""
         if self._size < BATCH_OVERHEAD_BYTES:
             return
-        mapping = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_READ)
+        handle = self._lease()
+        try:
+            mapping = mmap.mmap(handle, self._size, access=mmap.ACCESS_READ)
+        except BaseException:
+            self._unlease()
+            raise
         view = memoryview(mapping)
         position = 0
         try:
@@ -318,16 +431,21 @@ class LogSegment:
                 mapping.close()
             except BufferError:
                 pass  # the caller still holds a batch's view: the mapping goes when that does
+            self._unlease()
 
     def legacy_message_at(self, position: int) -> bool:
         """Whether an intact legacy message (magic 0/1) starts at `position`: old data, not damage."""
-        head = os.pread(self._fd, LOG_OVERHEAD_BYTES, position)
-        if len(head) < LOG_OVERHEAD_BYTES:
-            return False
-        size = int.from_bytes(head[8:12], "big", signed=True)
-        if not 14 <= size <= self._size - position - LOG_OVERHEAD_BYTES:
-            return False
-        return is_legacy_message(os.pread(self._fd, LOG_OVERHEAD_BYTES + size, position))
+        handle = self._lease()
+        try:
+            head = os.pread(handle, LOG_OVERHEAD_BYTES, position)
+            if len(head) < LOG_OVERHEAD_BYTES:
+                return False
+            size = int.from_bytes(head[8:12], "big", signed=True)
+            if not 14 <= size <= self._size - position - LOG_OVERHEAD_BYTES:
+                return False
+            return is_legacy_message(os.pread(handle, LOG_OVERHEAD_BYTES + size, position))
+        finally:
+            self._unlease()
 
     def check_not_legacy(self, position: int) -> None:
         """Raise UnsupportedFormatError when legacy messages start at `position`, so that they are
@@ -341,25 +459,35 @@ class LogSegment:
     def translate_offset(self, offset: int, start_position: int = 0) -> BatchHeader | None:
         """The first batch whose last offset is ≥ `offset`, searching from the index entry at or
         below it (never before `start_position`); None when the segment has no such batch."""
-        position = max(start_position, self.offset_index.lookup(offset).position)
-        for header in self.iter_headers(position):
-            if header.last_offset >= offset:
-                return header
-        return None
+        self._lease()
+        try:
+            position = max(start_position, self.offset_index.lookup(offset).position)
+            for header in self.iter_headers(position):
+                if header.last_offset >= offset:
+                    return header
+            return None
+        finally:
+            self._unlease()
 
     def iter_headers(self, position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
         """Batch headers from `position`, reading 61 bytes per batch rather than whole batches:
         what a seek through a segment needs."""
         end = self._size if end_position is None else end_position
-        while position + BATCH_OVERHEAD_BYTES <= end:
-            raw = os.pread(self._fd, BATCH_OVERHEAD_BYTES, position)
-            if len(raw) < BATCH_OVERHEAD_BYTES:
-                return
-            header = BatchHeader.parse(raw, 0, position)
-            if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
-                return
-            yield header
-            position = header.next_position
+        if position + BATCH_OVERHEAD_BYTES > end:
+            return
+        handle = self._lease()
+        try:
+            while position + BATCH_OVERHEAD_BYTES <= end:
+                raw = os.pread(handle, BATCH_OVERHEAD_BYTES, position)
+                if len(raw) < BATCH_OVERHEAD_BYTES:
+                    return
+                header = BatchHeader.parse(raw, 0, position)
+                if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+                    return
+                yield header
+                position = header.next_position
+        finally:
+            self._unlease()
 
     def read(
         self, start_offset: int, max_bytes: int, max_position: int | None = None, min_one_message: bool = False
@@ -370,43 +498,55 @@ class LogSegment:
         None when no batch in the segment reaches `start_offset` (Kafka returns null then, not an
         empty result); an empty slice when the first batch does not fit and not min_one_message."""
         limit = self._size if max_position is None else min(max_position, self._size)
-        header = self.translate_offset(start_offset)
-        if header is None or header.position >= limit:
-            return None
-        wanted = max(max_bytes, header.size_in_bytes) if min_one_message else max_bytes
-        length = min(limit - header.position, wanted)
-        data = os.pread(self._fd, length, header.position) if length > 0 else b""
-        return FetchSlice(self.base_offset, header.position, data)
+        handle = self._lease()
+        try:
+            header = self.translate_offset(start_offset)
+            if header is None or header.position >= limit:
+                return None
+            wanted = max(max_bytes, header.size_in_bytes) if min_one_message else max_bytes
+            length = min(limit - header.position, wanted)
+            data = os.pread(handle, length, header.position) if length > 0 else b""
+            return FetchSlice(self.base_offset, header.position, data)
+        finally:
+            self._unlease()
 
     def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> TimestampAndOffset | None:
         """The first record with timestamp ≥ `timestamp` and offset ≥ `starting_offset`, found as
         Kafka does: time index → offset index → scan of batches, opening only the first batch
         whose max timestamp reaches the target. None when no record qualifies."""
-        entry = self.time_index.lookup(timestamp)
-        position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
-        for header, batch in self.iter_batches(position):
-            if header.max_timestamp < timestamp or header.last_offset < starting_offset:
-                continue
-            reason = check_batch(header, batch)
-            if reason is not None:
-                raise CorruptRecordError(self.log_path, header.position, reason)
-            for record in decode_records(header, batch, include_control=True):
-                if record.timestamp >= timestamp and record.offset >= starting_offset:
-                    epoch = header.partition_leader_epoch
-                    return TimestampAndOffset(record.timestamp, record.offset, epoch if epoch >= 0 else None)
-        return None
+        self._lease()
+        try:
+            entry = self.time_index.lookup(timestamp)
+            position = self.offset_index.lookup(max(entry.offset, starting_offset)).position
+            for header, batch in self.iter_batches(position):
+                if header.max_timestamp < timestamp or header.last_offset < starting_offset:
+                    continue
+                reason = check_batch(header, batch)
+                if reason is not None:
+                    raise CorruptRecordError(self.log_path, header.position, reason)
+                for record in decode_records(header, batch, include_control=True):
+                    if record.timestamp >= timestamp and record.offset >= starting_offset:
+                        epoch = header.partition_leader_epoch
+                        return TimestampAndOffset(record.timestamp, record.offset, epoch if epoch >= 0 else None)
+            return None
+        finally:
+            self._unlease()
 
     # -- timestamps -----------------------------------------------------------------------------
     def _load_max_timestamp(self) -> TimestampOffset:
         """(max timestamp, its offset) over the segment: the time index's last entry, then a scan
         of the batches after the offset it points at (Kafka's loadLargestTimestamp)."""
-        last = self.time_index.last_entry()
-        best = last
-        position = self.offset_index.lookup(last.offset).position
-        for header, batch in self.iter_batches(position):
-            if header.max_timestamp > best.timestamp:
-                best = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
-        return best
+        self._lease()
+        try:
+            last = self.time_index.last_entry()
+            best = last
+            position = self.offset_index.lookup(last.offset).position
+            for header, batch in self.iter_batches(position):
+                if header.max_timestamp > best.timestamp:
+                    best = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
+            return best
+        finally:
+            self._unlease()
 
     @property
     def max_timestamp_so_far(self) -> TimestampOffset:
@@ -471,21 +611,29 @@ class LogSegment:
                 f"{self.log_path}: offsets {headers[0].base_offset}..{largest_offset} do not fit "
                 f"relative to base offset {self.base_offset}"
             )
+        handle = self._lease()
+        try:
+            self._append_leased(handle, data, headers)
+        finally:
+            self._unlease()
+
+    def _append_leased(self, handle: int, data: bytes | bytearray, headers: list[BatchHeader]) -> None:
         physical_position = self._size
         if physical_position == 0:
             self._rolling_based_timestamp = headers[0].max_timestamp
         offset_index, time_index = self.offset_index, self.time_index
         max_so_far = self.max_timestamp_so_far  # loaded (if need be) before the new batches exist
         bytes_since_last_index_entry = self._bytes_since_last_index_entry
+        self._log_dirty = True
         try:
-            _write_all(self._fd, data, physical_position)
+            _write_all(handle, data, physical_position)
             self._index_appended(memoryview(data), headers, physical_position, max_so_far)
             # Published last: a reader bounded by the size never sees a batch that may be cut.
             self._size = physical_position + len(data)
         except BaseException as error:
             # A failed write (ENOSPC, EIO) or index update leaves nothing behind: the file, the
             # indexes and the bookkeeping go back to where they were.
-            os.ftruncate(self._fd, physical_position)
+            os.ftruncate(handle, physical_position)
             self._size = physical_position
             self._bytes_since_last_index_entry = bytes_since_last_index_entry
             offset_index.truncate_to(headers[0].base_offset)
@@ -514,7 +662,16 @@ class LogSegment:
 
     def _rebuild_indexes(self, *, truncate: bool) -> int:
         """Re-read every batch, check it and rebuild both indexes; with `truncate`, cut the log
-        at the first invalid batch. Returns the number of invalid bytes found at the end."""
+        at the first invalid batch. Returns the number of invalid bytes found at the end.
+        Holds the index lock and a lease throughout."""
+        with self._index_lock:
+            handle = self._lease()
+            try:
+                return self._rebuild_indexes_leased(handle, truncate=truncate)
+            finally:
+                self._unlease()
+
+    def _rebuild_indexes_leased(self, handle: int, *, truncate: bool) -> int:
         offset_index, time_index = self.offset_index_unchecked, self.time_index_unchecked
         offset_index.truncate()
         time_index.truncate()
@@ -548,8 +705,12 @@ class LogSegment:
         truncated = self._size - valid_bytes
         if truncated > 0:
             self.check_not_legacy(valid_bytes)
+        if truncate:
+            # Recovery: what it keeps may be as the crash left it, never fsynced; the next flush
+            # or release fsyncs it (and so does the loader's release).
+            self._log_dirty = True
         if truncate and truncated > 0:
-            os.ftruncate(self._fd, valid_bytes)
+            os.ftruncate(handle, valid_bytes)
         if truncate or truncated == 0:
             self._size = valid_bytes
         if max_so_far.timestamp != NO_TIMESTAMP:
@@ -591,15 +752,20 @@ class LogSegment:
         header = self.translate_offset(offset)
         # Whole batches go: the indexes are cut at the first offset of the batch that is removed.
         cut = offset if header is None else min(offset, header.base_offset)
-        self.offset_index.truncate_to(cut)
-        self.time_index.truncate_to(cut)
-        self.offset_index.resize(self.max_index_bytes)
-        self.time_index.resize(self.max_index_bytes)
-        removed = 0
-        if header is not None:
-            removed = self._size - header.position
-            os.ftruncate(self._fd, header.position)
-            self._size = header.position
+        handle = self._lease()
+        try:
+            self.offset_index.truncate_to(cut)
+            self.time_index.truncate_to(cut)
+            self.offset_index.resize(self.max_index_bytes)
+            self.time_index.resize(self.max_index_bytes)
+            removed = 0
+            if header is not None:
+                removed = self._size - header.position
+                self._log_dirty = True
+                os.ftruncate(handle, header.position)
+                self._size = header.position
+        finally:
+            self._unlease()
         if self._size == 0:
             self.created_ms = now_ms
             self._rolling_based_timestamp = None
@@ -611,31 +777,43 @@ class LogSegment:
         """The offset after the segment's last batch (its base offset when empty): a scan of
         batch headers from the last index entry, or from the start when the index is not to be
         trusted (a `.swap` file being completed)."""
-        position = self.offset_index.last_entry().position if trust_index else 0
-        next_offset = self.base_offset
-        for header in self.iter_headers(position):
-            next_offset = header.next_offset
-        return next_offset
+        self._lease()
+        try:
+            position = self.offset_index.last_entry().position if trust_index else 0
+            next_offset = self.base_offset
+            for header in self.iter_headers(position):
+                next_offset = header.next_offset
+            return next_offset
+        finally:
+            self._unlease()
 
     def flush(self) -> None:
-        """Make appended batches and index entries durable."""
-        if self._handle is not None:
-            os.fsync(self._handle)
-        if self._offset_index is not None:
-            self._offset_index.flush()
-        if self._time_index is not None:
-            self._time_index.flush()
+        """Make appended batches and index entries durable: fsync what was written since the
+        last fsync (a release or an eviction fsyncs what it closes)."""
+        if self._log_dirty:
+            handle = self._lease()
+            try:
+                os.fsync(handle)
+                self._log_dirty = False
+            finally:
+                self._unlease()
+        for index in (self._offset_index, self._time_index):
+            if index is not None:
+                index.flush()  # nothing to do once closed: closing fsynced it
 
     def on_become_inactive(self) -> None:
-        """Roll: add the closing time-index entry and trim both indexes to their entries."""
-        self._active = False
-        max_so_far = self.max_timestamp_so_far
-        if max_so_far.timestamp != NO_TIMESTAMP:
-            self.time_index.maybe_append(max_so_far.timestamp, max_so_far.offset, skip_full_check=True)
-        self.offset_index.trim_to_valid_size()
-        self.time_index.trim_to_valid_size()
-        # Sealed: the indexes are closed (fsynced) and reopen on the next read that needs them.
-        self._close_indexes()
+        """Roll: add the closing time-index entry and trim both indexes to their entries. The
+        segment is sealed: no longer pinned in the open-file cache."""
+        with self._index_lock:  # no eviction closes the indexes half-way
+            self._active = False
+            max_so_far = self.max_timestamp_so_far
+            if max_so_far.timestamp != NO_TIMESTAMP:
+                self.time_index.maybe_append(max_so_far.timestamp, max_so_far.offset, skip_full_check=True)
+            self.offset_index.trim_to_valid_size()
+            self.time_index.trim_to_valid_size()
+            # Sealed: the indexes are closed (fsynced) and reopen on the next read that needs them.
+            self._close_indexes()
+            self._writing = False
 
     def close(self) -> None:
         """Flush and release the files; writable segments get the closing time-index entry and
@@ -648,42 +826,109 @@ class LogSegment:
         self.close_handlers()
 
     def release_handles(self) -> None:
-        """Close the file and the indexes (fsynced) while nobody reads the segment; they reopen
-        on next use. The loader does this for each sealed segment it recovers."""
-        self._close_indexes()
+        """Close the file and the indexes (fsyncing what was written since the last fsync); they
+        reopen on next use. The loader does this for each sealed segment it recovers. While a
+        reader holds a lease this only marks the segment, and the last lease to end closes the
+        files: it never waits for readers (the writer may call it under the partition lock)."""
         with self._handle_lock:
-            if self._handle is not None:
-                if self.writable:
-                    os.fsync(self._handle)
-                os.close(self._handle)
-                self._handle = None
+            if self._leases:
+                self._release_pending = True
+                return
+        self._release_now()
+
+    def _release_now(self) -> None:
+        with self._index_lock:
+            with self._handle_lock:
+                if self._leases:  # a reader came in meanwhile: it closes when done
+                    self._release_pending = True
+                    return
+                self._release_pending = False
+                handle, self._handle = self._handle, None
+                OPEN_SEGMENTS.forget(self)
+            self._close_indexes()
+        if handle is not None:
+            self._close_log(handle)
+
+    def try_release_handles(self) -> bool:
+        """Eviction (`engine.handles`): close the file and the indexes as `release_handles` does,
+        unless the segment is leased or pinned, or another thread holds one of its locks or its
+        indexes' at this moment; never waits. In-memory indexes (a read-only segment without
+        index files) are kept: they hold no descriptor, and rebuilding them means a scan.
+        Returns whether the files were closed."""
+        if not self._index_lock.acquire(blocking=False):
+            return False
+        try:
+            if not self._handle_lock.acquire(blocking=False):
+                return False
+            try:
+                if self._leases or self._active or self._writing:
+                    return False
+                indexes = [index for index in (self._offset_index, self._time_index) if index is not None]
+                if indexes and indexes[0].path is not None:
+                    if not close_unless_busy(indexes):
+                        return False
+                    self._indexes_ready = False
+                    self._offset_index = self._time_index = None
+                handle, self._handle = self._handle, None
+                self._release_pending = False
+                OPEN_SEGMENTS.forget(self)
+            finally:
+                self._handle_lock.release()
+            if handle is not None:
+                self._close_log(handle)
+            return True
+        finally:
+            self._index_lock.release()
+
+    def _close_log(self, handle: int) -> None:
+        """Close a `.log` descriptor nobody uses any more, fsyncing it first if written since the
+        last fsync (the segment's data stays durable however its descriptors come and go)."""
+        try:
+            if self._log_dirty and self.writable:
+                os.fsync(handle)
+                self._log_dirty = False
+        finally:
+            os.close(handle)
 
     def close_handlers(self) -> None:
-        """Release the files without changing them (fsyncing what was written)."""
-        if self._closed:
-            return
-        self._closed = True
+        """Release the files without changing them (fsyncing what was written); the segment
+        cannot be opened again. Leases still held keep the `.log` open until they end."""
+        with self._handle_lock:
+            if self._closed:
+                return
+            self._closed = True
         self.release_handles()
 
     def change_file_suffixes(self, old_suffix: str, new_suffix: str) -> None:
-        """Rename the segment's files from one suffix to another (`.deleted`, `.swap`, …)."""
-        for path in (self.log_path, self.offset_index_path, self.time_index_path):
-            if path.name.endswith(old_suffix) or not old_suffix:
-                target = path.with_name(path.name[: len(path.name) - len(old_suffix)] + new_suffix)
-                if path.exists():
-                    os.replace(path, target)
-        self.file_suffix = self.file_suffix[: len(self.file_suffix) - len(old_suffix)] + new_suffix
-        self.log_path = log_file(self.directory, self.base_offset, self.file_suffix)
+        """Rename the segment's files from one suffix to another (`.deleted`, `.swap`, …).
+        Under both segment locks: a lazy (re)open finds the files under one name or the other,
+        never between; open indexes learn their new names."""
+        with self._index_lock, self._handle_lock:
+            if self._file_id is None and self.log_path.exists():
+                stat = os.stat(self.log_path)  # the file renamed is the one a reopen must find
+                self._file_id = (stat.st_dev, stat.st_ino)
+            for path in (self.log_path, self.offset_index_path, self.time_index_path):
+                if path.name.endswith(old_suffix) or not old_suffix:
+                    target = path.with_name(path.name[: len(path.name) - len(old_suffix)] + new_suffix)
+                    if path.exists():
+                        os.replace(path, target)
+            self.file_suffix = self.file_suffix[: len(self.file_suffix) - len(old_suffix)] + new_suffix
+            self.log_path = log_file(self.directory, self.base_offset, self.file_suffix)
+            if self._offset_index is not None:
+                self._offset_index.moved_to(self.offset_index_path)
+            if self._time_index is not None:
+                self._time_index.moved_to(self.time_index_path)
 
     def mark_deleted(self) -> None:
-        """Rename to `.deleted` (Kafka's asynchronous delete); open readers keep reading."""
+        """Rename to `.deleted` (Kafka's asynchronous delete). Readers holding the segment keep
+        reading it until `delete_files`: a lease keeps its descriptor, and a segment evicted
+        meanwhile reopens its files under the new names (checking it is the same `.log`)."""
         self.deleted = True
-        _ = self._fd  # open before the rename, so that readers holding this segment keep reading
-        self._close_indexes()
         self.change_file_suffixes("", DELETED_SUFFIX)
 
     def delete_files(self) -> None:
-        """Remove the segment's files for good."""
+        """Remove the segment's files for good. A reader still iterating it keeps reading the
+        unlinked file; its descriptor closes when its lease ends."""
         self.close_handlers()
         for path in (self.log_path, self.offset_index_path, self.time_index_path):
             path.unlink(missing_ok=True)
