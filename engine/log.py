@@ -12,6 +12,7 @@ when they looked, so they only ever see whole batches.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -391,6 +392,8 @@ class PartitionLog:
         except BaseException:
             if self.log_end_offset > start_end:
                 self._truncate_to_locked(start_end, now_ms)
+                with contextlib.suppress(OSError):  # the cut made durable: a failed write never reappears
+                    self.active_segment.flush()
             raise
         records = sum(h.records_count for h in headers)
         self._unflushed_records += records

@@ -47,6 +47,7 @@ try-acquires a segment's locks, and skips the segment when one is taken.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -634,6 +635,8 @@ class LogSegment:
             # A failed write (ENOSPC, EIO) or index update leaves nothing behind: the file, the
             # indexes and the bookkeeping go back to where they were.
             os.ftruncate(handle, physical_position)
+            with contextlib.suppress(OSError):  # the cut made durable: a failed write never reappears
+                os.fsync(handle)
             self._size = physical_position
             self._bytes_since_last_index_entry = bytes_since_last_index_entry
             offset_index.truncate_to(headers[0].base_offset)
