@@ -100,7 +100,7 @@ from seglogfs.engine.errors import (
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
 from seglogfs.engine.naming import partition_dir_name, partition_dirs, validate_topic
-from seglogfs.engine.retention import RetentionDecision, segments_to_delete
+from seglogfs.engine.retention import RetentionDecision
 from seglogfs.engine.segment import LogSegment
 
 logger = logging.getLogger(__name__)
@@ -576,14 +576,7 @@ class DataDir:
         candidates = []
         for key, log in sorted(self._logs.items()):
             segments = log.segments
-            decision = segments_to_delete(
-                segments,
-                log.config,
-                log_start_offset=log.log_start_offset,
-                high_watermark=log.high_watermark,
-                log_end_offset=log.log_end_offset,
-                now_ms=now_ms,
-            )
+            decision = log.retention_due(now_ms)
             if decision:
                 plan.retention.append((log, decision))
             if not log.config.compact or key in self._uncleanable or not self.config.log_cleaner_enable:

@@ -548,15 +548,19 @@ class PartitionLog:
         every segment is due the log rolls first, so an empty segment keeps the log end offset."""
         self._check_writable()
         with self.lock:
-            decision = segments_to_delete(
-                self._segments.snapshot(),
-                self.config,
-                log_start_offset=self._log_start_offset,
-                high_watermark=self.high_watermark,
-                log_end_offset=self._log_end_offset,
-                now_ms=now_ms,
-            )
-            return self._delete_segments_locked(decision, now_ms)
+            return self._delete_segments_locked(self.retention_due(now_ms), now_ms)
+
+    def retention_due(self, now_ms: int) -> RetentionDecision:
+        """What a retention pass would delete now (engine.retention), deleting nothing: the
+        pass's own decision when called under the lock, a plan (`clean --dry-run`) otherwise."""
+        return segments_to_delete(
+            self._segments.snapshot(),
+            self.config,
+            log_start_offset=self._log_start_offset,
+            high_watermark=self.high_watermark,
+            log_end_offset=self._log_end_offset,
+            now_ms=now_ms,
+        )
 
     def _delete_segments_locked(self, decision: RetentionDecision, now_ms: int) -> RetentionDecision:
         """Take the decided segments out (see delete_old_segments). Holds: the partition lock."""

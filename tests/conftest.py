@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,15 @@ def kafka_fixtures() -> Path:
     if not (KAFKA_FIXTURES / "INDEX_EXACT.txt").exists():
         raise RuntimeError(f"broker fixtures not found at {KAFKA_FIXTURES} (they are part of the repository)")
     return KAFKA_FIXTURES
+
+
+def copy_fixture(name: str, tmp_path: Path) -> Path:
+    """A writable copy of a broker fixture data dir (the originals are never touched)."""
+    copy = tmp_path / name
+    shutil.copytree(kafka_fixtures() / name, copy)
+    for path in [copy, *copy.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return copy
 
 
 def broker_config(log_dir: Path, **overrides: object) -> BrokerConfig:

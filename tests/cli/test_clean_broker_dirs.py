@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from tests.cli.test_cli import run
-from tests.conftest import NOW_MS, assert_log_dir_valid, kafka_fixtures
+from tests.conftest import NOW_MS, assert_log_dir_valid, copy_fixture
 
 BROKER_DIRS = [
     "flink-on-prem-cp760",
@@ -34,14 +33,6 @@ Row = tuple[int, int, bytes | None, bytes | None]  # offset, timestamp, key, val
 class Partition:
     policy: tuple[str, ...]
     rows: list[Row]
-
-
-def copy_fixture(name: str, tmp_path: Path) -> Path:
-    copy = tmp_path / name
-    shutil.copytree(kafka_fixtures() / name, copy)
-    for path in [copy, *copy.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return copy
 
 
 def file_hashes(directory: Path) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import threading
 from pathlib import Path
 
@@ -15,21 +14,12 @@ import pytest
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC
-from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, kafka_fixtures
+from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, copy_fixture, kafka_fixtures
 from tests.engine.test_metadata_log import config_record, frame, topic_record, write_log
 
 DAY_MS = 86_400_000
 FAR_FUTURE_MS = NOW_MS + 3650 * DAY_MS  # every fixture record is older than any retention.ms here
 UNKNOWN_WARNING = r"retention and compaction are off for \d+ topics whose broker configs are unknown"
-
-
-def copy_fixture(name: str, tmp_path: Path) -> Path:
-    """A writable copy of a broker fixture (the originals are read-only and never touched)."""
-    copy = tmp_path / name
-    shutil.copytree(kafka_fixtures() / name, copy)
-    for path in [copy, *copy.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return copy
 
 
 def policies(data_dir: DataDir) -> dict[str, tuple[str, ...]]:

@@ -40,7 +40,6 @@ from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, DataDir, EngineError, PartitionLog
 from seglogfs.engine.check import check_log_dirs
-from seglogfs.engine.retention import segments_to_delete
 
 NOW_MS = 1_763_800_000_000
 TOPIC = "pc"
@@ -193,14 +192,7 @@ def _retention_step(w: Workload, n: int) -> None:
         return
     now_ms = w.tick()
     # The same decision the engine is about to take: where the log start may go.
-    decision = segments_to_delete(
-        log.segments,
-        log.config,
-        log_start_offset=log.log_start_offset,
-        high_watermark=log.high_watermark,
-        log_end_offset=log.log_end_offset,
-        now_ms=now_ms,
-    )
+    decision = log.retention_due(now_ms)
     if decision:
         bases = [segment.base_offset for segment in log.segments]
         slot = bases.index(decision.segments[-1].base_offset)
