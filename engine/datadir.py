@@ -233,6 +233,9 @@ class DataDir:
         try:
             data_dir._open(now_ms)
         except BaseException:
+            for log in data_dir._logs.values():  # the partitions loaded before the failure
+                with contextlib.suppress(Exception):
+                    log.close()
             data_dir._release_locks()
             raise
         return data_dir

@@ -110,6 +110,7 @@ class PartitionLog:
         self._closed = False
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
+        self.truncations = 0  # how often the log was cut back: readers that measured it look again
         if writable and segments:
             segments[-1].roll_jitter_ms = self._new_jitter()
 
@@ -645,6 +646,7 @@ class PartitionLog:
             self._truncate_to_locked(offset, now_ms)
 
     def _truncate_to_locked(self, offset: int, now_ms: int) -> None:
+        self.truncations += 1
         if offset >= self._log_end_offset:
             return
         if offset < self.segments[0].base_offset:
@@ -662,6 +664,7 @@ class PartitionLog:
         self._log_start_offset = min(self._log_start_offset, self._log_end_offset)
 
     def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
+        self.truncations += 1
         """Drop every segment and start empty at `offset` (Kafka's truncateFullyAndStartAt)."""
         for segment in self._segments.snapshot():
             self._segments.remove(segment.base_offset)

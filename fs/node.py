@@ -151,7 +151,12 @@ class Node:
         self.inode = inode
         self.key = key
         self.path = path
-        self.looked_up = False  # the kernel knows the inode (it may cache its attributes)
+        self.lookups = 0  # the kernel's lookup count of the inode (Tree.note_lookup, Tree.forget)
+
+    @property
+    def looked_up(self) -> bool:
+        """Whether the kernel knows the inode (it may cache its attributes)."""
+        return self.lookups > 0
 
     def attributes(self) -> Attributes:
         raise NotImplementedError

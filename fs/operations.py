@@ -204,8 +204,8 @@ class Operations(pyfuse3.Operations):
         self.requests["lookup"] += 1
         parent = self._node(parent_inode)
         text = os.fsdecode(name)
-        if text == "..":
-            return await self._run(lambda: self._entry(parent), f"lookup {join(parent.path, text)}")
+        if text == "..":  # (the kernel counts this lookup too)
+            return await self._run(lambda: self._entry(self.tree.note_lookup(parent)), f"lookup {parent.path}/..")
         return await self._run(lambda: self._entry(self.tree.lookup(parent, text)), f"lookup {join(parent.path, text)}")
 
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -234,7 +234,7 @@ class Operations(pyfuse3.Operations):
         def list_entries() -> list[tuple[str, pyfuse3.EntryAttributes]]:
             entries = []
             for name, child in node.children():
-                child.looked_up = True  # readdirplus hands the kernel the entry without a lookup
+                self.tree.note_lookup(child)  # readdirplus hands the kernel the entry without a lookup
                 entries.append((name, self._entry(child)))
             return entries
 
@@ -248,8 +248,7 @@ class Operations(pyfuse3.Operations):
         text = os.fsdecode(name)
 
         def make() -> pyfuse3.EntryAttributes:
-            child = parent.mkdir(text)
-            child.looked_up = True
+            child = self.tree.note_lookup(parent.mkdir(text))
             return self._entry(child)
 
         return await self._run(make, f"mkdir {join(parent.path, text)}")
@@ -264,8 +263,8 @@ class Operations(pyfuse3.Operations):
         return data
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
-        for inode, _ in inode_list:
-            self.tree.forget(inode)
+        for inode, lookups in inode_list:
+            self.tree.forget(inode, lookups)
 
     # -- files -------------------------------------------------------------------------------------------
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:

@@ -115,9 +115,15 @@ class Tree:
 
     def lookup(self, parent: Node, name: str) -> Node:
         """`parent`'s entry `name`, now known to the kernel."""
-        child = parent.child(name)
-        child.looked_up = True
-        return child
+        return self.note_lookup(parent.child(name))
+
+    def note_lookup(self, node: N) -> N:
+        """The kernel is handed `node` (a lookup, a readdirplus entry, a mkdir): one more
+        lookup for `forget` to count down. Counting one that never reaches the kernel (a reply
+        cut short) only keeps a node longer."""
+        with self._lock:
+            node.lookups += 1
+        return node
 
     def supersede(self, node: Node) -> None:
         """`node`'s name will name a new node; the old one lives until the kernel forgets it."""
@@ -125,13 +131,17 @@ class Tree:
             if self._by_key.get(node.key) == node.inode:
                 del self._by_key[node.key]
 
-    def forget(self, inode: int) -> None:
-        """The kernel forgot `inode` (all its lookups at once)."""
+    def forget(self, inode: int, lookups: int) -> None:
+        """The kernel forgot `lookups` of its lookups of `inode`; at none left the node may go
+        (a lookup replying meanwhile counts up again first, so it never hands out a dropped
+        inode)."""
         node = self._nodes.get(inode)
         if node is None:
             return
-        node.looked_up = False
         with self._lock:
+            node.lookups = max(node.lookups - lookups, 0)
+            if node.lookups:
+                return
             superseded = self._by_key.get(node.key) != inode
             if superseded or node.forgettable():
                 del self._nodes[inode]

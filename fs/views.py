@@ -391,6 +391,7 @@ class Layout:
         self._published: tuple[list[_SegmentLayout], list[int]] = ([], [])  # (order, starts), swapped whole
         self.generation = 0  # changes when a segment joins or leaves: positions may move
         self._tail: tuple[LogSegment, int, int, Page] | None = None  # the growing segment's last page
+        self._truncations = log.truncations  # the log's cut-backs this layout has seen
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -404,12 +405,15 @@ class Layout:
             if not unchanged:
                 order = self._relayout(segments)
             changed = not unchanged
+            truncations = self.log.truncations
+            cut_back = truncations != self._truncations
+            self._truncations = truncations
             for slot in range(max(len(order) - 2, 0), len(order)):
                 # The last segment grows; the one before may have just been sealed.
                 layout = order[slot]
-                if layout.sealed:
+                if layout.sealed and not cut_back:  # (a cut can make a sealed segment active again)
                     continue
-                if layout.segment.size < layout.scanned_to:
+                if cut_back or layout.segment.size < layout.scanned_to:
                     # Cut back under the measure (an append that failed after some of its
                     # batches were visible, a recovery): measure the segment again.
                     order = list(order)

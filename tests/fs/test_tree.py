@@ -224,8 +224,12 @@ def test_forgotten_nodes(data_dir: DataDir) -> None:
     tree = tree_of(data_dir)
     view = walk(tree, "t/0/by-offset/1")
     records = walk(tree, "t/0/records")
-    tree.forget(view.inode)
-    tree.forget(records.inode)
+    again = walk(tree, "t/0/by-offset/1")  # a second lookup, before the kernel forgets the first
+    assert again is view
+    tree.forget(view.inode, 1)
+    assert tree.get(view.inode) is view  # the kernel still holds one lookup of it
+    tree.forget(view.inode, 1)
+    tree.forget(records.inode, 1)
     assert tree.get(view.inode) is None  # by-offset views are made again when looked up
     assert tree.get(records.inode) is records  # fixed entries keep their inode
     assert walk(tree, "t/0/by-offset/1").inode != view.inode

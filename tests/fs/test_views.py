@@ -389,3 +389,30 @@ def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Pa
     log.append_records([b"after"], now_ms=NOW_MS)  # the same positions, other bytes
     assert view.read(0, 100) == expected_text(log, 0, TextFormat()) == b"kept\nafter\n"
     log.close()
+
+
+def test_a_view_not_looking_during_the_cut_back_still_sees_it(tmp_path: Path) -> None:
+    """As above, but the log grows past what the view measured before the view looks again:
+    the view must still drop the cut batches (it stayed at 207 bytes of a log holding 279)."""
+    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log.append_records([b"kept"], now_ms=NOW_MS)
+    view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
+    segment = log.active_segment
+    real_append = segment.append
+    calls: list[int] = []
+
+    def append_then_fail(data, headers):  # type: ignore[no-untyped-def]
+        calls.append(len(data))
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(data, headers)
+        view.size()  # measured with the first batch of the write in
+
+    segment.append = append_then_fail  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        log.append_records([b"x" * 100] * 6, now_ms=NOW_MS)
+    segment.append = real_append  # type: ignore[method-assign]
+    log.append_records([b"y" * 150, b"z" * 150], now_ms=NOW_MS)  # past the old measure before a look
+    expected = expected_text(log, 0, TextFormat())
+    assert view.size() == len(expected) and view.read(0, 1000) == expected
+    log.close()
