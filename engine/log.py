@@ -49,9 +49,9 @@ from seglogfs.engine.records import (
     ProducerState,
     Record,
     TimestampType,
-    build_batch,
     check_batch,
     decode_records,
+    encode_batches,
     iter_batch_headers,
     set_log_append_time,
 )
@@ -254,33 +254,18 @@ class PartitionLog:
         ts = np.full(n, now_ms, dtype=np.int64) if timestamps is None else timestamps
         codec = compression if compression is not None else self._topic_compression()
         with self.lock:
-            # Chunks by estimated size; a chunk whose batch still comes out too large is halved.
-            pending = list(reversed(self._split_for_size(values, keys, headers)))
-            batches: list[bytearray] = []
-            offset = self._log_end_offset
-            while pending:
-                lo, hi = pending.pop()
-                batch = build_batch(
-                    values[lo:hi],
-                    keys=None if keys is None else keys[lo:hi],
-                    headers=None if headers is None else headers[lo:hi],
-                    timestamps=ts if isinstance(ts, int) else ts[lo:hi],
-                    base_offset=offset,
-                    compression=codec,
-                    producer=producer,
-                    partition_leader_epoch=LEADER_EPOCH,
-                )
-                if len(batch) > self.config.max_message_bytes:
-                    if hi - lo == 1:
-                        raise RecordTooLargeError(
-                            f"{self.topic}-{self.partition}: record {lo} makes a batch of {len(batch)} bytes, "
-                            f"over max.message.bytes={self.config.max_message_bytes}"
-                        )
-                    middle = (lo + hi) // 2
-                    pending += [(middle, hi), (lo, middle)]
-                    continue
-                batches.append(batch)
-                offset += hi - lo
+            batches = encode_batches(
+                values,
+                keys=keys,
+                headers=headers,
+                timestamps=ts,
+                max_batch_bytes=self.config.max_message_bytes,
+                where=f"{self.topic}-{self.partition}",
+                base_offset=self._log_end_offset,
+                compression=codec,
+                producer=producer,
+                partition_leader_epoch=LEADER_EPOCH,
+            )
             if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
                 return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
             # Batches built here are valid by construction: append them without re-checking.
@@ -289,36 +274,6 @@ class PartitionLog:
     def _topic_compression(self) -> CompressionType:
         name = self.config.compression_type
         return CompressionType.NONE if name == "producer" else CompressionType.from_name(name)
-
-    def _split_for_size(
-        self,
-        values: Sequence[bytes | None],
-        keys: Sequence[bytes | None] | None,
-        headers: Sequence[Sequence[Header]] | None,
-    ) -> list[tuple[int, int]]:
-        """Ranges of records whose batch should stay within `max.message.bytes`, estimated per
-        record as its bytes plus 12 bytes of varints (exact for the common small deltas; a batch
-        that still comes out too large is split again by the caller)."""
-        limit = self.config.max_message_bytes - 61
-        sizes = _byte_lengths(values) + 12
-        if keys is not None:
-            sizes += _byte_lengths(keys)
-        if headers is not None:
-            sizes += np.fromiter(
-                (sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, len(values)
-            )
-        if int(sizes.sum()) <= limit:
-            return [(0, len(values))]
-        ranges = []
-        lo = 0
-        ends = np.cumsum(sizes)
-        while lo < len(values):
-            # The longest run from `lo` within the limit (at least one record).
-            base = ends[lo - 1] if lo else 0
-            hi = max(int(np.searchsorted(ends, base + limit, side="right")), lo + 1)
-            ranges.append((lo, hi))
-            lo = hi
-        return ranges
 
     def append_batches(self, data: bytes, *, assign_offsets: bool, now_ms: int) -> AppendInfo:
         """Append encoded v2 batches. With `assign_offsets` (a producer) offsets are rewritten
@@ -694,11 +649,3 @@ class PartitionLog:
             else:
                 for segment in self._segments.snapshot():
                     segment.close_handlers()
-
-
-def _byte_lengths(blobs: Sequence[bytes | None]) -> np.ndarray:
-    """Lengths of byte strings (0 for None) as an int64 array."""
-    try:  # no nulls, the common case
-        return np.fromiter(map(len, blobs), np.int64, len(blobs))  # type: ignore[arg-type]
-    except TypeError:  # len(None)
-        return np.fromiter((0 if blob is None else len(blob) for blob in blobs), np.int64, len(blobs))

@@ -46,6 +46,7 @@ import numpy as np
 
 from seglogfs.engine import varint
 from seglogfs.engine.compression import CompressionType, compress, decompress
+from seglogfs.engine.errors import RecordTooLargeError
 
 BATCH_HEADER_DTYPE = np.dtype(
     [
@@ -646,3 +647,79 @@ def iter_batch_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> I
             return
         yield header
         position = header.next_position
+
+
+def encode_batches(
+    values: Sequence[bytes | None],
+    *,
+    keys: Sequence[bytes | None] | None,
+    headers: Sequence[Sequence[Header]] | None,
+    timestamps: Sequence[int] | np.ndarray | int,
+    max_batch_bytes: int,
+    where: str,
+    base_offset: int = 0,
+    compression: CompressionType = CompressionType.NONE,
+    producer: ProducerState = NO_PRODUCER,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    sizes: np.ndarray | None = None,
+    target_batch_bytes: int | None = None,
+) -> list[bytearray]:
+    """Records as consecutive v2 batches of at most `max_batch_bytes` each (`max.message.bytes`),
+    offsets from `base_offset`.
+
+    Records are grouped by their estimated size (`sizes`, or their bytes plus 12 bytes of
+    varints: exact for the common small deltas) into batches of about `target_batch_bytes` (a
+    producer's `batch.size`; default the maximum); a batch that still comes out over the maximum
+    is halved. RecordTooLargeError naming `where` for a record that alone makes a batch too
+    large."""
+    n = len(values)
+    if sizes is None:
+        sizes = _byte_lengths(values) + 12
+        if keys is not None:
+            sizes += _byte_lengths(keys)
+        if headers is not None:
+            sizes += np.fromiter((sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, n)
+    limit = min(target_batch_bytes or max_batch_bytes, max_batch_bytes) - BATCH_OVERHEAD_BYTES
+    ends = np.cumsum(sizes)
+    ranges = []
+    lo = 0
+    while lo < n:  # the longest run from `lo` within the limit, at least one record
+        base = int(ends[lo - 1]) if lo else 0
+        hi = max(int(np.searchsorted(ends, base + limit, side="right")), lo + 1)
+        ranges.append((lo, hi))
+        lo = hi
+    pending = list(reversed(ranges))
+    batches: list[bytearray] = []
+    offset = base_offset
+    while pending:
+        lo, hi = pending.pop()
+        batch = build_batch(
+            values[lo:hi],
+            keys=None if keys is None else keys[lo:hi],
+            headers=None if headers is None else headers[lo:hi],
+            timestamps=timestamps if isinstance(timestamps, int) else timestamps[lo:hi],
+            base_offset=offset,
+            compression=compression,
+            producer=producer,
+            partition_leader_epoch=partition_leader_epoch,
+        )
+        if len(batch) > max_batch_bytes:
+            if hi - lo == 1:
+                raise RecordTooLargeError(
+                    f"{where}: record {lo} makes a batch of {len(batch)} bytes, "
+                    f"over max.message.bytes={max_batch_bytes}"
+                )
+            middle = (lo + hi) // 2
+            pending += [(middle, hi), (lo, middle)]
+            continue
+        batches.append(batch)
+        offset += hi - lo
+    return batches
+
+
+def _byte_lengths(blobs: Sequence[bytes | None]) -> np.ndarray:
+    """Lengths of byte strings (0 for None) as an int64 array."""
+    try:  # no nulls, the common case
+        return np.fromiter(map(len, blobs), np.int64, len(blobs))  # type: ignore[arg-type]
+    except TypeError:  # len(None)
+        return np.fromiter((0 if blob is None else len(blob) for blob in blobs), np.int64, len(blobs))
