@@ -1,0 +1,231 @@
+"""The PySpark data source `seglog`: Spark's Python data source API bound to the planner
+(`planning`), the task reader (`reading`) and the writer (`writing`).
+
+Where each part runs: Spark creates the `DataSource` from the options in a Python worker of the
+driver; `reader()`, `pushFilters()` and `partitions()` run there when a query is planned (the
+offsets are resolved then), and the reader is pickled to the executors, whose `read()` gets one
+`SlicePartition` each. Likewise `writer()` runs on the driver, the writer is pickled to the
+executors for `write()`, and `commit()`/`abort()` run on the driver with the tasks' messages.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    Filter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from seglogfs.pipeline.filters import push_filters
+from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_bool, parse_read_options
+from seglogfs.pipeline.planning import (
+    Constraints,
+    SegmentSlice,
+    narrow_ranges,
+    open_read_only,
+    plan_slices,
+    resolve_ranges,
+)
+from seglogfs.pipeline.reading import ReadSpec, read_slice
+from seglogfs.pipeline.writing import (
+    Columns,
+    Staged,
+    WritePlan,
+    abort_staged,
+    commit_staged,
+    parse_write_options,
+    plan_write,
+    write_task,
+)
+
+FORMAT_NAME = "seglog"
+
+HEADERS_TYPE = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+def spark_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka source schema (KafkaRecordToRowConverter): every field nullable."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        fields.append(StructField("headers", HEADERS_TYPE))
+    return StructType(fields)
+
+
+# -- reading --------------------------------------------------------------------------------------
+class SlicePartition(InputPartition):
+    """One task's work: a `SegmentSlice` (its `value`)."""
+
+    def __init__(self, piece: SegmentSlice) -> None:
+        super().__init__(piece)
+
+
+class SeglogReader(DataSourceReader):
+    """Plans a batch read when Spark asks for partitions; reads one slice per task. Takes no
+    filters (Spark refuses a reader that implements `pushFilters` while
+    `spark.sql.python.filterPushdown.enabled` is off): see `PushdownSeglogReader`."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self.constraints = Constraints()
+        self.spec = ReadSpec(
+            options.location,
+            options.engine,
+            include_headers=options.include_headers,
+            fail_on_data_loss=options.fail_on_data_loss,
+        )
+
+    def partitions(self) -> Sequence[InputPartition]:
+        options = self.options
+        with open_read_only(options.location, options.engine, int(time.time() * 1000)) as data_dir:
+            assigned = options.subscription.partitions(data_dir.topics())
+            ranges = resolve_ranges(
+                data_dir,
+                assigned,
+                options.starting,
+                options.ending,
+                strategy=options.starting_strategy,
+                fail_on_data_loss=options.fail_on_data_loss,
+            )
+            ranges = narrow_ranges(data_dir, ranges, self.constraints)
+            slices = plan_slices(
+                data_dir,
+                ranges,
+                min_timestamp_ms=self.constraints.timestamp_lo_ms,
+                min_partitions=options.min_partitions,
+            )
+        return [SlicePartition(piece) for piece in slices]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        piece = partition.value
+        if not isinstance(piece, SegmentSlice):  # Spark's stand-in when there is nothing to read
+            return iter(())
+        return read_slice(piece, self.spec)
+
+
+class PushdownSeglogReader(SeglogReader):
+    """A reader that answers the filters of `seglogfs.pipeline.filters` itself."""
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        self.constraints, rest = push_filters(filters)
+        self.spec = replace(self.spec, row_filter=self.constraints.row_filter())
+        return rest
+
+
+# -- writing --------------------------------------------------------------------------------------
+class StagedWrite(WriterCommitMessage):
+    """A task's commit message: what it staged."""
+
+    def __init__(self, staged: Staged) -> None:
+        self.staged = staged
+
+
+_BINARY_OR_STRING = (BinaryType, StringType)
+
+
+def _type_name(data_type: DataType) -> str:
+    return data_type.simpleString()
+
+
+def writable_columns(schema: StructType) -> Columns:
+    """The DataFrame's columns as Spark's Kafka sink checks them (KafkaWriter.validateQuery):
+    `value` string or binary (required), `key` string or binary, `topic` string, `partition`
+    int, `headers` array<struct<key string, value binary>>; other columns are ignored."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise OptionError("Required attribute 'value' not found")
+    if not isinstance(fields["value"], _BINARY_OR_STRING):
+        raise OptionError(f"value attribute type must be a string or binary, not {_type_name(fields['value'])}")
+    if "key" in fields and not isinstance(fields["key"], _BINARY_OR_STRING):
+        raise OptionError(f"key attribute type must be a string or binary, not {_type_name(fields['key'])}")
+    if "topic" in fields and not isinstance(fields["topic"], StringType):
+        raise OptionError(f"topic type must be a string, not {_type_name(fields['topic'])}")
+    if "partition" in fields and not isinstance(fields["partition"], IntegerType):
+        raise OptionError(f"partition attribute type must be an int, not {_type_name(fields['partition'])}")
+    if "headers" in fields:
+        headers = fields["headers"]
+        element = headers.elementType if isinstance(headers, ArrayType) else None
+        shape = [(f.name, type(f.dataType)) for f in element.fields] if isinstance(element, StructType) else None
+        if shape != [("key", StringType), ("value", BinaryType)]:
+            raise OptionError(
+                f"headers attribute type must be array<struct<key:string,value:binary>>, not {_type_name(headers)}"
+            )
+    return Columns(
+        key="key" in fields, topic="topic" in fields, partition="partition" in fields, headers="headers" in fields
+    )
+
+
+class SeglogWriter(DataSourceArrowWriter):
+    """Stages in the tasks, appends at commit (see `writing`)."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedWrite:
+        return StagedWrite(write_task(self.plan, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        commit_staged(self.plan, [m.staged if isinstance(m, StagedWrite) else None for m in messages])
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        abort_staged(self.plan)
+
+
+# -- the data source ------------------------------------------------------------------------------
+class SeglogDataSource(DataSource):
+    """`spark.read.format("seglog")` / `df.write.format("seglog").mode("append")`."""
+
+    push_filters = True  # `register(spark, filter_pushdown=False)` registers a subclass without
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return spark_schema(parse_bool(lowered(self.options), "includeHeaders", False))
+
+    def reader(self, schema: StructType) -> SeglogReader:
+        options = parse_read_options(self.options)
+        if schema != spark_schema(options.include_headers):
+            raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
+        if self.push_filters and parse_bool(lowered(self.options), "pushFilters", True):
+            return PushdownSeglogReader(options)
+        return SeglogReader(options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> SeglogWriter:
+        if overwrite:
+            raise OptionError("seglog only appends, as Kafka does: use mode('append')")
+        options = parse_write_options(self.options)
+        return SeglogWriter(plan_write(options, writable_columns(schema), int(time.time() * 1000)))
+
+
+class SeglogDataSourceWithoutPushdown(SeglogDataSource):
+    """`format("seglog")` for sessions where `spark.sql.python.filterPushdown.enabled` is off."""
+
+    push_filters = False

@@ -1,0 +1,495 @@
+"""Batch writes: executors encode, the driver's commit appends.
+
+A write job (`df.write.format("seglog").mode("append")`) has three parts, as Spark's
+DataSourceWriter has:
+
+1. planning (`plan_write`, on the driver): the data dir's topics are read (read-only) for their
+   partition counts and configs (`max.message.bytes`, `compression.type`, `cleanup.policy`), a
+   job id is drawn, and the job's staging dir is made. A data dir held by a mount or a broker
+   (its `.lock`) is refused here, before any work.
+2. tasks (`TaskWriter`, in the executors, in parallel): each task places its rows in partitions
+   as Kafka's producer does (the `partition` column; else murmur2 of the key, vectorised; a null
+   key goes round-robin), encodes them into v2 batches (`engine.records.build_batch`, at most
+   `max.message.bytes` each, CreateTime now, the topic's codec) and appends them to its own
+   staging file, `<staging>/<job>/<task>.batches`; its commit message lists which byte regions
+   hold which partition's batches.
+3. commit (`commit_staged`, on the driver, after every task succeeded): the data dir is opened
+   writable (taking its lock), and each partition's regions, in task order, are appended with
+   `PartitionLog.append_batches(assign_offsets=True)` — offsets from the log end, Kafka's checks
+   (CRC, size, keys on compacted topics). A partition is all or nothing: a failure cuts it back
+   to where it was (`truncate_to`). The data dir is closed (flushed, checkpointed) and the
+   staging removed. `abort_staged` removes the staging of a failed job: nothing of it is visible.
+
+Staging lives *beside* the log dir (`<parent>/.<logdir>.seglogfs-staging/`, or the option
+`stagingDir`), not inside it: a Kafka broker refuses to load a log dir holding a directory whose
+name is not `<topic>-<partition>`, and a crashed job's leftovers must not do that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from seglogfs.engine import (
+    CompressionType,
+    DataDir,
+    InvalidRecordError,
+    LogDirLockedError,
+    UnknownTopicOrPartitionError,
+)
+from seglogfs.engine.check import log_dir_in_use
+from seglogfs.engine.metadata_log import METADATA_TOPIC
+from seglogfs.engine.naming import validate_topic
+from seglogfs.engine.records import Header, encode_batches
+from seglogfs.pipeline.options import (
+    EngineSettings,
+    Location,
+    OptionError,
+    lowered,
+    parse_engine_settings,
+    parse_location,
+)
+from seglogfs.pipeline.partitioning import binary_parts, partitions_for_keys
+
+STAGING_SUFFIX = ".seglogfs-staging"
+DEFAULT_BATCH_BYTES = 1 << 20  # a batch per partition per this many bytes (capped by max.message.bytes)
+_APPEND_CHUNK_BYTES = 64 << 20  # staged batches handed to one append_batches call
+_RECORD_OVERHEAD_BYTES = 12  # varints of a small record, as the engine estimates them
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """A batch write's options."""
+
+    location: Location
+    engine: EngineSettings
+    topic: str | None = None
+    compression: CompressionType | None = None  # kafka.compression.type; else the topic's
+    batch_bytes: int = DEFAULT_BATCH_BYTES  # kafka.batch.size
+    staging_dir: Path | None = None
+    commit_lock_timeout_ms: int = 10_000
+
+
+def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
+    options = lowered(raw)
+    location = parse_location(options)
+    if location.mounted:
+        raise OptionError(
+            f"{location.mount_point} is a seglogfs mount, which holds its data dir: Spark writes go to the data "
+            "dir itself (unmount it first). Writing through a mount is not supported yet."
+        )
+    compression = None
+    if "kafka.compression.type" in options:
+        compression = CompressionType.from_name(options["kafka.compression.type"])
+    batch_bytes = DEFAULT_BATCH_BYTES
+    if "kafka.batch.size" in options:
+        text = options["kafka.batch.size"].strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise OptionError(f"kafka.batch.size must be a positive integer, not {text!r}")
+        batch_bytes = int(text)
+    timeout = options.get("commitlocktimeoutms", "10000").strip()
+    if not timeout.isdigit():
+        raise OptionError(f"commitLockTimeoutMs must be a non-negative integer, not {timeout!r}")
+    topic = options.get("topic")
+    if topic is not None:
+        validate_topic(topic)
+    staging = options.get("stagingdir")
+    return WriteOptions(
+        location=location,
+        engine=parse_engine_settings(options),
+        topic=topic,
+        compression=compression,
+        batch_bytes=batch_bytes,
+        staging_dir=Path(staging) if staging else None,
+        commit_lock_timeout_ms=int(timeout),
+    )
+
+
+# -- planning ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TopicTarget:
+    """What a task needs to know of a topic: partitions and the limits of its config."""
+
+    partitions: int
+    max_message_bytes: int
+    compression: CompressionType
+    compact: bool
+    exists: bool
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which optional columns the DataFrame has (`value` always)."""
+
+    key: bool = False
+    topic: bool = False
+    partition: bool = False
+    headers: bool = False
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """Everything the tasks and the commit share (pickled with the writer)."""
+
+    options: WriteOptions
+    columns: Columns
+    job_dir: str
+    targets: Mapping[str, TopicTarget]
+    new_topic: TopicTarget | None  # for topics the data dir does not have; None: no auto-creation
+
+    def target(self, topic: str) -> TopicTarget:
+        found = self.targets.get(topic)
+        if found is not None:
+            return found
+        if topic == METADATA_TOPIC:
+            raise InvalidRecordError(f"{topic} is the broker's metadata log: it takes no appends")
+        if self.new_topic is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r} (auto.create.topics.enable=false)")
+        validate_topic(topic)
+        return self.new_topic
+
+
+def _staging_root(options: WriteOptions) -> Path:
+    if options.staging_dir is not None:
+        return options.staging_dir
+    first = options.location.log_dirs[0].resolve()
+    return first.parent / f".{first.name}{STAGING_SUFFIX}"
+
+
+def _holder(pid: int | None) -> str:
+    if pid is None:
+        return "another process"
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"process {pid}"
+    return f"process {pid} ({command[:120]})"
+
+
+def _codec(name: str) -> CompressionType:
+    return CompressionType.NONE if name == "producer" else CompressionType.from_name(name)
+
+
+def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePlan:
+    """Check the destination, read its topics, make the job's staging dir."""
+    for log_dir in options.location.log_dirs:
+        in_use, pid = log_dir_in_use(log_dir)
+        if in_use:
+            raise LogDirLockedError(
+                f"{log_dir}: data dir is in use by {_holder(pid)}; a Spark write needs it free at commit "
+                "(a mount or a broker holds it: writing through them is not supported yet)"
+            )
+    broker = options.engine.broker_config(options.location.log_dirs)
+    targets: dict[str, TopicTarget] = {}
+    if all(log_dir.is_dir() for log_dir in options.location.log_dirs):
+        with DataDir.open(broker, read_only=True, now_ms=now_ms) as data_dir:
+            for topic, partitions in data_dir.topics().items():
+                config = data_dir.topic_config(topic)
+                targets[topic] = TopicTarget(
+                    len(partitions), config.max_message_bytes, _codec(config.compression_type), config.compact, True
+                )
+    defaults = broker.topic_defaults
+    new_topic = None
+    if broker.auto_create_topics_enable:
+        new_topic = TopicTarget(
+            broker.num_partitions,
+            defaults.max_message_bytes,
+            _codec(defaults.compression_type),
+            defaults.compact,
+            False,
+        )
+    if not columns.topic and options.topic is None:
+        raise OptionError("topic option required when no 'topic' attribute is present")
+    job_dir = _staging_root(options) / f"job-{uuid.uuid4().hex}"
+    plan = WritePlan(options, columns, str(job_dir), targets, new_topic)
+    if options.topic is not None:
+        plan.target(options.topic)  # an unknown topic without auto-creation fails now
+    job_dir.mkdir(parents=True)
+    return plan
+
+
+# -- tasks ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Bytes [position, position + length) of a staging file: whole batches of one partition."""
+
+    topic: str
+    partition: int
+    position: int
+    length: int
+    records: int
+
+
+@dataclass
+class Staged:
+    """What one task staged (its commit message's content)."""
+
+    file: str
+    regions: list[Region] = field(default_factory=list)
+    records: int = 0
+
+
+def _as_binary(column: pa.Array) -> pa.Array:
+    """A key or value column as Arrow `binary` (strings are their UTF-8 bytes, as Spark's Kafka
+    sink writes them)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column if column.type == pa.binary() else column.cast(pa.binary())
+
+
+def _header_pairs(row: Sequence[Mapping[str, object]] | None) -> list[Header]:
+    if not row:
+        return []
+    pairs: list[Header] = []
+    for entry in row:
+        key, value = entry.get("key"), entry.get("value")
+        if not isinstance(key, str):
+            raise InvalidRecordError("a record header has a null key")
+        pairs.append((key, bytes(value) if isinstance(value, bytes | bytearray) else None))
+    return pairs
+
+
+class TaskWriter:
+    """One task's rows → its staging file. Not thread-safe (one per task)."""
+
+    def __init__(self, plan: WritePlan, name: str) -> None:
+        self.plan = plan
+        self.path = Path(plan.job_dir) / f"{name}.batches"
+        self._file = open(self.path, "xb")  # noqa: SIM115 (closed in finish/abandon)
+        self._position = 0
+        self.staged = Staged(self.path.name)
+        self._round_robin: dict[str, int] = {}
+        self._now_ms = int(time.time() * 1000)
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Encode and stage one Arrow batch of the DataFrame."""
+        if batch.num_rows == 0:
+            return
+        if self.plan.options.topic is not None:
+            self._add_topic(self.plan.options.topic, batch)
+            return
+        topics = batch.column("topic")
+        if topics.null_count:
+            raise InvalidRecordError(
+                "Null topic present in the data. Use the topic option for setting a default topic."
+            )
+        encoded = topics.dictionary_encode()
+        indices = encoded.indices.to_numpy()
+        names = encoded.dictionary.to_pylist()
+        if len(names) == 1:
+            self._add_topic(names[0], batch)
+            return
+        for slot, name in enumerate(names):
+            self._add_topic(name, batch.take(pa.array(np.flatnonzero(indices == slot))))
+
+    def _partitions(self, topic: str, target: TopicTarget, batch: pa.RecordBatch, keys: pa.Array | None) -> np.ndarray:
+        n = batch.num_rows
+        chosen = np.full(n, -1, np.int64)
+        if self.plan.columns.partition:
+            given = batch.column("partition")
+            explicit = given.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            bad = (explicit >= target.partitions) | ((explicit < 0) & given.is_valid().to_numpy(zero_copy_only=False))
+            if bad.any():
+                wrong = int(explicit[np.flatnonzero(bad)[0]])
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has {target.partitions} partitions: there is no partition {wrong}"
+                )
+            chosen = explicit
+        if keys is not None and (chosen < 0).any():
+            by_key = partitions_for_keys(keys, target.partitions)
+            chosen = np.where(chosen < 0, by_key, chosen)
+        rest = np.flatnonzero(chosen < 0)
+        if len(rest):  # null keys: round-robin from a random partition, per topic, per task
+            start = self._round_robin.get(topic, random.randrange(target.partitions))
+            chosen[rest] = (start + np.arange(len(rest))) % target.partitions
+            self._round_robin[topic] = (start + len(rest)) % target.partitions
+        return chosen
+
+    def _add_topic(self, topic: str, batch: pa.RecordBatch) -> None:
+        target = self.plan.target(topic)
+        values = _as_binary(batch.column("value"))
+        keys = _as_binary(batch.column("key")) if self.plan.columns.key else None
+        if target.compact and (keys is None or keys.null_count):
+            raise InvalidRecordError(f"topic {topic!r} is compacted (cleanup.policy=compact): every record needs a key")
+        chosen = self._partitions(topic, target, batch, keys)
+        headers = batch.column("headers") if self.plan.columns.headers else None
+        for partition in np.unique(chosen).tolist():
+            rows = (
+                None if len(chosen) and (chosen == partition).all() else pa.array(np.flatnonzero(chosen == partition))
+            )
+            self._encode(
+                topic,
+                partition,
+                target,
+                values if rows is None else values.take(rows),
+                keys=None if keys is None else keys if rows is None else keys.take(rows),
+                headers=None if headers is None else headers if rows is None else headers.take(rows),
+            )
+
+    def _encode(
+        self,
+        topic: str,
+        partition: int,
+        target: TopicTarget,
+        values: pa.Array,
+        *,
+        keys: pa.Array | None,
+        headers: pa.Array | None,
+    ) -> None:
+        n = len(values)
+        sizes = np.maximum(binary_parts(values)[2], 0) * values.is_valid().to_numpy(zero_copy_only=False)
+        sizes = sizes + _RECORD_OVERHEAD_BYTES
+        value_list = values.to_pylist()
+        key_list = None
+        if keys is not None and keys.null_count < n:
+            key_list = keys.to_pylist()
+            sizes = sizes + np.maximum(binary_parts(keys)[2], 0)
+        header_list = None
+        if headers is not None and headers.null_count < n:
+            header_list = [_header_pairs(row) for row in headers.to_pylist()]
+            if any(header_list):
+                sizes = sizes + np.fromiter(
+                    (sum(len(k) + len(v or b"") + 8 for k, v in h) for h in header_list), np.int64, n
+                )
+            else:
+                header_list = None
+        codec = self.plan.options.compression or target.compression
+        batches = encode_batches(
+            value_list,
+            keys=key_list,
+            headers=header_list,
+            timestamps=self._now_ms,
+            max_batch_bytes=target.max_message_bytes,
+            target_batch_bytes=self.plan.options.batch_bytes,
+            where=f"{topic}-{partition}",
+            compression=codec,
+            sizes=sizes,
+        )
+        start = self._position
+        for batch in batches:
+            self._file.write(batch)
+            self._position += len(batch)
+        records = n
+        self.staged.regions.append(Region(topic, partition, start, self._position - start, records))
+        self.staged.records += records
+
+    def finish(self) -> Staged:
+        self._file.close()
+        return self.staged
+
+    def abandon(self) -> None:
+        self._file.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def write_task(plan: WritePlan, batches: Iterable[pa.RecordBatch]) -> Staged:
+    """A task's whole part of a write: every Arrow batch staged, its file closed."""
+    writer = TaskWriter(plan, f"task-{uuid.uuid4().hex}")
+    try:
+        for batch in batches:
+            writer.add(batch)
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.finish()
+
+
+# -- commit and abort ------------------------------------------------------------------------------------
+def _open_writable(plan: WritePlan) -> DataDir:
+    """The data dir opened for writing; its lock is retried for `commitLockTimeoutMs` (another
+    job's commit holds it for a moment)."""
+    broker = plan.options.engine.broker_config(plan.options.location.log_dirs)
+    deadline = time.monotonic() + plan.options.commit_lock_timeout_ms / 1000
+    while True:
+        try:
+            return DataDir.open(broker, now_ms=int(time.time() * 1000))
+        except LogDirLockedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _chunks(job_dir: Path, regions: Sequence[tuple[str, Region]]) -> Iterator[bytes]:
+    """The staged bytes of `regions` (file, region), in order, in chunks of whole batches."""
+    chunk = bytearray()
+    for name, region in regions:
+        with open(job_dir / name, "rb") as staged:
+            staged.seek(region.position)
+            data = staged.read(region.length)
+        if len(data) != region.length:
+            raise OSError(f"{job_dir / name}: staged batches cut short ({len(data)} of {region.length} bytes)")
+        if chunk and len(chunk) + len(data) > _APPEND_CHUNK_BYTES:
+            yield bytes(chunk)
+            chunk = bytearray()
+        chunk += data
+    if chunk:
+        yield bytes(chunk)
+
+
+def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tuple[str, int], int]:
+    """Append every partition's staged batches (see the module docstring); returns the records
+    appended per partition. Raises on the first partition that fails (that one is cut back;
+    the ones before it stay appended)."""
+    job_dir = Path(plan.job_dir)
+    by_partition: dict[tuple[str, int], list[tuple[str, Region]]] = {}
+    for message in staged:
+        if message is None:
+            raise RuntimeError("a task of the write job sent no commit message")
+        for region in message.regions:
+            if region.length:
+                by_partition.setdefault((region.topic, region.partition), []).append((message.file, region))
+    appended: dict[tuple[str, int], int] = {}
+    try:
+        data_dir = _open_writable(plan)
+        try:
+            _create_topics(plan, data_dir, {topic for topic, _ in by_partition})
+            for (topic, partition), regions in by_partition.items():
+                log = data_dir.partition(topic, partition)
+                log_end = log.log_end_offset
+                try:
+                    for chunk in _chunks(job_dir, regions):
+                        log.append_batches(chunk, assign_offsets=True, now_ms=int(time.time() * 1000))
+                except BaseException:
+                    if log.log_end_offset > log_end:
+                        log.truncate_to(log_end, int(time.time() * 1000))
+                    raise
+                appended[(topic, partition)] = sum(region.records for _, region in regions)
+        finally:
+            data_dir.close()
+    finally:
+        abort_staged(plan)
+    return appended
+
+
+def _create_topics(plan: WritePlan, data_dir: DataDir, topics: set[str]) -> None:
+    """Create the topics the job wrote that the data dir does not have (auto.create.topics.enable),
+    with the partition count the tasks used; a topic made meanwhile must have that count."""
+    existing = data_dir.topics()
+    for topic in sorted(topics):
+        target = plan.target(topic)
+        if topic not in existing:
+            data_dir.create_topic(topic, target.partitions, now_ms=int(time.time() * 1000))
+        elif len(existing[topic]) != target.partitions and not target.exists:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} was created with {len(existing[topic])} partitions while the job wrote for "
+                f"{target.partitions}; nothing of the job was appended to it"
+            )
+
+
+def abort_staged(plan: WritePlan) -> None:
+    """Remove the job's staging dir (and the staging root once empty)."""
+    job_dir = Path(plan.job_dir)
+    shutil.rmtree(job_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(job_dir.parent)

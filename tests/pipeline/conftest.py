@@ -1,0 +1,82 @@
+"""Spark for the pipeline tests: one local[2] SparkSession per test module (started by the
+module's first test that asks for it, stopped after its last), with `format("seglog")`
+registered, executors running this interpreter, and the tasks' byte counts written to a
+directory the tests read (`ReadMetrics`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from seglogfs.pipeline.reading import METRICS_ENV, METRICS_FILE
+
+
+class ReadMetrics:
+    """What the tasks of the last queries read: one entry per slice (see pipeline.reading)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def clear(self) -> None:
+        (self.directory / METRICS_FILE).unlink(missing_ok=True)
+
+    def entries(self) -> list[dict]:
+        path = self.directory / METRICS_FILE
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def bytes(self) -> int:
+        return sum(entry["bytes"] for entry in self.entries())
+
+
+@pytest.fixture(scope="session")
+def metrics(tmp_path_factory: pytest.TempPathFactory) -> ReadMetrics:
+    """One directory for the whole run: pyspark keeps its JVM (and the environment it started
+    with) across the sessions of successive modules."""
+    return ReadMetrics(tmp_path_factory.mktemp("read-metrics"))
+
+
+@pytest.fixture(scope="module")
+def spark(metrics: ReadMetrics) -> Iterator[object]:
+    from pyspark.sql import SparkSession
+
+    from seglogfs.pipeline import register
+
+    # The executors' Python workers inherit the environment the JVM starts with.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ[METRICS_ENV] = str(metrics.directory)
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("seglogfs-pipeline-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config(f"spark.executorEnv.{METRICS_ENV}", str(metrics.directory))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def read_table(spark, path: Path | str, **options: str) -> pa.Table:
+    """`spark.read.format("seglog")` with `options`, collected as an Arrow table."""
+    reader = spark.read.format("seglog").option("path", str(path))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load().toArrow()
+
+
+def copy_tree(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target

@@ -1,0 +1,176 @@
+"""`df.write.format("seglog")`: staged by the tasks, appended at commit, nothing before.
+
+Written rows read back as they went in (null keys, binary values, headers with null values,
+explicit partitions), keyed rows land where Kafka's partitioner puts them, the data dir stays
+valid (`seglogfs check`) and its batches parse with kafka-python; a failed job leaves no record
+and no staging file; what cannot be written is refused before any work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatch
+
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.partitioner import partition_for_key
+from seglogfs.pipeline.writing import STAGING_SUFFIX
+from tests.conftest import assert_log_dir_valid
+from tests.pipeline.conftest import read_table
+
+HEADERS = "array<struct<key:string,value:binary>>"
+
+
+def new_data_dir(path: Path, topics: dict[str, int]) -> Path:
+    config = BrokerConfig.load(overrides=["log.segment.bytes=20000"], log_dirs=[path])
+    with DataDir.open(config, now_ms=int(time.time() * 1000)) as data_dir:
+        for topic, partitions in topics.items():
+            data_dir.create_topic(topic, partitions, now_ms=int(time.time() * 1000))
+    return path
+
+
+def log_ends(path: Path) -> dict[tuple[str, int], int]:
+    config = BrokerConfig.load(log_dirs=[path])
+    with DataDir.open(config, read_only=True, now_ms=int(time.time() * 1000)) as data_dir:
+        return {(log.topic, log.partition): log.log_end_offset for log in data_dir.partitions()}
+
+
+def staging_left(path: Path) -> list[Path]:
+    return [p for p in path.parent.iterdir() if p.name.endswith(STAGING_SUFFIX)] + list(path.glob("**/*.batches"))
+
+
+def parse_every_batch(path: Path) -> int:
+    """Records in the data dir as kafka-python's DefaultRecordBatch decodes them (CRCs checked)."""
+    records = 0
+    for log in path.glob("*/*.log"):
+        data = log.read_bytes()
+        position = 0
+        while position < len(data):
+            size = int.from_bytes(data[position + 8 : position + 12], "big") + 12
+            batch = DefaultRecordBatch(data[position : position + size])
+            assert batch.validate_crc()
+            records += sum(1 for _ in batch)
+            position += size
+    return records
+
+
+def rows_for(count: int) -> list[tuple]:
+    rows = []
+    for i in range(count):
+        key = None if i % 4 == 0 else f"key-{i % 37}".encode()
+        value = None if i % 97 == 5 else bytes([i % 256, 0, 255, (i * 7) % 256]) * (i % 9)
+        headers = None if i % 5 == 0 else [] if i % 5 == 1 else [("trace", b"\x00\x01%d" % i), ("empty", None)]
+        topic = "orders" if i % 3 else "audit"
+        partition = 1 if i % 11 == 0 else None
+        rows.append((key, value, headers, topic, partition))
+    return rows
+
+
+def test_written_rows_read_back_as_they_went_in(spark, tmp_path: Path) -> None:
+    path = new_data_dir(tmp_path / "data", {"orders": 3})
+    rows = rows_for(3000)
+    frame = spark.createDataFrame(
+        rows, f"key binary, value binary, headers {HEADERS}, topic string, partition int"
+    ).repartition(4)
+    before = int(time.time() * 1000)
+    frame.write.format("seglog").option("path", str(path)).option("override.num.partitions", "2").mode("append").save()
+    after = int(time.time() * 1000)
+    table = read_table(spark, path, subscribe="orders,audit", includeHeaders="true")
+    got = table.to_pylist()
+    assert Counter(
+        (r["key"], r["value"], tuple((h["key"], h["value"]) for h in r["headers"]), r["topic"]) for r in got
+    ) == Counter((k, v, tuple(h or ()), t) for k, v, h, t, _ in rows)
+    partitions = {"orders": 3, "audit": 2}  # audit was created by the job with num.partitions
+    for row in got:
+        key, topic = row["key"], row["topic"]
+        if key is not None and row["partition"] != 1:
+            assert row["partition"] == partition_for_key(key, partitions[topic])
+        assert 0 <= row["partition"] < partitions[topic]
+        assert before <= int(row["timestamp"].timestamp() * 1000) <= after
+        assert row["timestampType"] == 0
+    explicit = Counter((k, v, t) for k, v, _, t, p in rows if p == 1)
+    on_one = Counter((r["key"], r["value"], r["topic"]) for r in got if r["partition"] == 1)
+    assert not explicit - on_one  # every row sent to partition 1 is there
+    offsets = Counter((r["topic"], r["partition"]) for r in got)
+    assert log_ends(path) == dict(offsets)  # offsets 0..n-1 in each partition, nothing else
+    assert parse_every_batch(path) == len(rows)
+    assert_log_dir_valid(path)
+    assert not staging_left(path)
+
+
+def test_string_columns_and_the_topic_option(spark, tmp_path: Path) -> None:
+    path = tmp_path / "fresh"  # a data dir that does not exist yet: the commit makes it
+    frame = spark.createDataFrame([("k", "välue"), (None, "x"), ("k", "")], "key string, value string")
+    frame.write.format("seglog").option("path", str(path)).option("topic", "text").mode("append").save()
+    table = read_table(spark, path, subscribe="text")
+    assert Counter((r["key"], r["value"]) for r in table.to_pylist()) == Counter(
+        [(b"k", "välue".encode()), (None, b"x"), (b"k", b"")]
+    )
+    second = spark.createDataFrame([("again",)], "value string")
+    second.write.format("seglog").option("path", str(path)).option("topic", "text").mode("append").save()
+    assert read_table(spark, path, subscribe="text").num_rows == 4
+    assert_log_dir_valid(path)
+
+
+def test_a_failed_job_leaves_nothing(spark, tmp_path: Path) -> None:
+    path = new_data_dir(tmp_path / "data", {"orders": 2})
+    first = spark.createDataFrame([(b"kept",)], "value binary")
+    first.write.format("seglog").option("path", str(path)).option("topic", "orders").mode("append").save()
+    ends = log_ends(path)
+    # Many small rows in some tasks, one too large for max.message.bytes in another.
+    rows = [(b"k%d" % i, b"x" * (5000 if i == 2999 else 10)) for i in range(3000)]
+    frame = spark.createDataFrame(rows, "key binary, value binary").repartition(3)
+    with pytest.raises(Exception, match=r"over max\.message\.bytes=2000"):
+        (
+            frame.write.format("seglog")
+            .option("path", str(path))
+            .option("topic", "orders")
+            .option("override.message.max.bytes", "2000")
+            .mode("append")
+            .save()
+        )
+    assert log_ends(path) == ends
+    assert read_table(spark, path, subscribe="orders").column("value").to_pylist() == [b"kept"]
+    assert not staging_left(path)
+    with pytest.raises(Exception, match="Null topic present in the data"):
+        spark.createDataFrame([(b"v", None)], "value binary, topic string").write.format("seglog").option(
+            "path", str(path)
+        ).mode("append").save()
+    assert log_ends(path) == ends
+    assert not staging_left(path)
+
+
+def test_what_cannot_be_written_is_refused_before_any_work(spark, tmp_path: Path) -> None:
+    path = new_data_dir(tmp_path / "data", {"orders": 1})
+    frame = spark.createDataFrame([(b"v",)], "value binary")
+
+    def write(data_frame, target: Path, mode: str = "append", **options: str) -> None:
+        writer = data_frame.write.format("seglog").option("path", str(target)).mode(mode)
+        for key, value in options.items():
+            writer = writer.option(key, value)
+        writer.save()
+
+    with pytest.raises(Exception, match="only appends"):
+        write(frame, path, "overwrite", topic="orders")
+    with pytest.raises(Exception, match="topic option required"):
+        write(frame, path)
+    with pytest.raises(Exception, match="Required attribute 'value' not found"):
+        write(spark.createDataFrame([(b"v",)], "payload binary"), path, topic="orders")
+    with pytest.raises(Exception, match="value attribute type must be a string or binary"):
+        write(spark.createDataFrame([(1,)], "value int"), path, topic="orders")
+    with pytest.raises(Exception, match="partition attribute type must be an int"):
+        write(spark.createDataFrame([(b"v", "0")], "value binary, partition string"), path, topic="orders")
+    with pytest.raises(Exception, match="there is no partition 3"):
+        write(spark.createDataFrame([(b"v", 3)], "value binary, partition int"), path, topic="orders")
+    mount = tmp_path / "mnt"
+    (mount / ".logdir").mkdir(parents=True)
+    with pytest.raises(Exception, match="is a seglogfs mount"):
+        write(frame, mount, topic="orders")
+    config = BrokerConfig.load(log_dirs=[path])
+    with DataDir.open(config, now_ms=int(time.time() * 1000)), pytest.raises(Exception, match="data dir is in use by"):
+        write(frame, path, topic="orders")
+    assert log_ends(path) == {("orders", 0): 0}
+    assert not staging_left(path)
