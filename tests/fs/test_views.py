@@ -361,14 +361,9 @@ def test_readers_on_the_loop_never_wait_for_a_measure(tmp_path: Path) -> None:
     log.close()
 
 
-def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Path) -> None:
-    """A write split into several batches fails after some of them were appended (and seen by
-    a view measuring meanwhile); the log cuts them back, and the view must too (a view reported
-    1808 bytes of a log holding 13)."""
-    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
-    log.append_records([b"kept"], now_ms=NOW_MS)
-    view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
-    assert view.size() == len(b"kept\n")
+def failed_write_seen_by(view: View, log: PartitionLog) -> None:
+    """A write split into several batches (max.message.bytes 300) that fails (ENOSPC) at its
+    second batch, the first appended and measured by `view` meanwhile; the log cuts it back."""
     segment = log.active_segment
     real_append = segment.append
     calls: list[int] = []
@@ -381,10 +376,22 @@ def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Pa
         assert view.size() > len(b"kept\n")  # a reader measured the first batch of the write
 
     segment.append = append_then_fail  # type: ignore[method-assign]
-    with pytest.raises(OSError):
-        log.append_records([b"x" * 100] * 6, now_ms=NOW_MS)  # several batches of max.message.bytes
+    try:
+        with pytest.raises(OSError):
+            log.append_records([b"x" * 100] * 6, now_ms=NOW_MS)
+    finally:
+        segment.append = real_append  # type: ignore[method-assign]
     assert len(calls) == 2
-    segment.append = real_append  # type: ignore[method-assign]
+
+
+def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Path) -> None:
+    """The log cuts back a failed write whose first batches a view measured meanwhile: the view
+    must too (a view reported 1808 bytes of a log holding 13)."""
+    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log.append_records([b"kept"], now_ms=NOW_MS)
+    view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
+    assert view.size() == len(b"kept\n")
+    failed_write_seen_by(view, log)
     assert view.size() == len(b"kept\n") and view.read(0, 100) == b"kept\n"
     log.append_records([b"after"], now_ms=NOW_MS)  # the same positions, other bytes
     assert view.read(0, 100) == expected_text(log, 0, TextFormat()) == b"kept\nafter\n"
@@ -397,21 +404,7 @@ def test_a_view_not_looking_during_the_cut_back_still_sees_it(tmp_path: Path) ->
     log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
     log.append_records([b"kept"], now_ms=NOW_MS)
     view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
-    segment = log.active_segment
-    real_append = segment.append
-    calls: list[int] = []
-
-    def append_then_fail(data, headers):  # type: ignore[no-untyped-def]
-        calls.append(len(data))
-        if len(calls) > 1:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_append(data, headers)
-        view.size()  # measured with the first batch of the write in
-
-    segment.append = append_then_fail  # type: ignore[method-assign]
-    with pytest.raises(OSError):
-        log.append_records([b"x" * 100] * 6, now_ms=NOW_MS)
-    segment.append = real_append  # type: ignore[method-assign]
+    failed_write_seen_by(view, log)
     log.append_records([b"y" * 150, b"z" * 150], now_ms=NOW_MS)  # past the old measure before a look
     expected = expected_text(log, 0, TextFormat())
     assert view.size() == len(expected) and view.read(0, 1000) == expected
