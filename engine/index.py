@@ -145,7 +145,31 @@ class _MappedIndex:
             self._mmap.close()
             self._mmap = None
         if self._length > 0 and self._file is not None:
-            self._mmap = mmap.mmap(self._file.fileno(), self._length, access=mmap.ACCESS_READ)
+            if self.writable:
+                self._mmap = mmap.mmap(self._file.fileno(), self._length, access=mmap.ACCESS_READ)
+            else:
+                self._mmap = self._copy_locked()
+
+    def _copy_locked(self) -> mmap.mmap | None:
+        """A read-only index's bytes, copied into anonymous memory rather than mapped: the file
+        may belong to a writer in another process, whose trim at a roll or close would make a
+        mapped page past the new end kill this process with SIGBUS. What the file no longer
+        holds when read is not counted."""
+        assert self._file is not None
+        copy = mmap.mmap(-1, self._length)
+        read = os.preadv(self._file.fileno(), [copy], 0)
+        if read < self._length:  # trimmed since its length was taken (a damaged length stays seen)
+            whole = round_down_to_entries(read, self._entry_bytes)
+            self._length = whole
+            self._entries = min(self._entries, whole // self._entry_bytes)
+            if not whole:
+                copy.close()
+                return None
+            shorter = mmap.mmap(-1, whole)
+            shorter[:] = copy[:whole]
+            copy.close()
+            return shorter
+        return copy
 
     def _resize_locked(self, new_length: int) -> bool:
         new_length = round_down_to_entries(new_length, self._entry_bytes)

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from seglogfs.engine.records import build_batch, iter_batch_headers
 from seglogfs.engine.segment import LogSegment
-from tests.conftest import NOW_MS
+from tests.conftest import NOW_MS, REPO
 
 
 def open_segment(directory: Path, base_offset: int) -> LogSegment:
@@ -46,3 +48,18 @@ def test_first_uses_of_a_segments_indexes_race_to_one_index(tmp_path: Path) -> N
         assert len({index for index, _, _ in seen}) == 1
         assert all(positions == expected and timestamp == 49 for _, positions, timestamp in seen)
         reopened.close()
+
+
+def test_a_read_only_open_beside_a_writer_that_trims_indexes(tmp_path: Path) -> None:
+    """A reader in another process opens the data dir read-only while a writer opens, appends,
+    rolls and closes it (trimming its index files): the reader must never die (it mapped an
+    index file, and the writer's trim made a mapped page fault: SIGBUS, exit 135)."""
+    data = tmp_path / "data"
+    command = [sys.executable, "-m", "tests.engine.readonly_beside_writer"]
+    first = subprocess.run([*command, "writer", str(data), "0.5"], cwd=REPO, capture_output=True, check=False)
+    assert first.returncode == 0, first.stderr
+    writer = subprocess.Popen([*command, "writer", str(data), "6"], cwd=REPO, stdout=subprocess.PIPE)
+    reader = subprocess.run([*command, "reader", str(data), "6"], cwd=REPO, capture_output=True, check=False)
+    assert writer.wait(timeout=60) == 0
+    assert reader.returncode == 0, (reader.returncode, reader.stderr.decode()[-2000:])
+    assert b"reader opened" in reader.stdout
