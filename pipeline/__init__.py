@@ -8,8 +8,9 @@ and options of Spark's own Kafka source.
     df.write.format("seglog").option("path", "/var/lib/seglogfs").option("topic", "copy").mode("append").save()
 
 Modules: `options` (names, checks, precedence), `planning` (offsets and segment slices; no
-pyspark, reusable by a streaming reader), `filters` (pushed-down predicates), `reading` (a task's
-slice → Arrow batches), `partitioning` (Kafka's partitioner, vectorised), `writing` (staging and
+pyspark, reusable by a streaming reader), `streaming` (micro-batch offsets of
+`spark.readStream.format("seglog")`, no pyspark), `filters` (pushed-down predicates), `reading`
+(a task's slice → Arrow batches), `partitioning` (Kafka's partitioner, vectorised), `writing` (staging and
 commit) and `source` (the pyspark classes).
 """
 

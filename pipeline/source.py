@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamReader,
     Filter,
     InputPartition,
     WriterCommitMessage,
@@ -35,17 +37,30 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from seglogfs.engine import DataDir
 from seglogfs.pipeline.filters import push_filters
 from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_bool, parse_read_options
 from seglogfs.pipeline.planning import (
     Constraints,
     SegmentSlice,
+    latest_offsets,
     narrow_ranges,
     open_read_only,
     plan_slices,
     resolve_ranges,
 )
 from seglogfs.pipeline.reading import ReadSpec, read_slice
+from seglogfs.pipeline.streaming import (
+    StreamOffset,
+    StreamOptions,
+    current_partitions,
+    from_json,
+    initial_offsets,
+    micro_batch_ranges,
+    next_offsets,
+    parse_stream_options,
+    to_json,
+)
 from seglogfs.pipeline.writing import (
     Columns,
     Staged,
@@ -138,6 +153,85 @@ class PushdownSeglogReader(SeglogReader):
         return rest
 
 
+# -- streaming reads ------------------------------------------------------------------------------
+try:  # admission control (maxOffsetsPerTrigger) and Trigger.AvailableNow: pyspark ≥ 4.2
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    ADMISSION_CONTROL = True
+except ImportError:  # pragma: no cover - pyspark 4.1
+    ADMISSION_CONTROL = False
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in: pyspark 4.1 knows no such mixin (AvailableNow then reads all in one batch)."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """`spark.readStream.format("seglog")`: offsets from `streaming`, slices from `planning`,
+    tasks from `reading`. `initialOffset`, `latestOffset`, `partitions` and `commit` run in one
+    long-lived Python worker of the driver (so the AvailableNow target set by
+    `prepareForTriggerAvailableNow` stays for the query's run); `read` runs in the executors."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        self.options = options
+        self.spec = ReadSpec(
+            options.location,
+            options.engine,
+            include_headers=options.include_headers,
+            fail_on_data_loss=options.fail_on_data_loss,
+        )
+        self.target: dict[tuple[str, int], int] | None = None
+
+    def _open(self) -> DataDir:
+        return open_read_only(self.options.location, self.options.engine, _now_ms())
+
+    def initialOffset(self) -> StreamOffset:
+        with self._open() as data_dir:
+            return to_json(initial_offsets(self.options, data_dir))
+
+    def getDefaultReadLimit(self) -> Any:  # a ReadLimit where pyspark has admission control
+        if ADMISSION_CONTROL and self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        with self._open() as data_dir:
+            self.target = dict(latest_offsets(data_dir, current_partitions(self.options.subscription, data_dir)))
+
+    def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
+        max_rows = limit.max_rows if ADMISSION_CONTROL and isinstance(limit, ReadMaxRows) else None
+        if start is None and limit is None:  # pyspark 4.1's latestOffset(): no admission control
+            max_rows = None
+        with self._open() as data_dir:
+            return to_json(
+                next_offsets(self.options, data_dir, from_json(start), max_rows=max_rows, target=self.target)
+            )
+
+    def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
+        with self._open() as data_dir:
+            ranges = micro_batch_ranges(
+                data_dir, from_json(start), from_json(end), fail_on_data_loss=self.options.fail_on_data_loss
+            )
+            slices = plan_slices(data_dir, ranges, min_partitions=self.options.min_partitions)
+        return [SlicePartition(piece) for piece in slices]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        piece = partition.value
+        if not isinstance(piece, SegmentSlice):
+            return iter(())
+        return read_slice(piece, self.spec)
+
+    def commit(self, end: StreamOffset) -> None:
+        """Nothing to do: a log dir keeps no consumer positions (the checkpoint holds them)."""
+
+
 # -- writing --------------------------------------------------------------------------------------
 class StagedWrite(WriterCommitMessage):
     """A task's commit message: what it staged."""
@@ -217,6 +311,12 @@ class SeglogDataSource(DataSource):
         if self.push_filters and parse_bool(lowered(self.options), "pushFilters", True):
             return PushdownSeglogReader(options)
         return SeglogReader(options)
+
+    def streamReader(self, schema: StructType) -> SeglogStreamReader:
+        options = parse_stream_options(self.options)
+        if schema != spark_schema(options.include_headers):
+            raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
+        return SeglogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> SeglogWriter:
         if overwrite:

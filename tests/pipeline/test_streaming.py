@@ -1,0 +1,172 @@
+"""`spark.readStream.format("seglog")`: micro-batches see every record appended exactly once, in
+offset order per partition, new topics and partitions included; a restarted query resumes at its
+checkpoint; `maxOffsetsPerTrigger` cuts micro-batches; `failOnDataLoss` on offsets deleted before
+they were read. Real local Spark, every query `availableNow` (deterministic: each run ends when it
+has read what was there when it started), appends only between runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from seglogfs.engine import BrokerConfig, DataDir
+
+DEADLINE_S = 45
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def new_data_dir(path: Path, topics: dict[str, int]) -> Path:
+    config = BrokerConfig.load(overrides=["log.segment.bytes=2000"], log_dirs=[path])
+    with DataDir.open(config, now_ms=now_ms()) as data_dir:
+        for topic, partitions in topics.items():
+            data_dir.create_topic(topic, partitions, now_ms=now_ms())
+    return path
+
+
+def append(path: Path, topic: str, partition: int, count: int, partitions: int = 1) -> None:
+    """`count` records to `topic`-`partition` (the topic created with `partitions` if new),
+    through the engine; the data dir is closed after, its lock free."""
+    config = BrokerConfig.load(overrides=["log.segment.bytes=2000"], log_dirs=[path])
+    with DataDir.open(config, now_ms=now_ms()) as data_dir:
+        if topic not in data_dir.topics():
+            data_dir.create_topic(topic, partitions, now_ms=now_ms())
+        log = next(p for p in data_dir.partition_for_append(topic, None, now_ms=now_ms()) if p.partition == partition)
+        start = log.log_end_offset
+        log.append_records([f"{topic}-{partition}-{start + i}".encode() for i in range(count)], now_ms=now_ms())
+
+
+def delete_below(path: Path, topic: str, partition: int, offset: int) -> None:
+    config = BrokerConfig.load(log_dirs=[path])
+    with DataDir.open(config, now_ms=now_ms()) as data_dir:
+        data_dir.partition(topic, partition).delete_records(offset, now_ms())
+
+
+class Batches:
+    """A foreachBatch sink: each micro-batch's rows (topic, partition, offset, value) in the order
+    Spark collected them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches: list[tuple[int, list[tuple[str, int, int, bytes]]]] = []
+
+    def __call__(self, frame, batch_id: int) -> None:
+        rows = [(r.topic, r.partition, r.offset, bytes(r.value)) for r in frame.collect()]
+        with self.lock:
+            self.batches.append((batch_id, rows))
+
+    def rows(self) -> list[tuple[str, int, int, bytes]]:
+        with self.lock:
+            return [row for _, rows in self.batches for row in rows]
+
+    def sizes(self) -> list[int]:
+        with self.lock:
+            return [len(rows) for _, rows in self.batches if rows]
+
+    def by_partition(self) -> dict[tuple[str, int], list[int]]:
+        out: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for topic, partition, offset, value in self.rows():
+            assert value == f"{topic}-{partition}-{offset}".encode()
+            out[(topic, partition)].append(offset)
+        return dict(out)
+
+
+def stream(spark, path: Path, **options: str):
+    reader = spark.readStream.format("seglog").option("path", str(path))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def run_available_now(spark, path: Path, checkpoint: Path, sink: Batches, **options: str) -> None:
+    query = (
+        stream(spark, path, **options)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(DEADLINE_S), "an availableNow query did not finish in time"
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        raise query.exception()
+
+
+def expected(counts: dict[tuple[str, int], int]) -> dict[tuple[str, int], list[int]]:
+    return {tp: list(range(count)) for tp, count in counts.items() if count}
+
+
+def test_a_query_sees_every_append_once_in_order(spark, tmp_path: Path) -> None:
+    """Started before anything was appended, then run again after each round of appends (new
+    partitions of a new topic matching the pattern included). The runs and the appends take turns:
+    a read-only open racing a writer process's close can die of SIGBUS in the engine (an index
+    trimmed under its mapping), so no append happens while a query is planning."""
+    path = new_data_dir(tmp_path / "data", {"events": 2})
+    checkpoint = tmp_path / "checkpoint"
+    sink = Batches()
+    options = {"subscribePattern": "ev.*", "startingOffsets": "earliest"}
+    run_available_now(spark, path, checkpoint, sink, **options)
+    assert sink.rows() == []
+    counts = {("events", 0): 30, ("events", 1): 30}
+    for partition in (0, 1):
+        append(path, "events", partition, 30)
+    run_available_now(spark, path, checkpoint, sink, **options)
+    assert sink.by_partition() == expected(counts)
+    append(path, "events", 0, 25)  # more, and a new topic matching the pattern
+    append(path, "evx", 0, 7, partitions=2)
+    append(path, "evx", 1, 3, partitions=2)
+    append(path, "other", 0, 5)  # does not match
+    counts.update({("events", 0): 55, ("evx", 0): 7, ("evx", 1): 3})
+    run_available_now(spark, path, checkpoint, sink, **options)
+    assert sink.by_partition() == expected(counts)  # each once, in offset order per partition
+
+
+def test_a_restarted_query_resumes_at_its_checkpoint(spark, tmp_path: Path) -> None:
+    path = new_data_dir(tmp_path / "data", {"orders": 2})
+    checkpoint = tmp_path / "checkpoint"
+    append(path, "orders", 0, 10)  # before the first run: `latest` (the default) skips these
+    sink = Batches()
+    run_available_now(spark, path, checkpoint, sink, subscribe="orders")
+    assert sink.rows() == []
+    append(path, "orders", 0, 12)
+    append(path, "orders", 1, 4)
+    run_available_now(spark, path, checkpoint, sink, subscribe="orders")
+    assert sink.by_partition() == {("orders", 0): list(range(10, 22)), ("orders", 1): list(range(4))}
+    run_available_now(spark, path, checkpoint, sink, subscribe="orders")  # nothing new: nothing again
+    append(path, "orders", 1, 6)
+    run_available_now(spark, path, checkpoint, sink, subscribe="orders")
+    assert sink.by_partition() == {("orders", 0): list(range(10, 22)), ("orders", 1): list(range(10))}
+
+
+def test_max_offsets_per_trigger_cuts_micro_batches(spark, tmp_path: Path) -> None:
+    path = new_data_dir(tmp_path / "data", {"clicks": 1})
+    append(path, "clicks", 0, 12)
+    sink = Batches()
+    options = {"subscribe": "clicks", "startingOffsets": "earliest", "maxOffsetsPerTrigger": "5"}
+    run_available_now(spark, path, tmp_path / "checkpoint", sink, **options)
+    assert sink.sizes() == [5, 5, 2]
+    assert sink.by_partition() == {("clicks", 0): list(range(12))}
+
+
+def test_offsets_deleted_before_they_were_read(spark, tmp_path: Path) -> None:
+    path = new_data_dir(tmp_path / "data", {"t": 1})
+    append(path, "t", 0, 3)
+    options = {"subscribe": "t", "startingOffsets": "earliest"}
+    sink = Batches()
+    run_available_now(spark, path, tmp_path / "strict", sink, **options)
+    run_available_now(spark, path, tmp_path / "lenient", sink, **options, failOnDataLoss="false")
+    append(path, "t", 0, 60)  # several segments
+    delete_below(path, "t", 0, 40)
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        run_available_now(spark, path, tmp_path / "strict", Batches(), **options)
+    lenient = Batches()
+    run_available_now(spark, path, tmp_path / "lenient", lenient, **options, failOnDataLoss="false")
+    assert lenient.by_partition() == {("t", 0): list(range(40, 63))}
