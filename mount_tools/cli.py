@@ -164,18 +164,17 @@ def _write_records(
         room = None if limit is None else limit - count
         if room is not None and room <= 0:
             break
-        try:
+        try:  # only the decoding: a failing write (a closed pipe) is no damage in the data
             if text is not None:
                 lines = text.lines(header, batch, start)[:room]
-                out.write(b"".join(lines))
-                count += len(lines)
+                rendered, records = b"".join(lines), len(lines)
             else:
                 objects = jsonl.lines(header, batch, start)[:room]
-                if objects:
-                    out.write(("\n".join(objects) + "\n").encode())
-                count += len(objects)
+                rendered, records = ("\n".join(objects) + "\n").encode() if objects else b"", len(objects)
         except Exception as error:  # a codec or varint error inside a batch whose CRC held
             raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
+        out.write(rendered)
+        count += records
     return count
 
 

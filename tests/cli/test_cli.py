@@ -14,7 +14,7 @@ import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
-from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
+from tests.conftest import NOW_MS, REPO, assert_log_dir_valid, kafka_fixtures
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
 
@@ -506,3 +506,20 @@ def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert b"batch at position 0 has undecodable records" in result.stderr
     assert b"Traceback" not in result.stderr and b"internal error" not in result.stderr
+
+
+def test_consume_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`consume | head -1` on a broker's partition: exit 0, nothing on stderr, as `cat` does (it
+    said "corrupt record batch … Broken pipe" and exited 1: the write was inside the decoding's
+    error handling)."""
+    command = " ".join([*SEGLOGFS, "consume", str(kafka_fixtures() / "flink-on-prem-cp760"), "--topic orders"])
+    err = tmp_path / "err.txt"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} --from-beginning 2>{err} | head -1 >/dev/null; echo $?"],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stdout.strip() == b"0", done
+    assert err.read_text() == ""
