@@ -138,8 +138,16 @@ class Scheduler:
                 continue
             if name == "retention":
                 decision = self._guarded(log, "retention", report, partial(log.delete_old_segments, now_ms))
-                if decision is not None:
+                if decision:
                     deleted += len(decision.segments)
+                    logger.info(
+                        "%s-%d: deleted %d segments by %s; log start offset now %d",
+                        log.topic,
+                        log.partition,
+                        len(decision.segments),
+                        decision.reason,
+                        log.log_start_offset,
+                    )
             else:
                 self._guarded(log, "flush", report, partial(log.maybe_flush, now_ms))
             self._guarded(log, "deleting segments", report, partial(log.delete_pending, now_ms))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from seglogfs.engine.status import partition_status
 from tests.conftest import NOW_MS, assert_log_dir_valid
 
 
-def test_tasks_run_when_due_and_not_before(log_dir: Path) -> None:
+def test_tasks_run_when_due_and_not_before(log_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = BrokerConfig.load(
         overrides=[
             "log.retention.check.interval.ms=300000",
@@ -43,8 +44,11 @@ def test_tasks_run_when_due_and_not_before(log_dir: Path) -> None:
         segments = len(log.segments)
         report = scheduler.run_due(NOW_MS + 300_000)  # retention runs, nothing has expired yet
         assert "retention" in report.ran and report.deleted_segments == 0 and len(log.segments) == segments
-        report = scheduler.run_due(NOW_MS + 700_000)  # every record is now older than 600 s
+        with caplog.at_level(logging.INFO, logger="seglogfs.engine.scheduler"):
+            report = scheduler.run_due(NOW_MS + 700_000)  # every record is now older than 600 s
         assert report.deleted_segments == segments and log.log_start_offset == 10
+        # The mount's log says what retention removed, and why.
+        assert f"s-0: deleted {segments} segments by retention.ms=600000; log start offset now 10" in caplog.text
         assert any(p.name.endswith(".deleted") for p in (log_dir / "s-0").iterdir())
         scheduler.run_due(NOW_MS + 761_000)  # file.delete.delay.ms later the files go
         assert not any(p.name.endswith(".deleted") for p in (log_dir / "s-0").iterdir())
