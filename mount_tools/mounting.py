@@ -122,18 +122,28 @@ def log_file(option: str | None) -> Path | None:
     return Path(base) / "seglogfs" / "seglogfs.log"
 
 
+def check_log_file(log: Path | None) -> None:
+    """Refuse, with one line and before anything starts, a log file that cannot be written."""
+    if log is None:
+        return
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a"):
+            pass
+    except OSError as error:
+        raise ConfigError(
+            f"{log}: cannot write the mount's log there ({error.strerror}); -o log=FILE or none"
+        ) from None
+
+
 def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> None:
     """The mount's log lines: to stderr in the foreground; to `file` (appended, reopened when
     rotated) and to syslog (the journal) where there is one. Each line names the mount."""
     handlers: list[logging.Handler] = []
     if foreground:
         handlers.append(logging.StreamHandler())
-    if file is not None:
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            handlers.append(logging.handlers.WatchedFileHandler(file))
-        except OSError as error:
-            raise ConfigError(f"-o log={file}: cannot write the log there: {error.strerror}") from None
+    if file is not None:  # (checked writable by `check_log_file`)
+        handlers.append(logging.handlers.WatchedFileHandler(file))
     formatter = logging.Formatter(
         f"%(asctime)s seglogfs[%(process)d] {mountpoint}: %(levelname)s %(name)s: %(message)s"
     )
@@ -164,19 +174,11 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
         raise ConfigError(f"{mountpoint}: mount point is not a directory")
     kwargs = {"allow_other": "allow_other" in flags, "default_permissions": "default_permissions" in flags}
     log = log_file(flags.get("log")) if "log" in flags or not args.foreground else None
+    check_log_file(log)
     if args.foreground:
         set_up_logging(mountpoint.absolute(), foreground=True, file=log)
         serve(broker_config, mountpoint, options, ready=lambda: None, **kwargs)
         return 0
-    if log is not None:  # refused before the fork, with one line, when it cannot be written
-        try:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "a"):
-                pass
-        except OSError as error:
-            raise ConfigError(
-                f"{log}: cannot write the mount's log there ({error.strerror}); -o log=FILE or none"
-            ) from None
     return _serve_in_background(broker_config, mountpoint, options, kwargs, log)
 
 
