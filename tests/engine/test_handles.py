@@ -6,6 +6,7 @@ and releases read the right bytes."""
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import random
 import resource
@@ -170,15 +171,18 @@ def test_budget_from_the_environment_and_the_rlimit(monkeypatch: pytest.MonkeyPa
 
 def test_out_of_descriptors_sheds_open_segments(read_only: PartitionLog, budget) -> None:
     """A budget the rlimit cannot hold (descriptors taken by others): EMFILE makes half the open
-    segments give theirs back, and the open is tried again."""
+    segments give theirs back, and the open is tried again. (Without the shedding the reads fail
+    with EMFILE after about 40 segments; descriptors that other tests' garbage gives back while
+    this one runs can leave a few more open than 40, never all of them.)"""
     budget(100_000)
+    gc.collect()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (open_fds() + 40, hard))
     try:
         read_everything(read_only)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert len(holding(read_only)) < 40
+    assert len(holding(read_only)) < SEGMENTS // 2
 
 
 # -- leases and pins ------------------------------------------------------------------------------
