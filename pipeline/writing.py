@@ -23,14 +23,23 @@ DataSourceWriter has:
 Staging lives *beside* the log dir (`<parent>/.<logdir>.seglogfs-staging/`, or the option
 `stagingDir`), not inside it: a Kafka broker refuses to load a log dir holding a directory whose
 name is not `<topic>-<partition>`, and a crashed job's leftovers must not do that.
+
+A job killed outright (kill -9 of the application, a lost driver host) never aborts: its staging
+dir stays, and nothing of it is visible. Each job dir names its owner (`owner.json`: the Spark
+application's JVM — host, boot, pid and the pid's start time), and every job's planning removes
+the job dirs whose owner is gone. While a job commits, its dir holds `committing` (the committing
+process's pid): another job's planning that finds the data dir's lock held by that process waits
+for it (`commitLockTimeoutMs`), where a lock held by anything else (a mount, a broker) is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -180,15 +189,143 @@ def _codec(name: str) -> CompressionType:
     return CompressionType.NONE if name == "producer" else CompressionType.from_name(name)
 
 
-def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePlan:
-    """Check the destination, read its topics, make the job's staging dir."""
+# -- jobs: owners and leftovers ---------------------------------------------------------------------------
+OWNER_FILE = "owner.json"
+COMMITTING_FILE = "committing"
+_UNOWNED_GRACE_S = 600  # a job dir without its owner file yet (made a moment ago) is left this long
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the
+    pid, it names one process (a pid is reused, not with the same start time)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def _application_pid() -> int:
+    """The Spark application's JVM: the nearest ancestor named `java` (the driver's Python workers
+    are its children, or its daemon's); this process when there is none (called outside Spark)."""
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+                return pid
+        except OSError:
+            break
+        pid = _parent(pid)
+    return os.getpid()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process a job belongs to, as `owner.json` records it."""
+
+    host: str
+    boot_id: str
+    pid: int
+    started: str
+
+    @classmethod
+    def current(cls) -> Owner:
+        pid = _application_pid()
+        return cls(socket.gethostname(), _boot_id(), pid, _start_time(pid) or "")
+
+    def gone(self) -> bool:
+        """Whether the owner has certainly ended: this host, and a reboot since or its pid no
+        longer that process. (Jobs of other hosts are never judged.)"""
+        if self.host != socket.gethostname():
+            return False
+        if self.boot_id != _boot_id():
+            return True
+        return _start_time(self.pid) != self.started
+
+
+def _write_owner(job_dir: Path) -> None:
+    owner = Owner.current()
+    temporary = job_dir / f".{OWNER_FILE}.tmp"
+    temporary.write_text(json.dumps(owner.__dict__))
+    temporary.rename(job_dir / OWNER_FILE)
+
+
+def _read_owner(job_dir: Path) -> Owner | None:
+    try:
+        return Owner(**json.loads((job_dir / OWNER_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def sweep_dead_jobs(staging_root: Path) -> list[Path]:
+    """Remove the job dirs of `staging_root` whose owner is gone (killed jobs' leftovers);
+    returns them."""
+    removed: list[Path] = []
+    try:
+        jobs = [path for path in staging_root.iterdir() if path.name.startswith("job-")]
+    except OSError:
+        return removed
+    for job_dir in jobs:
+        owner = _read_owner(job_dir)
+        if owner is None:
+            try:
+                dead = time.time() - job_dir.stat().st_mtime > _UNOWNED_GRACE_S
+            except OSError:
+                continue
+        else:
+            dead = owner.gone()
+        if dead:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            removed.append(job_dir)
+    return removed
+
+
+def _committing_pids(staging_root: Path) -> set[int]:
+    pids = set()
+    for marker in staging_root.glob(f"job-*/{COMMITTING_FILE}"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.add(int(marker.read_text()))
+    return pids
+
+
+def _wait_for_other_commits(options: WriteOptions, staging_root: Path) -> None:
+    """Refuse a data dir held by a mount or a broker; wait while another job's commit holds it."""
+    deadline = time.monotonic() + options.commit_lock_timeout_ms / 1000
     for log_dir in options.location.log_dirs:
-        in_use, pid = log_dir_in_use(log_dir)
-        if in_use:
+        while True:
+            in_use, pid = log_dir_in_use(log_dir)
+            if not in_use:
+                break
+            if pid in _committing_pids(staging_root) and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
             raise LogDirLockedError(
                 f"{log_dir}: data dir is in use by {_holder(pid)}; a Spark write needs it free at commit "
-                "(a mount or a broker holds it: writing through them is not supported yet)"
+                "(a mount or a broker holds it: write through the mount's directory instead)"
             )
+
+
+def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePlan:
+    """Check the destination, read its topics, make the job's staging dir (removing killed
+    jobs' leftovers)."""
+    staging_root = _staging_root(options)
+    sweep_dead_jobs(staging_root)
+    _wait_for_other_commits(options, staging_root)
     broker = options.engine.broker_config(options.location.log_dirs)
     targets: dict[str, TopicTarget] = {}
     if all(log_dir.is_dir() for log_dir in options.location.log_dirs):
@@ -210,11 +347,12 @@ def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePla
         )
     if not columns.topic and options.topic is None:
         raise OptionError("topic option required when no 'topic' attribute is present")
-    job_dir = _staging_root(options) / f"job-{uuid.uuid4().hex}"
+    job_dir = staging_root / f"job-{uuid.uuid4().hex}"
     plan = WritePlan(options, columns, str(job_dir), targets, new_topic)
     if options.topic is not None:
         plan.target(options.topic)  # an unknown topic without auto-creation fails now
     job_dir.mkdir(parents=True)
+    _write_owner(job_dir)
     return plan
 
 
@@ -451,6 +589,7 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
                 by_partition.setdefault((region.topic, region.partition), []).append((message.file, region))
     appended: dict[tuple[str, int], int] = {}
     try:
+        (job_dir / COMMITTING_FILE).write_text(str(os.getpid()))
         data_dir = _open_writable(plan)
         try:
             _create_topics(plan, data_dir, {topic for topic, _ in by_partition})

@@ -3,21 +3,30 @@
 Written rows read back as they went in (null keys, binary values, headers with null values,
 explicit partitions), keyed rows land where Kafka's partitioner puts them, the data dir stays
 valid (`seglogfs check`) and its batches parse with kafka-python; a failed job leaves no record
-and no staging file; what cannot be written is refused before any work.
+and no staging file; what cannot be written is refused before any work. Two jobs writing one topic
+at once lose nothing; a job killed outright (kill -9 of its whole application) leaves nothing
+visible, and the next job removes its staging.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
+from pyspark import InheritableThread
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
-from seglogfs.pipeline.writing import STAGING_SUFFIX
+from seglogfs.pipeline.writing import STAGING_SUFFIX, _boot_id, _start_time
 from tests.conftest import assert_log_dir_valid
 from tests.pipeline.conftest import read_table
 
@@ -173,4 +182,146 @@ def test_what_cannot_be_written_is_refused_before_any_work(spark, tmp_path: Path
     with DataDir.open(config, now_ms=int(time.time() * 1000)), pytest.raises(Exception, match="data dir is in use by"):
         write(frame, path, topic="orders")
     assert log_ends(path) == {("orders", 0): 0}
+    assert not staging_left(path)
+
+
+# -- jobs side by side, jobs killed ---------------------------------------------------------------------
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def test_two_concurrent_jobs_lose_nothing(spark, tmp_path: Path) -> None:
+    """Two jobs of one application writing one topic at once: both commit (the second waits for
+    the first's lock), every row of both is there once, the offsets dense."""
+    path = new_data_dir(tmp_path / "data", {"orders": 3})
+    errors: list[BaseException] = []
+
+    def job(name: str) -> None:
+        try:  # the data source is the session's: the JVM thread must know its session
+            spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+            frame = spark.range(0, 20_000, numPartitions=3).selectExpr(
+                f"concat('{name}-', cast(id % 50 as string)) as key", f"concat('{name}-', cast(id as string)) as value"
+            )
+            frame.write.format("seglog").option("path", str(path)).option("topic", "orders").mode("append").save()
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [InheritableThread(target=job, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, [str(error)[:3000] for error in errors]
+    table = read_table(spark, path, subscribe="orders")
+    values = Counter(table.column("value").to_pylist())
+    assert values == Counter(f"{name}-{i}".encode() for name in ("a", "b") for i in range(20_000))
+    for partition, end in log_ends(path).items():
+        offsets = sorted(r["offset"] for r in table.to_pylist() if r["partition"] == partition[1])
+        assert offsets == list(range(end))
+    assert not staging_left(path)
+    assert_log_dir_valid(path)
+
+
+def _wait_for(condition, what: str, job: subprocess.Popen | None = None, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if job is not None and job.poll() is not None:
+            raise AssertionError(f"the job ended ({job.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _group_gone(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_job_killed_mid_write_leaves_nothing_visible_and_the_next_job_removes_its_staging(
+    spark, tmp_path: Path
+) -> None:
+    path = new_data_dir(tmp_path / "data", {"orders": 2})
+    spark.createDataFrame([(b"kept",)], "value binary").write.format("seglog").option("path", str(path)).option(
+        "topic", "orders"
+    ).mode("append").save()
+    ends = log_ends(path)
+    staging_root = path.parent / f".{path.name}{STAGING_SUFFIX}"
+    output = tmp_path / "job.out"
+    with open(output, "wb") as sink:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "tests.pipeline.slow_write_job", str(path), "orders", "400000"],
+            cwd=REPOSITORY,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for(
+            lambda: any(f.stat().st_size for f in staging_root.glob("job-*/*.batches")),
+            f"staged bytes (job output: {output})",
+            job,
+        )
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        _wait_for(lambda: _group_gone(job.pid), "the killed job's JVM and Python workers to end")
+    leftovers = list(staging_root.glob("job-*"))
+    assert len(leftovers) == 1 and (leftovers[0] / "owner.json").exists()
+    assert log_ends(path) == ends
+    assert read_table(spark, path, subscribe="orders").column("value").to_pylist() == [b"kept"]
+    assert_log_dir_valid(path)
+    spark.createDataFrame([(b"next",)], "value binary").write.format("seglog").option("path", str(path)).option(
+        "topic", "orders"
+    ).mode("append").save()
+    assert not staging_left(path)
+    assert sorted(read_table(spark, path, subscribe="orders").column("value").to_pylist()) == [b"kept", b"next"]
+
+
+def test_planning_waits_for_another_jobs_commit_and_refuses_any_other_holder(spark, tmp_path: Path) -> None:
+    """A lock held by a committing job (its `committing` marker names the holder) is waited for; a
+    lock held by anything else is refused at once."""
+    path = new_data_dir(tmp_path / "data", {"orders": 1})
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from seglogfs.engine import BrokerConfig, DataDir\n"
+            f"with DataDir.open(BrokerConfig.load(log_dirs=[{str(path)!r}]), now_ms=int(time.time() * 1000)):\n"
+            "    print('held', flush=True); time.sleep(float(sys.argv[1]))",
+            "4",
+        ],
+        cwd=REPOSITORY,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        frame = spark.createDataFrame([(b"v",)], "value binary")
+        with pytest.raises(Exception, match=rf"data dir is in use by process {holder.pid}"):
+            frame.write.format("seglog").option("path", str(path)).option("topic", "orders").mode("append").save()
+        committing = path.parent / f".{path.name}{STAGING_SUFFIX}" / "job-other"
+        committing.mkdir(parents=True)
+        (committing / "owner.json").write_text(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "boot_id": _boot_id(),
+                    "pid": holder.pid,
+                    "started": _start_time(holder.pid),
+                }
+            )
+        )
+        (committing / "committing").write_text(str(holder.pid))
+        frame.write.format("seglog").option("path", str(path)).option("topic", "orders").option(
+            "commitLockTimeoutMs", "60000"
+        ).mode("append").save()
+        assert holder.wait(timeout=60) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert log_ends(path) == {("orders", 0): 1}
+    assert committing.exists()  # its owner ended after this job planned: the next job sweeps it
+    frame.write.format("seglog").option("path", str(path)).option("topic", "orders").mode("append").save()
     assert not staging_left(path)
