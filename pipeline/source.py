@@ -20,6 +20,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     Filter,
     InputPartition,
@@ -50,6 +51,12 @@ from seglogfs.pipeline.planning import (
     resolve_ranges,
 )
 from seglogfs.pipeline.reading import ReadSpec, read_slice
+from seglogfs.pipeline.stream_writing import (
+    abort_micro_batch,
+    commit_micro_batch,
+    plan_stream_write,
+    stream_identity,
+)
 from seglogfs.pipeline.streaming import (
     StreamOffset,
     StreamOptions,
@@ -240,6 +247,10 @@ class StagedWrite(WriterCommitMessage):
         self.staged = staged
 
 
+def _staged(messages: list[WriterCommitMessage | None]) -> list[Staged | None]:
+    return [m.staged if isinstance(m, StagedWrite) else None for m in messages]
+
+
 _BINARY_OR_STRING = (BinaryType, StringType)
 
 
@@ -285,10 +296,26 @@ class SeglogWriter(DataSourceArrowWriter):
         return StagedWrite(write_task(self.plan, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_staged(self.plan, [m.staged if isinstance(m, StagedWrite) else None for m in messages])
+        commit_staged(self.plan, _staged(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_staged(self.plan)
+
+
+class SeglogStreamWriter(DataSourceStreamArrowWriter):
+    """Stages in the tasks, appends each micro-batch exactly once at commit (see `stream_writing`)."""
+
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedWrite:
+        return StagedWrite(write_task(self.plan, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        commit_micro_batch(self.plan, _staged(messages), batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        abort_micro_batch(self.plan, _staged(messages))
 
 
 # -- the data source ------------------------------------------------------------------------------
@@ -323,6 +350,16 @@ class SeglogDataSource(DataSource):
             raise OptionError("seglog only appends, as Kafka does: use mode('append')")
         options = parse_write_options(self.options)
         return SeglogWriter(plan_write(options, writable_columns(schema), int(time.time() * 1000)))
+
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> SeglogStreamWriter:
+        """Every output mode appends, as Spark's Kafka sink does (complete mode: the whole result
+        table each trigger)."""
+        options = parse_write_options(self.options)
+        identity = stream_identity(self.options)
+        return SeglogStreamWriter(
+            plan_stream_write(options, writable_columns(schema), identity, int(time.time() * 1000))
+        )
 
 
 class SeglogDataSourceWithoutPushdown(SeglogDataSource):

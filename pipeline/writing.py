@@ -168,7 +168,7 @@ class WritePlan:
         return self.new_topic
 
 
-def _staging_root(options: WriteOptions) -> Path:
+def staging_root_of(options: WriteOptions) -> Path:
     if options.staging_dir is not None:
         return options.staging_dir
     first = options.location.log_dirs[0].resolve()
@@ -323,9 +323,18 @@ def _wait_for_other_commits(options: WriteOptions, staging_root: Path) -> None:
 def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePlan:
     """Check the destination, read its topics, make the job's staging dir (removing killed
     jobs' leftovers)."""
-    staging_root = _staging_root(options)
+    staging_root = staging_root_of(options)
     sweep_dead_jobs(staging_root)
     _wait_for_other_commits(options, staging_root)
+    plan = plan_targets(options, columns, staging_root / f"job-{uuid.uuid4().hex}", now_ms)
+    Path(plan.job_dir).mkdir(parents=True)
+    _write_owner(Path(plan.job_dir))
+    return plan
+
+
+def plan_targets(options: WriteOptions, columns: Columns, job_dir: Path, now_ms: int) -> WritePlan:
+    """The plan of a write staging in `job_dir`: the data dir's topics (read-only) and what a
+    new topic would be."""
     broker = options.engine.broker_config(options.location.log_dirs)
     targets: dict[str, TopicTarget] = {}
     if all(log_dir.is_dir() for log_dir in options.location.log_dirs):
@@ -347,12 +356,9 @@ def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePla
         )
     if not columns.topic and options.topic is None:
         raise OptionError("topic option required when no 'topic' attribute is present")
-    job_dir = staging_root / f"job-{uuid.uuid4().hex}"
     plan = WritePlan(options, columns, str(job_dir), targets, new_topic)
     if options.topic is not None:
         plan.target(options.topic)  # an unknown topic without auto-creation fails now
-    job_dir.mkdir(parents=True)
-    _write_owner(job_dir)
     return plan
 
 
@@ -544,7 +550,7 @@ def write_task(plan: WritePlan, batches: Iterable[pa.RecordBatch]) -> Staged:
 
 
 # -- commit and abort ------------------------------------------------------------------------------------
-def _open_writable(plan: WritePlan) -> DataDir:
+def open_writable(plan: WritePlan) -> DataDir:
     """The data dir opened for writing; its lock is retried for `commitLockTimeoutMs` (another
     job's commit holds it for a moment)."""
     broker = plan.options.engine.broker_config(plan.options.location.log_dirs)
@@ -558,7 +564,7 @@ def _open_writable(plan: WritePlan) -> DataDir:
             time.sleep(0.2)
 
 
-def _chunks(job_dir: Path, regions: Sequence[tuple[str, Region]]) -> Iterator[bytes]:
+def staged_chunks(job_dir: Path, regions: Sequence[tuple[str, Region]]) -> Iterator[bytes]:
     """The staged bytes of `regions` (file, region), in order, in chunks of whole batches."""
     chunk = bytearray()
     for name, region in regions:
@@ -575,11 +581,8 @@ def _chunks(job_dir: Path, regions: Sequence[tuple[str, Region]]) -> Iterator[by
         yield bytes(chunk)
 
 
-def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tuple[str, int], int]:
-    """Append every partition's staged batches (see the module docstring); returns the records
-    appended per partition. Raises on the first partition that fails (that one is cut back;
-    the ones before it stay appended)."""
-    job_dir = Path(plan.job_dir)
+def regions_by_partition(staged: Iterable[Staged | None]) -> dict[tuple[str, int], list[tuple[str, Region]]]:
+    """The tasks' staged regions per partition, (file, region) in task order."""
     by_partition: dict[tuple[str, int], list[tuple[str, Region]]] = {}
     for message in staged:
         if message is None:
@@ -587,17 +590,26 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
         for region in message.regions:
             if region.length:
                 by_partition.setdefault((region.topic, region.partition), []).append((message.file, region))
+    return by_partition
+
+
+def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tuple[str, int], int]:
+    """Append every partition's staged batches (see the module docstring); returns the records
+    appended per partition. Raises on the first partition that fails (that one is cut back;
+    the ones before it stay appended)."""
+    job_dir = Path(plan.job_dir)
+    by_partition = regions_by_partition(staged)
     appended: dict[tuple[str, int], int] = {}
     try:
         (job_dir / COMMITTING_FILE).write_text(str(os.getpid()))
-        data_dir = _open_writable(plan)
+        data_dir = open_writable(plan)
         try:
-            _create_topics(plan, data_dir, {topic for topic, _ in by_partition})
+            create_topics(plan, data_dir, {topic for topic, _ in by_partition})
             for (topic, partition), regions in by_partition.items():
                 log = data_dir.partition(topic, partition)
                 log_end = log.log_end_offset
                 try:
-                    for chunk in _chunks(job_dir, regions):
+                    for chunk in staged_chunks(job_dir, regions):
                         log.append_batches(chunk, assign_offsets=True, now_ms=int(time.time() * 1000))
                 except BaseException:
                     if log.log_end_offset > log_end:
@@ -611,7 +623,7 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
     return appended
 
 
-def _create_topics(plan: WritePlan, data_dir: DataDir, topics: set[str]) -> None:
+def create_topics(plan: WritePlan, data_dir: DataDir, topics: set[str]) -> None:
     """Create the topics the job wrote that the data dir does not have (auto.create.topics.enable),
     with the partition count the tasks used; a topic made meanwhile must have that count."""
     existing = data_dir.topics()
