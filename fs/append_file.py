@@ -4,6 +4,9 @@ topic's place each record by Kafka's default partitioner.
 
 Lines of one `write()` become one record batch per partition and appear whole or fail whole; a
 trailing partial line waits for its newline or for the close. The file is always empty.
+
+`append.batches` takes encoded record batches instead of lines (what the Spark writer sends
+through a mount), all those of one open appended at its close.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import stat
 import threading
 from typing import TYPE_CHECKING
 
+from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError
 from seglogfs.engine.partitioner import RoundRobin
 from seglogfs.engine.producer import LineSplitter, Producer
 from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, Refused
 
 if TYPE_CHECKING:
+    from seglogfs.engine.log import PartitionLog
     from seglogfs.fs.tree import Tree
 
 
@@ -102,3 +107,92 @@ class AppendHandle(Handle):
         now_ms = self.node.tree.clock()
         produced = self.producer.send(lines, now_ms, self.node.path)
         return self.node.tree.grown(produced.logs)
+
+
+# -- append.batches ---------------------------------------------------------------------------------------
+BATCHES_PER_OPEN_BYTES = 64 << 20  # what one open of append.batches may take before its close
+
+
+class BatchesFile(Node):
+    """`<topic>/<p>/append.batches`: Kafka v2 record batches as a producer sends them (a Produce
+    request's record set), appended with offsets assigned from the log end as a broker does.
+
+    The batches written through one open are appended together when it is closed (or fsync'd):
+    all of them, or — when any is incomplete, fails its CRC or breaks a limit
+    (`max.message.bytes`, a compacted topic's keys) — none; the close (or fsync) fails then. One
+    open takes at most 64 MiB."""
+
+    def __init__(
+        self, tree: Tree, inode: int, key: tuple[object, ...], path: str, *, topic: str, partition: int
+    ) -> None:
+        super().__init__(tree, inode, key, path)
+        self.topic = topic
+        self.partition = partition
+
+    def attributes(self) -> Attributes:
+        mode = 0 if self.tree.read_only else 0o200
+        return Attributes(stat.S_IFREG | mode, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+
+    def open(self, flags: int) -> Handle:
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            raise Refused(errno.EACCES, f"read {self.path}: append files are write-only")
+        if self.tree.read_only:
+            raise Refused(errno.EROFS, f"write {self.path}")
+        log = self.tree.data_dir.partition(self.topic, self.partition)
+        if log.offline_reason is not None:
+            raise Refused(errno.EIO, f"write {self.path}: the partition is offline ({log.offline_reason})")
+        return BatchesHandle(self, log)
+
+    def truncate(self, size: int) -> None:
+        if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty
+            super().truncate(size)
+
+
+class BatchesHandle(Handle):
+    """An open `append.batches`: what is written waits in memory for the close. Thread-safe
+    (descriptors shared between processes write through one handle)."""
+
+    seekable = False
+    writable = True
+
+    def __init__(self, node: BatchesFile, log: PartitionLog) -> None:
+        super().__init__(node)
+        self.log = log
+        self._pending = bytearray()
+        self._too_much = False  # over the limit: every later write and close fail, nothing is appended
+        self._lock = threading.Lock()
+
+    def _refuse_too_much(self) -> Refused:
+        return Refused(
+            errno.EFBIG,
+            f"write {self.node.path}: over {BATCHES_PER_OPEN_BYTES >> 20} MiB of batches in one open "
+            "(nothing of this open is appended: close it and write less per open)",
+        )
+
+    def write(self, position: int, data: bytes) -> Changes:
+        with self._lock:
+            if self._too_much or len(self._pending) + len(data) > BATCHES_PER_OPEN_BYTES:
+                self._too_much = True
+                self._pending.clear()
+                raise self._refuse_too_much()
+            self._pending += data
+        return Changes()
+
+    def flush(self) -> Changes:
+        with self._lock:
+            if self._too_much:
+                raise self._refuse_too_much()
+            if not self._pending:
+                return Changes()
+            data = bytes(self._pending)
+            self._pending.clear()
+        try:
+            self.log.append_batches(data, assign_offsets=True, now_ms=self.node.tree.clock())
+        except CorruptRecordError as error:  # what was written, not what is stored
+            raise InvalidRecordError(f"{self.node.path}: {error}") from None
+        return self.node.tree.grown([self.log])
+
+    def fsync(self) -> Changes:
+        changes = self.flush()
+        self.log.flush()
+        return changes

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from seglogfs.engine.errors import TimestampParseError
 from seglogfs.engine.naming import validate_topic
 from seglogfs.engine.timestamps import parse_timestamp
-from seglogfs.fs.append_file import AppendFile
+from seglogfs.fs.append_file import AppendFile, BatchesFile
 from seglogfs.fs.config_file import ConfigFile
 from seglogfs.fs.node import Attributes, Node, NoEntry, PartitionNode, Refused, join
 from seglogfs.fs.status_file import StatusFile
@@ -96,7 +96,7 @@ class TopicDir(Directory):
 
 
 class PartitionDir(PartitionNode, Directory):
-    ENTRIES = ("append", "append.jsonl", "records", "records.jsonl", "by-offset", "by-time", "status")
+    ENTRIES = ("append", "append.jsonl", "append.batches", "records", "records.jsonl", "by-offset", "by-time", "status")
 
     def children(self) -> list[tuple[str, Node]]:
         return [(name, self.child(name)) for name in self.ENTRIES]
@@ -109,6 +109,11 @@ class PartitionDir(PartitionNode, Directory):
             return tree.intern(
                 ("append", topic, partition, jsonl),
                 lambda inode, key: AppendFile(tree, inode, key, path, topic=topic, partition=partition, jsonl=jsonl),
+            )
+        if name == "append.batches":
+            return tree.intern(
+                ("append.batches", topic, partition),
+                lambda inode, key: BatchesFile(tree, inode, key, path, topic=topic, partition=partition),
             )
         if name in ("records", "records.jsonl"):
             return self._records(name)
