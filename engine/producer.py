@@ -22,6 +22,10 @@ from seglogfs.engine.records import Header
 
 T = TypeVar("T")
 
+# Encoded batches appended as one unit, all or nothing, take at most this: one open of a mount's
+# `append.batches` (held in memory until its close), one piece of a Spark commit through a mount.
+BATCHES_PER_APPEND_BYTES = 64 << 20
+
 
 class LineSplitter:
     """Complete lines of a byte stream fed in pieces. What follows the last newline waits for

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError
 from seglogfs.engine.partitioner import RoundRobin
-from seglogfs.engine.producer import LineSplitter, Producer
+from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES, LineSplitter, Producer
 from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, Refused
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class AppendHandle(Handle):
 
 
 # -- append.batches ---------------------------------------------------------------------------------------
-BATCHES_PER_OPEN_BYTES = 64 << 20  # what one open of append.batches may take before its close
+BATCHES_PER_OPEN_BYTES = BATCHES_PER_APPEND_BYTES  # what one open of append.batches may take before its close
 
 
 class BatchesFile(Node):

@@ -74,6 +74,11 @@ def stream_identity(raw: Mapping[str, str]) -> str:
 
 def plan_stream_write(options: WriteOptions, columns: Columns, identity: str, now_ms: int) -> WritePlan:
     """The plan of a streaming write: its tasks stage in the stream's own dir."""
+    if options.location.mounted:
+        raise OptionError(
+            f"{options.location.mount_point} is a seglogfs mount: streaming writes go to a data dir (exactly-once "
+            "needs the data dir's lock across a commit); batch writes go through mounts"
+        )
     digest = hashlib.sha256(identity.encode()).hexdigest()[:24]
     stream_dir = staging_root_of(options) / STREAMS_DIR / digest
     plan = plan_targets(options, columns, stream_dir, now_ms)

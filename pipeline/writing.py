@@ -24,6 +24,12 @@ Staging lives *beside* the log dir (`<parent>/.<logdir>.seglogfs-staging/`, or t
 `stagingDir`), not inside it: a Kafka broker refuses to load a log dir holding a directory whose
 name is not `<topic>-<partition>`, and a crashed job's leftovers must not do that.
 
+Through a mount (`path` a seglogfs mount point), planning reads the topics the mount shows, and
+the commit writes each partition's staged batches to the mount's `<topic>/<p>/append.batches`,
+which appends what one open wrote at its close, whole or not at all: a partition's part of a job
+up to 64 MiB is all or nothing, a larger one is appended in such pieces. The mount holds the data
+dir's lock and serialises the appends with everything else written through it.
+
 A job killed outright (kill -9 of the application, a lost driver host) never aborts: its staging
 dir stays, and nothing of it is visible. Each job dir names its owner (`owner.json`: the Spark
 application's JVM — host, boot, pid and the pid's start time), and every job's planning removes
@@ -59,7 +65,8 @@ from seglogfs.engine import (
 from seglogfs.engine.check import log_dir_in_use
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import validate_topic
-from seglogfs.engine.records import Header, encode_batches
+from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES
+from seglogfs.engine.records import Header, encode_batches, iter_batch_headers
 from seglogfs.pipeline.options import (
     EngineSettings,
     Location,
@@ -92,11 +99,6 @@ class WriteOptions:
 def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     options = lowered(raw)
     location = parse_location(options)
-    if location.mounted:
-        raise OptionError(
-            f"{location.mount_point} is a seglogfs mount, which holds its data dir: Spark writes go to the data "
-            "dir itself (unmount it first). Writing through a mount is not supported yet."
-        )
     compression = None
     if "kafka.compression.type" in options:
         compression = CompressionType.from_name(options["kafka.compression.type"])
@@ -171,7 +173,8 @@ class WritePlan:
 def staging_root_of(options: WriteOptions) -> Path:
     if options.staging_dir is not None:
         return options.staging_dir
-    first = options.location.log_dirs[0].resolve()
+    location = options.location
+    first = (location.mount_point if location.mount_point is not None else location.log_dirs[0]).resolve()
     return first.parent / f".{first.name}{STAGING_SUFFIX}"
 
 
@@ -325,7 +328,8 @@ def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePla
     jobs' leftovers)."""
     staging_root = staging_root_of(options)
     sweep_dead_jobs(staging_root)
-    _wait_for_other_commits(options, staging_root)
+    if not options.location.mounted:  # (a mount holds its data dir's lock: the commit goes through it)
+        _wait_for_other_commits(options, staging_root)
     plan = plan_targets(options, columns, staging_root / f"job-{uuid.uuid4().hex}", now_ms)
     Path(plan.job_dir).mkdir(parents=True)
     _write_owner(Path(plan.job_dir))
@@ -335,6 +339,8 @@ def plan_write(options: WriteOptions, columns: Columns, now_ms: int) -> WritePla
 def plan_targets(options: WriteOptions, columns: Columns, job_dir: Path, now_ms: int) -> WritePlan:
     """The plan of a write staging in `job_dir`: the data dir's topics (read-only) and what a
     new topic would be."""
+    if options.location.mount_point is not None:
+        return _plan_through_mount(options, columns, job_dir, options.location.mount_point)
     broker = options.engine.broker_config(options.location.log_dirs)
     targets: dict[str, TopicTarget] = {}
     if all(log_dir.is_dir() for log_dir in options.location.log_dirs):
@@ -359,6 +365,35 @@ def plan_targets(options: WriteOptions, columns: Columns, job_dir: Path, now_ms:
     plan = WritePlan(options, columns, str(job_dir), targets, new_topic)
     if options.topic is not None:
         plan.target(options.topic)  # an unknown topic without auto-creation fails now
+    return plan
+
+
+def _plan_through_mount(options: WriteOptions, columns: Columns, job_dir: Path, mount: Path) -> WritePlan:
+    """Targets as the mount shows them: its topic directories, their partitions, and each topic's
+    effective config from its partition 0's `status`. Topics are not created through a mount's
+    writes (`mkdir <mount>/<topic>` creates one)."""
+    targets: dict[str, TopicTarget] = {}
+    for topic_dir in sorted(mount.iterdir()):
+        if topic_dir.name.startswith(".") or not topic_dir.is_dir():
+            continue
+        partitions = [child for child in topic_dir.iterdir() if child.name.isdigit()]
+        if not partitions:
+            continue
+        config = json.loads((topic_dir / "0" / "status").read_text())["config"]
+        targets[topic_dir.name] = TopicTarget(
+            len(partitions),
+            int(config["max.message.bytes"]),
+            _codec(config["compression.type"]),
+            "compact" in config["cleanup.policy"].split(","),
+            True,
+        )
+    if not columns.topic and options.topic is None:
+        raise OptionError("topic option required when no 'topic' attribute is present")
+    plan = WritePlan(options, columns, str(job_dir), targets, None)
+    if options.topic is not None and options.topic not in targets:
+        raise UnknownTopicOrPartitionError(
+            f"unknown topic {options.topic!r} on the mount {mount}: create it first (mkdir {mount / options.topic})"
+        )
     return plan
 
 
@@ -599,6 +634,11 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
     the ones before it stay appended)."""
     job_dir = Path(plan.job_dir)
     by_partition = regions_by_partition(staged)
+    if plan.options.location.mount_point is not None:
+        try:
+            return _commit_through_mount(plan.options.location.mount_point, job_dir, by_partition)
+        finally:
+            abort_staged(plan)
     appended: dict[tuple[str, int], int] = {}
     try:
         (job_dir / COMMITTING_FILE).write_text(str(os.getpid()))
@@ -620,6 +660,45 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
             data_dir.close()
     finally:
         abort_staged(plan)
+    return appended
+
+
+def staged_batches_in_pieces(job_dir: Path, regions: Sequence[tuple[str, Region]], limit: int) -> Iterator[bytes]:
+    """The staged batches of `regions`, in order, in pieces of whole batches of at most `limit`
+    bytes (a batch over it, which max.message.bytes forbids anyway, alone)."""
+    piece = bytearray()
+    for data in staged_chunks(job_dir, regions):
+        for header in iter_batch_headers(data):
+            if piece and len(piece) + header.size_in_bytes > limit:
+                yield bytes(piece)
+                piece = bytearray()
+            piece += data[header.position : header.next_position]
+    if piece:
+        yield bytes(piece)
+
+
+def _commit_through_mount(
+    mount: Path, job_dir: Path, by_partition: Mapping[tuple[str, int], Sequence[tuple[str, Region]]]
+) -> dict[tuple[str, int], int]:
+    """Each partition's staged batches written to `<mount>/<topic>/<p>/append.batches`, each
+    piece of up to 64 MiB in one open appended whole or not at all (a partition under 64 MiB:
+    all or nothing); fsync makes them durable and reports the append's error."""
+    appended: dict[tuple[str, int], int] = {}
+    for (topic, partition), regions in by_partition.items():
+        target = mount / topic / str(partition) / "append.batches"
+        for piece in staged_batches_in_pieces(job_dir, regions, BATCHES_PER_APPEND_BYTES):
+            fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                view = memoryview(piece)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as error:
+                raise OSError(error.errno, f"appending to {target}: {error.strerror}") from None
+            finally:
+                with contextlib.suppress(OSError):  # (fsync reported the append's error)
+                    os.close(fd)
+        appended[(topic, partition)] = sum(region.records for _, region in regions)
     return appended
 
 

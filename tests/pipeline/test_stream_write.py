@@ -102,6 +102,10 @@ def test_a_streaming_write_needs_its_query_known(tmp_path: Path) -> None:
         stream_identity({"path": str(tmp_path)})
     assert stream_identity({"checkpointLocation": "/x/cp"}) == "checkpoint:/x/cp"
     assert stream_identity({"queryName": "q"}) == "query:q"
+    (tmp_path / "mnt" / ".logdir").mkdir(parents=True)  # what marks a seglogfs mount point
+    raw = {"path": str(tmp_path / "mnt"), "topic": TOPIC, "checkpointLocation": str(tmp_path / "cp")}
+    with pytest.raises(OptionError, match="is a seglogfs mount: streaming writes go to a data dir"):
+        plan_stream_write(parse_write_options(raw), Columns(), stream_identity(raw), 0)
 
 
 # -- the commit, without Spark --------------------------------------------------------------------------

@@ -26,8 +26,10 @@ from pyspark import InheritableThread
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
-from seglogfs.pipeline.writing import STAGING_SUFFIX, _boot_id, _start_time
+from seglogfs.engine.records import build_batch
+from seglogfs.pipeline.writing import STAGING_SUFFIX, Region, _boot_id, _start_time, staged_batches_in_pieces
 from tests.conftest import assert_log_dir_valid
+from tests.fs.conftest import Mount, check_mount_log
 from tests.pipeline.conftest import read_table
 
 HEADERS = "array<struct<key:string,value:binary>>"
@@ -176,7 +178,7 @@ def test_what_cannot_be_written_is_refused_before_any_work(spark, tmp_path: Path
         write(spark.createDataFrame([(b"v", 3)], "value binary, partition int"), path, topic="orders")
     mount = tmp_path / "mnt"
     (mount / ".logdir").mkdir(parents=True)
-    with pytest.raises(Exception, match="is a seglogfs mount"):
+    with pytest.raises(Exception, match=r"unknown topic 'orders' on the mount .*: create it first \(mkdir"):
         write(frame, mount, topic="orders")
     config = BrokerConfig.load(log_dirs=[path])
     with DataDir.open(config, now_ms=int(time.time() * 1000)), pytest.raises(Exception, match="data dir is in use by"):
@@ -325,3 +327,54 @@ def test_planning_waits_for_another_jobs_commit_and_refuses_any_other_holder(spa
     assert committing.exists()  # its owner ended after this job planned: the next job sweeps it
     frame.write.format("seglog").option("path", str(path)).option("topic", "orders").mode("append").save()
     assert not staging_left(path)
+
+
+# -- through a mount ----------------------------------------------------------------------------------
+def test_a_write_through_a_mount_equals_a_write_to_a_data_dir(spark, tmp_path: Path) -> None:
+    rows = [  # null keys with a partition of their own: round-robin starts at random
+        (key, value, headers, i % 3 if key is None and partition is None else partition)
+        for i, (key, value, headers, _topic, partition) in enumerate(rows_for(2000))
+    ]
+    frame = spark.createDataFrame(rows, f"key binary, value binary, headers {HEADERS}, partition int").repartition(3)
+    direct = new_data_dir(tmp_path / "direct", {"orders": 3})
+    frame.write.format("seglog").option("path", str(direct)).option("topic", "orders").mode("append").save()
+    mounted = new_data_dir(tmp_path / "mounted", {"orders": 3})
+    (tmp_path / "mnt").mkdir()
+    m = Mount(mounted, tmp_path / "mnt", [])
+    try:
+        frame.write.format("seglog").option("path", str(m.path)).option("topic", "orders").mode("append").save()
+        through = read_table(spark, m.path, subscribe="orders", includeHeaders="true")
+        with pytest.raises(Exception, match=r"unknown topic 'other' on the mount"):
+            frame.write.format("seglog").option("path", str(m.path)).option("topic", "other").mode("append").save()
+    finally:
+        m.stop()
+    check_mount_log(m, [])
+    expected = read_table(spark, direct, subscribe="orders", includeHeaders="true")
+
+    def content(table) -> Counter:
+        return Counter(
+            (r["partition"], r["key"], r["value"], tuple(tuple(h.items()) for h in r["headers"] or ()))
+            for r in table.to_pylist()
+        )
+
+    assert content(through) == content(expected)
+    assert log_ends(mounted) == log_ends(direct)
+    assert not staging_left(mounted) and not list(tmp_path.glob(".mnt*"))
+    assert_log_dir_valid(mounted)
+
+
+def test_staged_batches_go_through_a_mount_in_pieces_of_whole_batches(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    job.mkdir()
+    batches = [build_batch([b"v" * size], timestamps=0) for size in (10, 300, 20, 500, 30, 40)]
+    (job / "task.batches").write_bytes(b"".join(batches))
+    regions = [("task.batches", Region("t", 0, 0, sum(map(len, batches[:3])), 3))]
+    regions.append(("task.batches", Region("t", 0, regions[0][1].length, sum(map(len, batches[3:])), 3)))
+    pieces = list(staged_batches_in_pieces(job, regions, 450))
+    assert b"".join(pieces) == b"".join(batches)
+    assert [len(p) for p in pieces] == [
+        len(batches[0]) + len(batches[1]),
+        len(batches[2]),
+        len(batches[3]),
+        len(batches[4]) + len(batches[5]),
+    ]
