@@ -136,7 +136,8 @@ def test_a_commit_that_failed_midway_is_finished_by_the_replay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing_call: int
 ) -> None:
     """The nth append of the commit fails (ENOSPC): before it, nothing, the first chunks of a
-    partition, or whole partitions are appended (the three partitions take 5, 2 and 9 appends). The replay of the batch appends what is missing, and only that."""
+    partition, or whole partitions are appended (the three partitions take 5, 2 and 9 appends).
+    The replay of the batch appends what is missing, and only that."""
     target = new_data_dir(tmp_path / "target", {TOPIC: 3})
     plan = plan_for(target, str(tmp_path / "cp"))
     assert commit_micro_batch(plan, staged_batch(plan, rows(0, 50)), 0)
