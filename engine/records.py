@@ -649,6 +649,58 @@ def iter_batch_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> I
         position = header.next_position
 
 
+def batch_ranges(sizes: np.ndarray, batch_bytes: int) -> list[tuple[int, int]]:
+    """Records of estimated `sizes` grouped in order into [lo, hi) ranges whose batches come to
+    about `batch_bytes` each (header included), at least one record each."""
+    limit = batch_bytes - BATCH_OVERHEAD_BYTES
+    ends = np.cumsum(sizes)
+    ranges = []
+    lo, n = 0, len(sizes)
+    while lo < n:  # the longest run from `lo` within the limit, at least one record
+        base = int(ends[lo - 1]) if lo else 0
+        hi = max(int(np.searchsorted(ends, base + limit, side="right")), lo + 1)
+        ranges.append((lo, hi))
+        lo = hi
+    return ranges
+
+
+def frame_batch(
+    records: bytes | memoryview,
+    *,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    compression: CompressionType = CompressionType.NONE,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytearray:
+    """A v2 batch (CreateTime, no producer) around `count` encoded records — each with its length
+    prefix, offset deltas 0..count-1, timestamp deltas from `base_timestamp` — compressed with
+    `compression`, CRC included: what `build_batch` makes of the same records, for callers that
+    encode the records section column-wise themselves."""
+    batch = bytearray(_HEADER_SLOT)
+    batch += records if compression is CompressionType.NONE else compress(compression, records)
+    _HEADER.pack_into(
+        batch,
+        0,
+        base_offset,
+        len(batch) - LOG_OVERHEAD_BYTES,
+        partition_leader_epoch,
+        CURRENT_MAGIC,
+        0,
+        int(compression),
+        count - 1,
+        base_timestamp,
+        max_timestamp,
+        NO_PRODUCER.producer_id,
+        NO_PRODUCER.producer_epoch,
+        NO_PRODUCER.base_sequence,
+        count,
+    )
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    return batch
+
+
 def encode_batches(
     values: Sequence[bytes | None],
     *,
@@ -679,16 +731,7 @@ def encode_batches(
             sizes += _byte_lengths(keys)
         if headers is not None:
             sizes += np.fromiter((sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, n)
-    limit = min(target_batch_bytes or max_batch_bytes, max_batch_bytes) - BATCH_OVERHEAD_BYTES
-    ends = np.cumsum(sizes)
-    ranges = []
-    lo = 0
-    while lo < n:  # the longest run from `lo` within the limit, at least one record
-        base = int(ends[lo - 1]) if lo else 0
-        hi = max(int(np.searchsorted(ends, base + limit, side="right")), lo + 1)
-        ranges.append((lo, hi))
-        lo = hi
-    pending = list(reversed(ranges))
+    pending = list(reversed(batch_ranges(sizes, min(target_batch_bytes or max_batch_bytes, max_batch_bytes))))
     batches: list[bytearray] = []
     offset = base_offset
     while pending:

@@ -67,6 +67,7 @@ from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import validate_topic
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES
 from seglogfs.engine.records import Header, encode_batches, iter_batch_headers
+from seglogfs.pipeline.encoding import encode_columns
 from seglogfs.pipeline.options import (
     EngineSettings,
     Location,
@@ -526,34 +527,43 @@ class TaskWriter:
         headers: pa.Array | None,
     ) -> None:
         n = len(values)
-        sizes = np.maximum(binary_parts(values)[2], 0) * values.is_valid().to_numpy(zero_copy_only=False)
-        sizes = sizes + _RECORD_OVERHEAD_BYTES
-        value_list = values.to_pylist()
-        key_list = None
-        if keys is not None and keys.null_count < n:
-            key_list = keys.to_pylist()
-            sizes = sizes + np.maximum(binary_parts(keys)[2], 0)
+        codec = self.plan.options.compression or target.compression
         header_list = None
         if headers is not None and headers.null_count < n:
             header_list = [_header_pairs(row) for row in headers.to_pylist()]
-            if any(header_list):
-                sizes = sizes + np.fromiter(
-                    (sum(len(k) + len(v or b"") + 8 for k, v in h) for h in header_list), np.int64, n
-                )
-            else:
+            if not any(header_list):
                 header_list = None
-        codec = self.plan.options.compression or target.compression
-        batches = encode_batches(
-            value_list,
-            keys=key_list,
-            headers=header_list,
-            timestamps=self._now_ms,
-            max_batch_bytes=target.max_message_bytes,
-            target_batch_bytes=self.plan.options.batch_bytes,
-            where=f"{topic}-{partition}",
-            compression=codec,
-            sizes=sizes,
-        )
+        if header_list is None:  # column-wise, no Python object per record
+            batches = encode_columns(
+                values,
+                keys,
+                timestamp=self._now_ms,
+                max_batch_bytes=target.max_message_bytes,
+                target_batch_bytes=self.plan.options.batch_bytes,
+                compression=codec,
+                where=f"{topic}-{partition}",
+            )
+        else:
+            sizes = np.maximum(binary_parts(values)[2], 0) * values.is_valid().to_numpy(zero_copy_only=False)
+            sizes = sizes + _RECORD_OVERHEAD_BYTES
+            key_list = None
+            if keys is not None and keys.null_count < n:
+                key_list = keys.to_pylist()
+                sizes = sizes + np.maximum(binary_parts(keys)[2], 0)
+            sizes = sizes + np.fromiter(
+                (sum(len(k) + len(v or b"") + 8 for k, v in h) for h in header_list), np.int64, n
+            )
+            batches = encode_batches(
+                values.to_pylist(),
+                keys=key_list,
+                headers=header_list,
+                timestamps=self._now_ms,
+                max_batch_bytes=target.max_message_bytes,
+                target_batch_bytes=self.plan.options.batch_bytes,
+                where=f"{topic}-{partition}",
+                compression=codec,
+                sizes=sizes,
+            )
         start = self._position
         for batch in batches:
             self._file.write(batch)
@@ -600,20 +610,22 @@ def open_writable(plan: WritePlan) -> DataDir:
 
 
 def staged_chunks(job_dir: Path, regions: Sequence[tuple[str, Region]]) -> Iterator[bytes]:
-    """The staged bytes of `regions` (file, region), in order, in chunks of whole batches."""
-    chunk = bytearray()
+    """The staged bytes of `regions` (file, region), in order, in chunks of whole batches (of
+    about `_APPEND_CHUNK_BYTES`; a region larger than that alone)."""
+    parts: list[bytes] = []
+    size = 0
     for name, region in regions:
         with open(job_dir / name, "rb") as staged:
-            staged.seek(region.position)
-            data = staged.read(region.length)
+            data = os.pread(staged.fileno(), region.length, region.position)
         if len(data) != region.length:
             raise OSError(f"{job_dir / name}: staged batches cut short ({len(data)} of {region.length} bytes)")
-        if chunk and len(chunk) + len(data) > _APPEND_CHUNK_BYTES:
-            yield bytes(chunk)
-            chunk = bytearray()
-        chunk += data
-    if chunk:
-        yield bytes(chunk)
+        if parts and size + len(data) > _APPEND_CHUNK_BYTES:
+            yield parts[0] if len(parts) == 1 else b"".join(parts)
+            parts, size = [], 0
+        parts.append(data)
+        size += len(data)
+    if parts:
+        yield parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def regions_by_partition(staged: Iterable[Staged | None]) -> dict[tuple[str, int], list[tuple[str, Region]]]:
