@@ -1,11 +1,14 @@
 """`spark.readStream.format("seglog")`: micro-batches see every record appended exactly once, in
 offset order per partition, new topics and partitions included; a restarted query resumes at its
 checkpoint; `maxOffsetsPerTrigger` cuts micro-batches; `failOnDataLoss` on offsets deleted before
-they were read. Real local Spark, every query `availableNow` (deterministic: each run ends when it
-has read what was there when it started), appends only between runs."""
+they were read. Real local Spark: most queries run `availableNow` (deterministic: each run ends
+when it has read what was there when it started) with appends between runs; two run on a
+processing-time trigger while a mount's append files or `seglogfs produce` processes append."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -14,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
+from tests.conftest import REPO
+from tests.fs.conftest import Mount, check_mount_log
 
 DEADLINE_S = 45
+SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
 
 
 def now_ms() -> int:
@@ -106,9 +112,8 @@ def expected(counts: dict[tuple[str, int], int]) -> dict[tuple[str, int], list[i
 
 def test_a_query_sees_every_append_once_in_order(spark, tmp_path: Path) -> None:
     """Started before anything was appended, then run again after each round of appends (new
-    partitions of a new topic matching the pattern included). The runs and the appends take turns:
-    a read-only open racing a writer process's close can die of SIGBUS in the engine (an index
-    trimmed under its mapping), so no append happens while a query is planning."""
+    partitions of a new topic matching the pattern included), the runs and the appends taking
+    turns (appends during a run: the tests at the end)."""
     path = new_data_dir(tmp_path / "data", {"events": 2})
     checkpoint = tmp_path / "checkpoint"
     sink = Batches()
@@ -170,3 +175,89 @@ def test_offsets_deleted_before_they_were_read(spark, tmp_path: Path) -> None:
     lenient = Batches()
     run_available_now(spark, path, tmp_path / "lenient", lenient, **options, failOnDataLoss="false")
     assert lenient.by_partition() == {("t", 0): list(range(40, 63))}
+
+
+# -- appends while the query runs ---------------------------------------------------------------------
+def lines(partition: int, start: int, count: int) -> bytes:
+    return b"".join(b"events-%d-%d\n" % (partition, offset) for offset in range(start, start + count))
+
+
+def wait_for_rows(sink: Batches, count: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while len(sink.rows()) < count:
+        assert time.monotonic() < deadline, f"the query saw {len(sink.rows())} of {count} rows"
+        time.sleep(0.05)
+
+
+def run_while_appending(spark, path: Path, checkpoint: Path, appends, total: int) -> Batches:
+    """A query (micro-batches every 200 ms) started before any append; `appends(sink)` runs once
+    the query has run its first trigger; the query is stopped once it has seen `total` rows (or
+    the deadline passes)."""
+    sink = Batches()
+    query = (
+        stream(spark, path, subscribe="events", startingOffsets="earliest")
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while query.lastProgress is None:  # the query is running before the first append
+            assert time.monotonic() < deadline and query.exception() is None, "the query did not start"
+            time.sleep(0.05)
+        appends(sink)
+        while len(sink.rows()) < total and time.monotonic() < deadline and query.exception() is None:
+            time.sleep(0.2)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    if query.exception() is not None:
+        raise query.exception()
+    return sink
+
+
+def test_a_running_query_sees_appends_through_a_mount_once(spark, tmp_path: Path) -> None:
+    """Read through the mount (its `.logdir` mirror) while lines are appended to the mount's
+    append files, in rounds a micro-batch apart."""
+    data = new_data_dir(tmp_path / "data", {"events": 2})
+    (tmp_path / "mnt").mkdir()
+    m = Mount(data, tmp_path / "mnt", [])
+    try:
+
+        def appends(sink: Batches) -> None:
+            for round_ in range(8):
+                for partition in (0, 1):
+                    with open(m.path / "events" / str(partition) / "append", "ab") as handle:
+                        handle.write(lines(partition, round_ * 25, 25))
+                if round_ % 2:
+                    wait_for_rows(sink, (round_ + 1) * 50)
+
+        sink = run_while_appending(spark, m.path, tmp_path / "checkpoint", appends, total=400)
+    finally:
+        m.stop()
+    check_mount_log(m, [])
+    assert sink.by_partition() == expected({("events", 0): 200, ("events", 1): 200})
+    assert len([size for size in sink.sizes() if size]) > 1  # the rows came in several micro-batches
+
+
+def test_a_running_query_sees_what_seglogfs_produce_appends_once(spark, tmp_path: Path) -> None:
+    """Read the data dir itself while `seglogfs produce` processes append to it."""
+    data = new_data_dir(tmp_path / "data", {"events": 2})
+
+    def appends(sink: Batches) -> None:
+        for round_ in range(6):
+            for partition in (0, 1):
+                subprocess.run(
+                    [*SEGLOGFS, "produce", str(data), "--topic", "events", "--partition", str(partition)],
+                    input=lines(partition, round_ * 40, 40),
+                    cwd=REPO,
+                    check=True,
+                    capture_output=True,
+                )
+            if round_ % 2:
+                wait_for_rows(sink, (round_ + 1) * 80)
+
+    sink = run_while_appending(spark, data, tmp_path / "checkpoint", appends, total=480)
+    assert sink.by_partition() == expected({("events", 0): 240, ("events", 1): 240})
+    assert len([size for size in sink.sizes() if size]) > 1
