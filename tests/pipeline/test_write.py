@@ -16,13 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
-from pyspark import InheritableThread
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
@@ -207,7 +207,7 @@ def test_two_concurrent_jobs_lose_nothing(spark, tmp_path: Path) -> None:
         except BaseException as error:  # reported below
             errors.append(error)
 
-    threads = [InheritableThread(target=job, args=(name,)) for name in ("a", "b")]
+    threads = [threading.Thread(target=job, args=(name,)) for name in ("a", "b")]
     for thread in threads:
         thread.start()
     for thread in threads:
