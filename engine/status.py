@@ -34,6 +34,6 @@ def partition_status(log: PartitionLog) -> dict[str, Any]:
     }
 
 
-def status_json(log: PartitionLog) -> bytes:
-    """`partition_status` as indented JSON with a final newline."""
-    return (json.dumps(partition_status(log), indent=2) + "\n").encode()
+def status_json(log: PartitionLog, extra: dict[str, Any] | None = None) -> bytes:
+    """`partition_status` (and `extra` fields) as indented JSON with a final newline."""
+    return (json.dumps({**partition_status(log), **(extra or {})}, indent=2) + "\n").encode()

@@ -161,6 +161,11 @@ class Node:
     def attributes(self) -> Attributes:
         raise NotImplementedError
 
+    def listed_attributes(self) -> Attributes:
+        """The attributes for a lookup or a directory listing: as `attributes`, except where
+        those cost a measure (a view's first look), which waits for a `stat` or a read."""
+        return self.attributes()
+
     def children(self) -> list[tuple[str, Node]]:
         raise Refused(errno.ENOTDIR, f"list {self.path}")
 

@@ -84,6 +84,22 @@ _CALLERS_ERRNOS = frozenset(
 )
 
 
+_SIGNAL_POLL_S = 0.05
+
+
+def _signal_pending(pid: int) -> bool:
+    """Whether `pid` (a thread of the caller) has a signal pending that it does not block. A
+    caller that is gone counts as interrupted (nothing waits for the answer); an unknown one
+    (pid 0) never."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            fields = dict(line.split(b":", 1) for line in status.read().splitlines() if b":" in line)
+        pending = int(fields[b"SigPnd"], 16) | int(fields[b"ShdPnd"], 16)
+        return bool(pending & ~int(fields[b"SigBlk"], 16))
+    except (OSError, KeyError, ValueError):
+        return pid > 0 and not os.path.exists(f"/proc/{pid}")
+
+
 def errno_for(error: BaseException) -> int:
     """The one table from engine errors (and OS errors) to errno values."""
     for kind, number in _ERRNO:
@@ -130,6 +146,7 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.tree = tree
         self._handles: dict[int, Handle] = {}
+        self._openers: dict[int, int] = {}  # the pid that opened each handle (reads carry none)
         self._next_fh = 1
         self._uid, self._gid = os.getuid(), os.getgid()
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
@@ -141,6 +158,38 @@ class Operations(pyfuse3.Operations):
         """Run the tree's work in a worker thread, its errors mapped."""
         with _errors(what):
             return await trio.to_thread.run_sync(work)
+
+    async def _run_interruptible(self, work: Callable[[], T], what: str, pid: int) -> T:
+        """`_run` for work that may take long (the first measure of a view): when the calling
+        process gets a signal meanwhile (Ctrl-C on `stat`, `ls -l`, `head`), the request
+        answers EINTR at once and the work goes on in its thread, its result kept for the next
+        request. (pyfuse3 does not pass the kernel's FUSE_INTERRUPT on, and the kernel waits
+        for an answer even for SIGKILL: the caller's pending signals are watched instead.)"""
+        result: list[T] = []
+        failure: list[Exception] = []
+        async with trio.open_nursery() as nursery:
+
+            async def watch_caller() -> None:
+                while not _signal_pending(pid):
+                    await trio.sleep(_SIGNAL_POLL_S)
+                nursery.cancel_scope.cancel()
+
+            async def work_in_thread() -> None:
+                try:
+                    result.append(await trio.to_thread.run_sync(work, abandon_on_cancel=True))
+                except Exception as error:  # raised below as itself, not in an exception group
+                    failure.append(error)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_caller)
+            nursery.start_soon(work_in_thread)
+        with _errors(what):
+            if failure:
+                raise failure[0]
+        if not result:
+            logger.info("%s: the caller (pid %d) got a signal: EINTR; the work goes on in the background", what, pid)
+            raise pyfuse3.FUSEError(errno.EINTR)
+        return result[0]
 
     def _node(self, inode: int) -> Node:
         node = self.tree.get(inode)
@@ -158,6 +207,10 @@ class Operations(pyfuse3.Operations):
         """The node's attributes as FUSE wants them (in a worker thread: a view's size may need
         rendering)."""
         return self._fuse_attributes(node.inode, node.attributes())
+
+    def _listed_entry(self, node: Node) -> pyfuse3.EntryAttributes:
+        """The node's attributes for a lookup or a listing, which never measure a view."""
+        return self._fuse_attributes(node.inode, node.listed_attributes())
 
     def _fuse_attributes(self, inode: int, attributes: Attributes) -> pyfuse3.EntryAttributes:
         entry = pyfuse3.EntryAttributes()
@@ -205,13 +258,20 @@ class Operations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         text = os.fsdecode(name)
         if text == "..":  # (the kernel counts this lookup too)
-            return await self._run(lambda: self._entry(self.tree.note_lookup(parent)), f"lookup {parent.path}/..")
-        return await self._run(lambda: self._entry(self.tree.lookup(parent, text)), f"lookup {join(parent.path, text)}")
+            return await self._run(
+                lambda: self._listed_entry(self.tree.note_lookup(parent)), f"lookup {parent.path}/.."
+            )
+        return await self._run(
+            lambda: self._listed_entry(self.tree.lookup(parent, text)), f"lookup {join(parent.path, text)}"
+        )
 
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         self.requests["getattr"] += 1
         node = self._node(inode)
-        return await self._run(lambda: self._entry(node), f"getattr {node.path}")
+        what = f"getattr {node.path}"
+        if ctx is None:
+            return await self._run(lambda: self._entry(node), what)
+        return await self._run_interruptible(lambda: self._entry(node), what, ctx.pid)
 
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
@@ -235,7 +295,7 @@ class Operations(pyfuse3.Operations):
             entries = []
             for name, child in node.children():
                 self.tree.note_lookup(child)  # readdirplus hands the kernel the entry without a lookup
-                entries.append((name, self._entry(child)))
+                entries.append((name, self._listed_entry(child)))
             return entries
 
         entries = await self._run(list_entries, f"readdir {node.path}")
@@ -277,6 +337,7 @@ class Operations(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = handle
+        self._openers[fh] = ctx.pid
         self._open_inodes[inode] += 1
         # No page cache: a read racing an append could leave a cached page that ends in zeros
         # where the new records now are (the kernel zero-fills a short read).
@@ -291,7 +352,9 @@ class Operations(pyfuse3.Operations):
         with _errors(f"read {handle.node.path}"):
             data = handle.read_now(off, size)
         if data is None:
-            return await self._run(lambda: handle.read(off, size), f"read {handle.node.path}")
+            return await self._run_interruptible(
+                lambda: handle.read(off, size), f"read {handle.node.path}", self._openers.get(fh, 0)
+            )
         self.requests["read_now"] += 1
         return data
 
@@ -314,6 +377,7 @@ class Operations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        self._openers.pop(fh, None)
         if handle is None:
             return
         inode = handle.node.inode

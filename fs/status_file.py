@@ -10,12 +10,18 @@ from seglogfs.fs.node import Attributes, BytesHandle, Handle, PartitionNode
 
 
 class StatusFile(PartitionNode):
+    """The engine's document, and how far the partition's views are measured (`views`: per
+    format looked at so far, `measured` and the segment bytes measured of those to measure)."""
+
+    def _document(self) -> bytes:
+        return status_json(self.log, {"views": self.tree.view_progress(self.log)})
+
     def attributes(self) -> Attributes:
-        return Attributes(stat.S_IFREG | 0o444, len(status_json(self.log)), self.tree.mounted_ns)
+        return Attributes(stat.S_IFREG | 0o444, len(self._document()), self.tree.mounted_ns)
 
     def open(self, flags: int) -> Handle:
         self.refuse_writes(flags)
-        return BytesHandle(self, status_json(self.log))
+        return BytesHandle(self, self._document())
 
     def truncate(self, size: int) -> None:
         self.refuse_writes(os.O_WRONLY)

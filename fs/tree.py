@@ -21,6 +21,7 @@ the per-partition view index are guarded by one lock (`_lock`), held only for di
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from seglogfs.engine import DataDir, PartitionLog
+from seglogfs.engine import DataDir, EngineError, PartitionLog
 from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
@@ -38,7 +39,7 @@ from seglogfs.fs.mirror import Mirror
 from seglogfs.fs.mirror_node import MirrorNode
 from seglogfs.fs.node import Changes, Node, join
 from seglogfs.fs.view_file import ViewFile
-from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, Renderer
+from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class MountOptions:
     line_format: LineFormat = field(default_factory=LineFormat)
     read_only: bool = False
     view_cache: Path | None = None  # where sealed segments' view layouts are kept (LayoutStore)
+    measure: bool = True  # measure unmeasured partitions' views in the background (-o measure=lazy: no)
 
 
 class Tree:
@@ -74,6 +76,7 @@ class Tree:
         self._next_inode = ROOT_INODE
         self._layouts: dict[tuple[str, int, str], Layout] = {}
         self._layouts_lock = threading.Lock()  # held to make a layout (cheap: nothing is measured)
+        self._stopping = threading.Event()  # set at unmount: measures stop
         self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
         self.root = self.intern(("root",), lambda inode, key: RootDir(self, inode, key, ""))
 
@@ -187,8 +190,63 @@ class Tree:
         else:
             renderer = JsonLinesRenderer(log.topic, log.partition)
             format_key = "jsonl"
-        layout = self._layouts[key] = Layout(log, renderer, store=self._layout_store, format_key=format_key)
+        layout = self._layouts[key] = Layout(
+            log, renderer, store=self._layout_store, format_key=format_key, format_name=fmt
+        )
+        if self._stopping.is_set():
+            layout.stop.set()
         return layout
+
+    def measure_in_background(self) -> None:
+        """Measure the views (text, then JSON Lines) of every partition not measured yet, one
+        partition at a time, in this thread at the lowest CPU priority; until done or
+        `stop_measures`. A view asked for meanwhile is measured by its request (the two take
+        turns on the layout's lock: nothing is measured twice)."""
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        started, count = time.monotonic(), 0
+        for topic, partitions in sorted(self.data_dir.topics().items()):
+            for partition in partitions:
+                for fmt in ("text", "jsonl"):
+                    if self._stopping.is_set():
+                        return
+                    try:
+                        log = self.data_dir.partition(topic, partition)
+                        if log.offline_reason is not None:
+                            continue
+                        layout = self.layout(log, fmt)
+                        if not layout.measured:
+                            layout.snapshot()
+                            count += 1
+                    except MeasureStopped:
+                        return
+                    except (EngineError, OSError) as error:  # the partition's own requests will say so too
+                        logger.warning("measuring %s-%d (%s) in the background: %s", topic, partition, fmt, error)
+        if count:
+            logger.info("measured the views of every partition in %.1f s", time.monotonic() - started)
+
+    def view_progress(self, log: PartitionLog) -> dict[str, dict[str, object]]:
+        """How far the partition's views are measured, per format looked at (for `status`)."""
+        with self._layouts_lock:
+            layouts = {fmt: self._layouts.get((log.topic, log.partition, fmt)) for fmt in ("text", "jsonl")}
+        progress: dict[str, dict[str, object]] = {}
+        for fmt, layout in layouts.items():
+            if layout is not None:
+                now = layout.progress()
+                progress[fmt] = {
+                    "measured": now.measured,
+                    "measuredBytes": now.done_bytes,
+                    "segmentBytes": now.total_bytes,
+                }
+        return progress
+
+    def stop_measures(self) -> None:
+        """Stop every measure under way and the background measuring (at unmount)."""
+        self._stopping.set()
+        with self._layouts_lock:
+            layouts = list(self._layouts.values())
+        for layout in layouts:
+            layout.stop.set()
 
     def grown(self, logs: Iterable[PartitionLog]) -> Changes:
         """What changed after appends to `logs`: the sizes of their watched views the kernel

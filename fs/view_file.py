@@ -63,6 +63,13 @@ class ViewFile(PartitionNode):
         valid_s = UNWATCHED_VIEW_VALID_S if self.forgettable() else None
         return Attributes(stat.S_IFREG | 0o444, self.ensure_view().size(), mtime_ns, valid_s=valid_s)
 
+    def listed_attributes(self) -> Attributes:
+        """Not measured yet: size 0 for now, valid for no time, so that the kernel asks again
+        (`stat`; a read past the size it knows): listing a directory never measures."""
+        if self.ensure_view().layout.measured:
+            return self.attributes()
+        return Attributes(stat.S_IFREG | 0o444, 0, self.tree.mounted_ns, valid_s=0)
+
     def open_now(self, flags: int) -> Handle | None:
         # Looked up already (the usual case): its view is there, nothing to do off the loop.
         self.refuse_writes(flags)

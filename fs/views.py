@@ -33,6 +33,7 @@ import os
 import re
 import struct
 import threading
+import time
 import zlib
 from array import array
 from collections import OrderedDict
@@ -58,6 +59,26 @@ class Renderer(Protocol):
 
 
 MARK_BYTES = 32 * 1024
+
+# A test hook: milliseconds of sleep per batch measured, to make a measure slow enough to watch.
+MEASURE_DELAY_ENV = "SEGLOGFS_TEST_MEASURE_DELAY_MS"
+_MEASURE_DELAY_S = float(os.environ.get(MEASURE_DELAY_ENV, "0") or 0) / 1000
+_SLOW_MEASURE_S = 1.0  # a first measure longer than this is logged
+
+
+class MeasureStopped(InterruptedError):
+    """A measure was asked to stop (the mount is ending): what it measured so far is kept."""
+
+
+@dataclass(frozen=True)
+class MeasureProgress:
+    """How far a layout's measure is: bytes of segments rendered of the bytes to render."""
+
+    done_bytes: int
+    total_bytes: int
+    measured: bool  # the first measure is complete: sizes are known without rendering
+
+
 # A read may render pages on the event loop, this many bytes of them at most, when their bytes
 # are in the OS page cache (about a millisecond and a half here): handing that to a worker thread
 # costs more than rendering it, and a sequential reader (`cat`, `grep`) ran at half speed that way.
@@ -373,8 +394,10 @@ class Layout:
         *,
         store: LayoutStore | None = None,
         format_key: str = "",
+        format_name: str = "",
     ) -> None:
         self.log = log
+        self.format_name = format_name  # "text" or "jsonl", for log lines
         self.renderer = renderer
         self._mark_bytes = mark_bytes
         self._store = store
@@ -392,12 +415,18 @@ class Layout:
         self.generation = 0  # changes when a segment joins or leaves: positions may move
         self._tail: tuple[LogSegment, int, int, Page] | None = None  # the growing segment's last page
         self._truncations = log.truncations  # the log's cut-backs this layout has seen
+        self.measured = False  # set once a snapshot has measured every segment (the first look)
+        self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
+        self._progress = (0, 0)  # (segment bytes measured, segment bytes to measure), while measuring
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
         Sealed segments cost nothing: only the last segment is looked at again."""
         with self._lock:
+            started = time.monotonic()
             segments = self.log.segments
+            if not self.measured:
+                self._progress = (0, sum(segment.size for segment in segments))
             order = self._order
             unchanged = len(segments) == len(order) and all(
                 a is b.segment for a, b in zip(segments, order, strict=True)
@@ -432,7 +461,25 @@ class Layout:
                 self._order, self._starts = order, starts
                 self._bases = [layout.segment.base_offset for layout in order]
                 self._published = (order, starts)
+            if not self.measured:
+                self.measured = True
+                elapsed = time.monotonic() - started
+                if elapsed > _SLOW_MEASURE_S:
+                    logger.info(
+                        "measured %s-%d (%s): %d segments, %.1f MB in %.1f s",
+                        self.log.topic,
+                        self.log.partition,
+                        self.format_name,
+                        len(order),
+                        self._progress[1] / 1e6,
+                        elapsed,
+                    )
             return self._order, self._starts, self._bases
+
+    def progress(self) -> MeasureProgress:
+        """How far the first measure is (no lock: for `status` while it runs)."""
+        done, total = self._progress
+        return MeasureProgress(total if self.measured else done, total, self.measured)
 
     def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
         """Layouts for a changed segment list: kept, loaded from the store, or measured."""
@@ -469,7 +516,15 @@ class Layout:
         segment = layout.segment
         end = segment.size if segment.writable else segment.refresh_size()
         if end > layout.scanned_to:
+            measuring = not self.measured
             for header, batch in segment.checked_batches(layout.scanned_to, end):
+                if self.stop.is_set():
+                    raise MeasureStopped(f"{self.log.topic}-{self.log.partition}: measure stopped")
+                if _MEASURE_DELAY_S:
+                    time.sleep(_MEASURE_DELAY_S)
+                if measuring:
+                    done, total = self._progress
+                    self._progress = (done + header.next_position - header.position, total)
                 if layout.since_mark >= self._mark_bytes:
                     layout.marks_view.append(layout.size)
                     layout.marks_file.append(header.position)

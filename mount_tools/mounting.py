@@ -69,7 +69,7 @@ def parse_mount_options(
     items: list[str] | None,
 ) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
     """`-o` values → (view properties, append properties, Kafka overrides, mount settings: the
-    FUSE flags `ro`, `allow_other`, `default_permissions`, `view.cache` and `log`)."""
+    FUSE flags `ro`, `allow_other`, `default_permissions`, `view.cache`, `log` and `measure`)."""
     view: dict[str, str] = {}
     append: dict[str, str] = {}
     overrides: list[str] = []
@@ -82,6 +82,10 @@ def parse_mount_options(
             elif key in ("view.cache", "log"):
                 if not value:
                     raise ConfigError(f"-o {option}: give a {'file' if key == 'log' else 'directory'}, or none")
+                flags[key] = value
+            elif key == "measure":
+                if value not in ("lazy", "background"):
+                    raise ConfigError(f"-o {option}: measure=background (the default) or measure=lazy")
                 flags[key] = value
             elif key in _IGNORED or key.startswith("x-"):
                 continue
@@ -168,6 +172,7 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
         line_format=LineFormat.from_properties(append),
         read_only="ro" in flags,
         view_cache=view_cache_directory(flags.get("view.cache")),
+        measure=flags.get("measure", "background") == "background",
     )
     mountpoint = Path(args.mountpoint)
     if not mountpoint.is_dir():

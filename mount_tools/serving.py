@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,6 +131,7 @@ def serve(
     """Mount the data dir at `mountpoint` and serve it until unmounted; `ready` is called once
     the mount is in place."""
     data_dir = DataDir.open(config, read_only=options.read_only, now_ms=_now_ms())
+    measurer: threading.Thread | None = None
     try:
         tree = Tree(data_dir, options)
         operations = Operations(tree)
@@ -145,9 +147,15 @@ def serve(
                 default_permissions=default_permissions,
             ),
         )
+        if options.measure:
+            measurer = threading.Thread(target=tree.measure_in_background, name="seglogfs-measure", daemon=True)
+            measurer.start()
         try:
             trio.run(_main, operations, scheduler, ready)
         finally:
+            tree.stop_measures()
+            if measurer is not None:
+                measurer.join()
             pyfuse3.close(unmount=True)
             tree.keep_layouts()
     finally:

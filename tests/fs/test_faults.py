@@ -119,7 +119,7 @@ def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> N
             data_dir.partition(topic, 0).append_records([b"%s-one" % topic.encode()], now_ms=NOW_MS)
         data_dir.partition("a", 0).roll(NOW_MS)  # a sealed segment, opened only when read
         data_dir.partition("a", 0).append_records([b"a-two"], now_ms=NOW_MS)
-    m: Mount = mount(data, "-o", "log.flush.offset.checkpoint.interval.ms=200,view.cache=none")
+    m: Mount = mount(data, "-o", "log.flush.offset.checkpoint.interval.ms=200,view.cache=none,measure=lazy")
     checkpoint = data / "recovery-point-offset-checkpoint"
     checkpoint.unlink()
     checkpoint.mkdir()  # the checkpoint's rename onto it fails, every time

@@ -132,6 +132,7 @@ def test_mkdir_creates_a_topic_and_bad_names_are_refused(mount) -> None:
     assert sorted(os.listdir(m.path / "orders")) == ["0", "append", "append.jsonl", "config"]
     assert sorted(os.listdir(m.path / "orders" / "0")) == [
         "append",
+        "append.batches",
         "append.jsonl",
         "by-offset",
         "by-time",

@@ -59,6 +59,7 @@ def test_names_and_kinds(data_dir: DataDir) -> None:
     assert [name for name, _ in walk(tree, "t/0").children()] == [
         "append",
         "append.jsonl",
+        "append.batches",
         "records",
         "records.jsonl",
         "by-offset",
