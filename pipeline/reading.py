@@ -1,13 +1,23 @@
 """A task's read: one segment slice → Arrow record batches in Spark's Kafka source schema.
 
 The slice's bytes are read as whole batches (`LogSegment.checked_batches`: CRC-checked) from its
-start position to its end position, and nothing else. Each batch's records are laid out
-column-wise (`engine.columns.record_columns`: numpy arrays of offsets, timestamps and key/value
-bounds), filtered with numpy (offset range, pushed filters) and gathered into Arrow columns
-without a Python object per record: keys and values become Arrow binary *views* over the
-batches' records sections, which Arrow's C++ cast copies into plain `binary` (the type Spark
-requires). Only `includeHeaders` decodes records one by one, for batches that carry headers.
-Control batches hold no user records and are skipped.
+start position to its end position, and nothing else. Records are gathered into Arrow columns
+without a Python object per record, in one of two ways:
+
+* runs (the common case: producers send records of one size): `engine.columns.record_runs`
+  proves a batch's records to be runs of one layout, each a `(records, stride)` numpy view of
+  the records section (in place when uncompressed). Offsets and timestamps come from strided
+  columns of it; every key (value) of a run is a fixed-size item at one column, so a run's keys
+  are copied into the Arrow `binary` data buffer with one numpy assignment, and its offsets are
+  an arithmetic progression.
+* other batches: `engine.columns.record_columns` (numpy arrays of offsets, timestamps and
+  key/value bounds); keys and values become Arrow binary *views* over the batches' records
+  sections, which Arrow's C++ cast copies into plain `binary` (the type Spark requires). An
+  Arrow batch mixing both kinds is built this way throughout.
+
+Either way records are filtered with numpy (offset range, pushed filters), and about
+`_ROWS_PER_ARROW_BATCH` rows go into each Arrow batch. Only `includeHeaders` decodes records
+one by one, for batches that carry headers. Control batches hold no user records and are skipped.
 
 When the segment file is no longer the one planning saw (compaction swapped it, retention
 deleted it), the slice's offsets are read through the partition's log instead, with Spark's
@@ -31,10 +41,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
-from seglogfs.engine.columns import record_columns
+from seglogfs.engine.columns import record_columns, record_runs
+from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.naming import log_file
-from seglogfs.engine.records import BatchHeader, Header, decode_records
+from seglogfs.engine.records import (
+    BATCH_OVERHEAD_BYTES,
+    BatchHeader,
+    Header,
+    TimestampType,
+    decode_records,
+    records_section,
+)
 from seglogfs.engine.segment import LogSegment
 from seglogfs.pipeline.options import EngineSettings, Location
 from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice
@@ -143,8 +161,76 @@ def headers_column(counts: np.ndarray, keys: list[str], values: list[bytes | Non
     return pa.ListArray.from_arrays(pa.array(offsets), entries, type=HEADERS_TYPE)
 
 
+def _keep(
+    header: BatchHeader, offsets: np.ndarray, timestamps: np.ndarray, *, row_filter: RowFilter, lo: int, hi: int
+) -> np.ndarray | None:
+    """Which of a batch's records (or of a run of them) have offsets in [lo, hi) and pass
+    `row_filter`; None for all of them."""
+    keep: np.ndarray | None = None
+    if header.base_offset < lo or header.last_offset >= hi:
+        keep = (offsets >= lo) & (offsets < hi)
+    if row_filter.offsets_in is not None:
+        wanted = np.isin(offsets, np.fromiter(row_filter.offsets_in, np.int64, len(row_filter.offsets_in)))
+        keep = wanted if keep is None else keep & wanted
+    if row_filter.min_timestamp_ms is not None:
+        late = timestamps >= row_filter.min_timestamp_ms
+        keep = late if keep is None else keep & late
+    if row_filter.end_timestamp_ms is not None:
+        early = timestamps < row_filter.end_timestamp_ms
+        keep = early if keep is None else keep & early
+    return keep
+
+
+@dataclass(slots=True)
+class _Run:
+    """Selected records of one `RecordRun` (its rows, or a copy of the kept ones)."""
+
+    rows: np.ndarray
+    key_at: int
+    key_length: int
+    value_at: int
+    value_length: int
+
+
+def _run_binary(runs: list[_Run], key: bool) -> pa.Array:
+    """The keys (or values) of `runs` as an Arrow `binary` array: each run's field is a strided
+    column of fixed-size items, copied into place with one numpy assignment."""
+    sizes = [(run.key_length if key else run.value_length) for run in runs]
+    n = sum(len(run.rows) for run in runs)
+    data = np.empty(sum(len(run.rows) * max(size, 0) for run, size in zip(runs, sizes, strict=True)), np.uint8)
+    data_buffer = pa.py_buffer(data)
+    offsets = np.empty(n + 1, np.int32)
+    offsets[0] = 0
+    valid: np.ndarray | None = None
+    row = byte = 0
+    for run, size in zip(runs, sizes, strict=True):
+        count = len(run.rows)
+        if size > 0:
+            stride = run.rows.shape[1]
+            at = run.key_at if key else run.value_at
+            items = np.ndarray((count,), f"V{size}", buffer=run.rows, offset=at, strides=(stride,))
+            data[byte : byte + count * size].view(f"V{size}")[...] = items
+            offsets[row + 1 : row + count + 1] = np.arange(byte + size, byte + (count + 1) * size, size, dtype=np.int32)
+            byte += count * size
+        else:
+            offsets[row + 1 : row + count + 1] = byte
+            if size < 0:
+                if valid is None:
+                    valid = np.ones(n, np.bool_)
+                valid[row : row + count] = False
+        row += count
+    null_count = 0 if valid is None else int(n - np.count_nonzero(valid))
+    validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), data_buffer], null_count=null_count)
+
+
 class _Rows:
-    """Selected records accumulated across batches until an Arrow batch is worth emitting."""
+    """Selected records accumulated across batches until an Arrow batch is worth emitting.
+
+    Batches whose records come in runs of one layout (`record_runs`) are kept as runs; others
+    as `RecordColumns`-like bounds over their records sections. Keys and values are gathered
+    from runs by `_run_binary`, or, when an Arrow batch mixes both kinds, all through
+    `binary_column`."""
 
     def __init__(self, topic: str, partition: int, include_headers: bool) -> None:
         self.topic = topic
@@ -153,9 +239,9 @@ class _Rows:
         self._reset()
 
     def _reset(self) -> None:
-        self.sections: list[bytes] = []
+        self.pieces: list[_Run | tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.section_bytes = 0
-        self.columns: list[tuple[np.ndarray, ...]] = []
+        self.columns: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # offsets, timestamps, types
         self.rows = 0
         self.header_counts: list[np.ndarray] = []
         self.header_keys: list[str] = []
@@ -164,40 +250,52 @@ class _Rows:
     def add(self, header: BatchHeader, batch: memoryview, row_filter: RowFilter, lo: int, hi: int) -> None:
         """Take the records of one (checked, non-control) batch with offsets in [lo, hi) that
         pass `row_filter`."""
-        columns = record_columns(header, batch)
+        if header.compression is CompressionType.NONE:  # the records in place, not a copy
+            section = None
+            records = np.frombuffer(batch, np.uint8, offset=BATCH_OVERHEAD_BYTES)
+        else:
+            section = records_section(header, batch)
+            records = np.frombuffer(section, np.uint8)
+        runs = record_runs(records, header.records_count)
+        if runs is None or (self.include_headers and any(run.header_count for run in runs)):
+            self._add_columns(header, batch, section, row_filter=row_filter, lo=lo, hi=hi)
+            return
+        log_append_time = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None
+        for run in runs:
+            offsets = header.base_offset + run.offset_deltas
+            if log_append_time is None:
+                timestamps = header.base_timestamp + run.timestamp_deltas
+            else:
+                timestamps = np.full(len(run), log_append_time, np.int64)
+            rows = run.rows
+            keep = _keep(header, offsets, timestamps, row_filter=row_filter, lo=lo, hi=hi)
+            if keep is not None:
+                if not keep.any():
+                    continue
+                rows, offsets, timestamps = rows[keep], offsets[keep], timestamps[keep]
+            self.pieces.append(_Run(rows, run.key_at, run.key_length, run.value_at, run.value_length))
+            self._add_rows(offsets, timestamps, int(header.timestamp_type), rows.size)
+            if self.include_headers:
+                self.header_counts.append(np.zeros(len(offsets), np.int64))
+
+    def _add_columns(
+        self, header: BatchHeader, batch: memoryview, section: bytes | None, *, row_filter: RowFilter, lo: int, hi: int
+    ) -> None:
+        """`add` for a batch not made of runs: its records laid out by `record_columns`."""
+        columns = record_columns(header, batch, section)
         offsets = columns.offsets
         timestamps = columns.consumer_timestamps()
-        keep: np.ndarray | None = None
-        if header.base_offset < lo or header.last_offset >= hi:
-            keep = (offsets >= lo) & (offsets < hi)
-        if row_filter.offsets_in is not None:
-            wanted = np.isin(offsets, np.fromiter(row_filter.offsets_in, np.int64, len(row_filter.offsets_in)))
-            keep = wanted if keep is None else keep & wanted
-        if row_filter.min_timestamp_ms is not None:
-            late = timestamps >= row_filter.min_timestamp_ms
-            keep = late if keep is None else keep & late
-        if row_filter.end_timestamp_ms is not None:
-            early = timestamps < row_filter.end_timestamp_ms
-            keep = early if keep is None else keep & early
-        base = self.section_bytes
-        picked = (
-            offsets,
-            timestamps,
-            columns.key_starts + base,
-            columns.key_lengths,
-            columns.value_starts + base,
-            columns.value_lengths,
-        )
+        keep = _keep(header, offsets, timestamps, row_filter=row_filter, lo=lo, hi=hi)
+        bounds = (columns.key_starts, columns.key_lengths, columns.value_starts, columns.value_lengths)
         counts = columns.header_counts
         if keep is not None:
             if not keep.any():
                 return
-            picked = tuple(column[keep] for column in picked)
-            counts = counts[keep]
-        self.sections.append(columns.section)
-        self.section_bytes += len(columns.section)
-        self.columns.append((*picked, np.full(len(picked[0]), int(header.timestamp_type), np.int32)))
-        self.rows += len(picked[0])
+            offsets, timestamps, counts = offsets[keep], timestamps[keep], counts[keep]
+            bounds = tuple(column[keep] for column in bounds)
+        key_starts, key_lengths, value_starts, value_lengths = bounds
+        self.pieces.append((columns.section, key_starts, key_lengths, value_starts, value_lengths))
+        self._add_rows(offsets, timestamps, int(header.timestamp_type), len(columns.section))
         if self.include_headers:
             self.header_counts.append(counts)
             if counts.any():
@@ -205,6 +303,11 @@ class _Rows:
                 chosen = records if keep is None else [r for r, k in zip(records, keep.tolist(), strict=True) if k]
                 for record in chosen:
                     self._add_headers(record.headers)
+
+    def _add_rows(self, offsets: np.ndarray, timestamps: np.ndarray, timestamp_type: int, size: int) -> None:
+        self.columns.append((offsets, timestamps, np.full(len(offsets), timestamp_type, np.int32)))
+        self.rows += len(offsets)
+        self.section_bytes += size
 
     def _add_headers(self, headers: tuple[Header, ...]) -> None:
         for key, value in headers:
@@ -215,19 +318,46 @@ class _Rows:
     def full(self) -> bool:
         return self.rows >= _ROWS_PER_ARROW_BATCH or self.section_bytes >= _BYTES_PER_ARROW_BATCH
 
+    def _binary_columns(self) -> tuple[pa.Array, pa.Array]:
+        """Keys and values of every piece."""
+        if all(isinstance(piece, _Run) for piece in self.pieces):
+            runs = [piece for piece in self.pieces if isinstance(piece, _Run)]
+            return _run_binary(runs, key=True), _run_binary(runs, key=False)
+        sections: list[bytes] = []
+        bounds: list[tuple[np.ndarray, ...]] = []
+        base = 0
+        for piece in self.pieces:
+            if isinstance(piece, _Run):
+                count, stride = piece.rows.shape
+                starts = base + np.arange(count, dtype=np.int64) * stride
+                section = piece.rows.tobytes()
+                key_lengths = np.full(count, piece.key_length, np.int64)
+                value_lengths = np.full(count, piece.value_length, np.int64)
+                bounds.append((starts + piece.key_at, key_lengths, starts + piece.value_at, value_lengths))
+                size = len(section)
+            else:
+                section, key_starts, key_lengths, value_starts, value_lengths = piece
+                bounds.append((key_starts + base, key_lengths, value_starts + base, value_lengths))
+                size = len(section)
+            sections.append(section)
+            base += size
+        key_starts, key_lengths, value_starts, value_lengths = (
+            np.concatenate(parts) for parts in zip(*bounds, strict=True)
+        )
+        buffer = b"".join([*sections, _VIEW_PAD])
+        return binary_column(buffer, key_starts, key_lengths), binary_column(buffer, value_starts, value_lengths)
+
     def take(self, schema: pa.Schema) -> pa.RecordBatch | None:
         """The accumulated rows as one Arrow batch (None when there are none); starts afresh."""
         if not self.rows:
             self._reset()
             return None
-        offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, types = (
-            np.concatenate(parts) for parts in zip(*self.columns, strict=True)
-        )
-        buffer = b"".join([*self.sections, _VIEW_PAD])
+        offsets, timestamps, types = (np.concatenate(parts) for parts in zip(*self.columns, strict=True))
+        keys, values = self._binary_columns()
         n = len(offsets)
         arrays = [
-            binary_column(buffer, key_starts, key_lengths),
-            binary_column(buffer, value_starts, value_lengths),
+            keys,
+            values,
             pa.repeat(pa.scalar(self.topic, pa.string()), n),
             pa.array(np.full(n, self.partition, np.int32)),
             pa.array(offsets.astype(np.int64, copy=False)),

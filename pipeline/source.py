@@ -351,7 +351,6 @@ class SeglogDataSource(DataSource):
         options = parse_write_options(self.options)
         return SeglogWriter(plan_write(options, writable_columns(schema), int(time.time() * 1000)))
 
-
     def streamWriter(self, schema: StructType, overwrite: bool) -> SeglogStreamWriter:
         """Every output mode appends, as Spark's Kafka sink does (complete mode: the whole result
         table each trigger)."""
