@@ -466,6 +466,33 @@ def plan_slices(
     return out
 
 
+TASK_BYTES = 1 << 30  # consecutive slices of one partition read by one task, up to this many bytes
+
+
+def group_slices(
+    slices: Sequence[SegmentSlice], min_partitions: int | None, task_bytes: int = TASK_BYTES
+) -> list[tuple[SegmentSlice, ...]]:
+    """The tasks that read `slices`: each the consecutive slices of one partition, up to
+    `task_bytes` (Spark's Kafka source reads a topic-partition's range in one task; a task per
+    segment costs Spark tens of milliseconds each). With `min_partitions`, a slice per task, as
+    `plan_slices` cut them."""
+    if min_partitions is not None:
+        return [(piece,) for piece in slices]
+    tasks: list[tuple[SegmentSlice, ...]] = []
+    group: list[SegmentSlice] = []
+    size = 0
+    for piece in slices:
+        other_partition = group and (piece.topic, piece.partition) != (group[0].topic, group[0].partition)
+        if group and (other_partition or size + piece.size_bytes > task_bytes):
+            tasks.append(tuple(group))
+            group, size = [], 0
+        group.append(piece)
+        size += piece.size_bytes
+    if group:
+        tasks.append(tuple(group))
+    return tasks
+
+
 def latest_offsets(data_dir: DataDir, partitions: Iterable[TopicPartition]) -> Mapping[TopicPartition, int]:
     """Each partition's log end offset now (what a streaming reader's `latestOffset` reports)."""
     return {(t, p): data_dir.partition(t, p).log_end_offset for t, p in partitions}

@@ -44,6 +44,7 @@ from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_b
 from seglogfs.pipeline.planning import (
     Constraints,
     SegmentSlice,
+    group_slices,
     latest_offsets,
     narrow_ranges,
     open_read_only,
@@ -102,10 +103,19 @@ def spark_schema(include_headers: bool) -> StructType:
 
 # -- reading --------------------------------------------------------------------------------------
 class SlicePartition(InputPartition):
-    """One task's work: a `SegmentSlice` (its `value`)."""
+    """One task's work (its `value`): consecutive `SegmentSlice`s of one partition
+    (`planning.group_slices`)."""
 
-    def __init__(self, piece: SegmentSlice) -> None:
-        super().__init__(piece)
+    def __init__(self, pieces: tuple[SegmentSlice, ...]) -> None:
+        super().__init__(pieces)
+
+
+def _read_task(partition: InputPartition, spec: ReadSpec) -> Iterator[pa.RecordBatch]:
+    pieces = partition.value
+    if not isinstance(pieces, tuple):  # Spark's stand-in when there is nothing to read
+        return
+    for piece in pieces:
+        yield from read_slice(piece, spec)
 
 
 class SeglogReader(DataSourceReader):
@@ -142,13 +152,10 @@ class SeglogReader(DataSourceReader):
                 min_timestamp_ms=self.constraints.timestamp_lo_ms,
                 min_partitions=options.min_partitions,
             )
-        return [SlicePartition(piece) for piece in slices]
+        return [SlicePartition(task) for task in group_slices(slices, options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        piece = partition.value
-        if not isinstance(piece, SegmentSlice):  # Spark's stand-in when there is nothing to read
-            return iter(())
-        return read_slice(piece, self.spec)
+        return _read_task(partition, self.spec)
 
 
 class PushdownSeglogReader(SeglogReader):
@@ -227,13 +234,10 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 data_dir, from_json(start), from_json(end), fail_on_data_loss=self.options.fail_on_data_loss
             )
             slices = plan_slices(data_dir, ranges, min_partitions=self.options.min_partitions)
-        return [SlicePartition(piece) for piece in slices]
+        return [SlicePartition(task) for task in group_slices(slices, self.options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        piece = partition.value
-        if not isinstance(piece, SegmentSlice):
-            return iter(())
-        return read_slice(piece, self.spec)
+        return _read_task(partition, self.spec)
 
     def commit(self, end: StreamOffset) -> None:
         """Nothing to do: a log dir keeps no consumer positions (the checkpoint holds them)."""

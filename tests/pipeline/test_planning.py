@@ -25,6 +25,7 @@ from seglogfs.pipeline.planning import (
     Constraints,
     DataLossError,
     OffsetRange,
+    group_slices,
     narrow_ranges,
     plan_slices,
     resolve_ranges,
@@ -119,6 +120,22 @@ def test_min_partitions_cuts_at_batch_starts_and_covers_each_range(sample: Sampl
         for before, after in itertools.pairwise(parts):
             assert before.end_position == after.start_position and before.until_offset == after.from_offset
     assert read_offsets(sample.path, split) == read_offsets(sample.path, whole)
+
+
+def test_tasks_read_consecutive_slices_of_one_partition_up_to_a_size(sample: Sample) -> None:
+    whole = plan(sample.path, [("alpha", 0), ("alpha", 1), ("beta", 0)])
+    tasks = group_slices(whole, None)
+    assert [tuple((p.topic, p.partition) for p in task) for task in tasks] == [
+        (("alpha", 0),) * 4,
+        (("alpha", 1),) * 4,
+        (("beta", 0),),
+    ]
+    assert [piece for task in tasks for piece in task] == whole
+    largest = max(piece.size_bytes for piece in whole)
+    small = group_slices(whole, None, task_bytes=largest * 2)
+    assert all(sum(p.size_bytes for p in task) <= largest * 2 for task in small) and len(small) > len(tasks)
+    assert [piece for task in small for piece in task] == whole
+    assert group_slices(whole, 3) == [(piece,) for piece in whole]  # minPartitions: as planned
 
 
 def test_narrowing_by_time_starts_at_the_first_record_reaching_the_bound(sample: Sample) -> None:
