@@ -34,17 +34,16 @@ user records skip them.
 from __future__ import annotations
 
 import enum
-import itertools
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import crc32c
 import numpy as np
 
-from seglogfs.engine import varint
+from seglogfs.engine import _core, varint
 from seglogfs.engine.compression import CompressionType, compress, decompress
 from seglogfs.engine.errors import RecordTooLargeError
 
@@ -392,15 +391,6 @@ def _encode_header_blob(headers: Sequence[Header]) -> bytes:
     return b"".join(parts)
 
 
-def _lengths(blobs: Sequence[bytes | None] | None, n: int) -> np.ndarray:
-    if blobs is None:
-        return np.full(n, -1, dtype=np.int64)
-    try:  # no nulls, the common case: len() of each, at C speed
-        return np.fromiter(map(len, blobs), dtype=np.int64, count=n)  # type: ignore[arg-type]
-    except TypeError:  # len(None)
-        return np.fromiter((-1 if blob is None else len(blob) for blob in blobs), dtype=np.int64, count=n)
-
-
 def build_batch(
     values: Sequence[bytes | None],
     *,
@@ -423,100 +413,35 @@ def build_batch(
     0..n-1; a restore or a compacted copy passes the original gaps, and `last_offset_delta` keeps
     a batch's original last offset when its last records are gone. `delete_horizon_ms` stamps the
     batch's delete horizon (the first-timestamp field, attribute bit 6), as the cleaner does.
-    Per-record fields are encoded column-wise with numpy: only the final interleaving of
-    fixed-size prefixes with the key and value bytes is done per record, by `bytes.join`.
-    Raises ValueError for an empty batch."""
+    The records are encoded by the engine's compiled core (`_core.encode_records`). Raises
+    ValueError for an empty batch."""
     n = len(values)
     if n == 0:
         raise ValueError("a record batch holds at least one record")
-    if isinstance(timestamps, int):
-        ts = np.full(n, timestamps, dtype=np.int64)
+    if isinstance(timestamps, int):  # one time for every record: no column to make
+        base_timestamp = timestamps if delete_horizon_ms is None else delete_horizon_ms
+        max_timestamp = timestamps
+        ts_deltas: int | list[int] = timestamps - base_timestamp
     else:
         ts = np.asarray(timestamps, dtype=np.int64)
         if ts.shape != (n,):
             raise ValueError(f"{len(ts)} timestamps for {n} records")
-    deltas = np.arange(n, dtype=np.int64) if offset_deltas is None else np.asarray(offset_deltas, dtype=np.int64)
-    base_timestamp = int(ts[0]) if delete_horizon_ms is None else delete_horizon_ms
-    max_timestamp = int(ts.max())
-
-    value_lengths = _lengths(values, n)
-    key_lengths = _lengths(keys, n)
+        base_timestamp = int(ts[0]) if delete_horizon_ms is None else delete_horizon_ms
+        max_timestamp = int(ts.max())
+        ts_deltas = (ts - base_timestamp).tolist()
+    deltas = None if offset_deltas is None else np.asarray(offset_deltas, dtype=np.int64).tolist()
+    if last_offset_delta is None:
+        last_offset_delta = n - 1 if deltas is None else deltas[-1]
     header_blobs = None if headers is None or not any(headers) else [_encode_header_blob(h) for h in headers]
-    header_lengths = (
-        np.ones(n, dtype=np.int64) if header_blobs is None else np.fromiter(map(len, header_blobs), np.int64, n)
+    section = _core.encode_records(
+        values if isinstance(values, list) else list(values),
+        None if keys is None else keys if isinstance(keys, list) else list(keys),
+        header_blobs,
+        ts_deltas,
+        deltas,
     )
-
-    ts_table, ts_sizes = varint.encode_many(ts - base_timestamp)
-    od_table, od_sizes = varint.encode_many(deltas)
-    kl_table, kl_sizes = varint.encode_many(key_lengths)
-    vl_table, vl_sizes = varint.encode_many(value_lengths)
-    body_lengths = (
-        1
-        + ts_sizes
-        + od_sizes
-        + kl_sizes
-        + np.maximum(key_lengths, 0)
-        + vl_sizes
-        + np.maximum(value_lengths, 0)
-        + header_lengths
-    )
-    len_table, len_sizes = varint.encode_many(body_lengths)
-
-    # Each record is: prefix (length, attributes, timestamp delta, offset delta, key length),
-    # key, value length, value, headers. Without keys and headers everything between two values
-    # is fixed-size per record, so it is built in one table and interleaved with the values.
-    simple = keys is None and header_blobs is None
-    columns = [
-        (len_table, len_sizes),
-        (np.zeros((n, 1), np.uint8), np.ones(n, np.int64)),
-        (ts_table, ts_sizes),
-        (od_table, od_sizes),
-        (kl_table, kl_sizes),
-    ]
-    if simple:
-        # The previous record's empty header count (one zero byte) opens every separator but the first.
-        lead = np.zeros((n, 1), np.uint8)
-        lead_sizes = np.ones(n, np.int64)
-        lead_sizes[0] = 0
-        columns = [(lead, lead_sizes), *columns, (vl_table, vl_sizes)]
-    uniform = simple and value_lengths.min() == value_lengths.max() >= 0 and value_lengths[0] < _TABLE_MAX_VALUE_BYTES
-    runs = _uniform_runs(columns) if uniform else None
-    if runs is not None:
-        # Fixed-size values and, within each run of rows, same-size varints (offset deltas grow
-        # a byte at 64, 8192, …): lay prefixes and values side by side as rows of one table per
-        # run, with no per-record work at all.
-        payload = np.frombuffer(b"".join(cast(Sequence[bytes], values)), np.uint8).reshape(n, -1)
-        trailer = np.zeros((n, 1), np.uint8)
-        pieces: list[bytes] = [
-            np.hstack([*(t[lo:hi, : int(s[lo])] for t, s in columns[1:]), payload[lo:hi], trailer[lo:hi]]).tobytes()
-            for lo, hi in runs
-        ]
-    elif simple:
-        prefixes = _ragged_rows(columns)
-        pieces = [b""] * (2 * n + 1)
-        pieces[0::2] = [*prefixes, b"\x00"]
-        pieces[1::2] = [value or b"" for value in values] if value_lengths.min() < 0 else cast(Sequence[bytes], values)
-    else:
-        prefixes = _ragged_rows(columns)
-        value_prefixes = _ragged_rows([(vl_table, vl_sizes)])
-        blobs = header_blobs if header_blobs is not None else [b"\x00"] * n
-        key_list = keys if keys is not None else [None] * n
-        parts: list[bytes] = []
-        extend = parts.extend
-        for prefix, key, value_prefix, value, blob in zip(
-            prefixes, key_list, value_prefixes, values, blobs, strict=False
-        ):
-            extend((prefix, key or b"", value_prefix, value or b"", blob))
-        pieces = parts
-
-    # The batch is assembled once, header slot first, and the header filled in place: a batch
-    # of a megabyte is copied as few times as possible.
-    if compression is CompressionType.NONE:
-        pieces[0] = _HEADER_SLOT + pieces[0]
-        batch = bytearray().join(pieces)
-    else:
-        batch = bytearray(_HEADER_SLOT)
-        batch += compress(compression, b"".join(pieces))
+    batch = bytearray(_HEADER_SLOT)
+    batch += section if compression is CompressionType.NONE else compress(compression, section)
     attributes = int(compression)
     if timestamp_type is TimestampType.LOG_APPEND_TIME:
         attributes |= _TIMESTAMP_TYPE_BIT
@@ -535,7 +460,7 @@ def build_batch(
         CURRENT_MAGIC,
         0,
         attributes,
-        int(deltas[-1]) if last_offset_delta is None else last_offset_delta,
+        last_offset_delta,
         base_timestamp,
         max_timestamp,
         producer.producer_id,
@@ -598,33 +523,6 @@ def _pack_header(
         count,
     )
     struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
-
-
-# Below this value size the per-run table beats joining per-record pieces; above it, copying the
-# values through numpy costs more than the per-record prefix objects (measured, 100 B vs 1 KiB).
-_TABLE_MAX_VALUE_BYTES = 256
-
-
-def _uniform_runs(columns: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[int, int]] | None:
-    """Row ranges within which every column's varints have one size (the lead column aside);
-    None when there would be more than a few such runs."""
-    sizes = np.stack([s for _, s in columns[1:]], axis=1)
-    changes = np.flatnonzero(np.any(sizes[1:] != sizes[:-1], axis=1)) + 1
-    if len(changes) > 8:
-        return None
-    bounds = [0, *changes.tolist(), len(sizes)]
-    return list(itertools.pairwise(bounds))
-
-
-def _ragged_rows(columns: list[tuple[np.ndarray, np.ndarray]]) -> list[bytes]:
-    """Concatenate, per row, the first `sizes[i]` bytes of each column's row i; returns one bytes
-    object per row. Done as one boolean-mask compaction of the side-by-side tables."""
-    table = np.hstack([t for t, _ in columns])
-    keep = np.hstack([np.arange(t.shape[1])[None, :] < s[:, None] for t, s in columns])
-    flat = table[keep].tobytes()
-    ends = np.cumsum(keep.sum(axis=1)).tolist()
-    starts = [0, *ends[:-1]]
-    return [flat[a:b] for a, b in zip(starts, ends, strict=False)]
 
 
 def set_log_append_time(batch: bytearray, timestamp_ms: int) -> None:

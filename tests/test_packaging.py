@@ -1,6 +1,7 @@
 """The package as others install it: a wheel built from the repository, installed into a fresh
-virtualenv outside it, gives one import namespace (`seglogfs.*`, nothing at the top level), a
-working `seglogfs` command, and a mount that serves records."""
+virtualenv outside it, gives one import namespace (`seglogfs.*`, nothing at the top level) with
+the engine's compiled core built in, a working `seglogfs` command, and a mount that serves
+records."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def test_wheel_in_a_fresh_virtualenv(tmp_path: Path) -> None:
         python, "-c", "import seglogfs.engine, seglogfs.fs, seglogfs.mount_tools, seglogfs.pipeline", **elsewhere
     )
     assert imported.returncode == 0, imported.stderr
+    core = run(python, "-c", "from seglogfs.engine import _core; print(_core.__file__)", **elsewhere)
+    assert core.returncode == 0 and core.stdout.startswith(str(venv)), core  # compiled in, from the wheel
     for name in ("engine", "fs", "mount_tools", "pipeline"):
         missing = run(python, "-c", f"import {name}", **elsewhere)
         assert missing.returncode == 1 and f"No module named '{name}'" in missing.stderr, name

@@ -1,0 +1,341 @@
+/* The engine's compiled core: the per-record loops of Kafka's v2 records.
+ *
+ * record_fields(section, count, out)
+ *     Walk the `count` records of an uncompressed records section and write, per record, eight
+ *     int64 fields into `out` (a writable buffer of count * 8 int64): the record's start (at its
+ *     length prefix), timestamp delta, offset delta, key start, key length (-1: null), value
+ *     start, value length (-1: null) and header count. Raises ValueError naming the record when
+ *     the section is malformed (a field past the record, a varint over ten bytes, bytes after
+ *     the last record). The GIL is released while it walks.
+ *
+ * encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths,
+ *                timestamp_delta, batch_firsts, ends)
+ *     The records sections of consecutive batches from columns: record i's value is
+ *     value_data[value_starts[i]:][:value_lengths[i]] (length -1: null; starts and lengths int64
+ *     buffers), its key likewise (key_data None: every key null), every timestamp delta
+ *     `timestamp_delta`, no headers; offset deltas count from 0 again at each of `batch_firsts`
+ *     (the index of each batch's first record, int64, the first 0). Writes each record's end
+ *     position into `ends` (int64) and returns the bytes. The GIL is released while it copies.
+ *
+ * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas)
+ *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
+ *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
+ *     for none). `values` is a list of bytes or None; `keys` and `header_blobs` a list or None
+ *     (none); `timestamp_deltas` an int (every record) or a list; `offset_deltas` None (0..n-1)
+ *     or a list. Byte for byte what engine.records.build_batch lays out.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FIELDS 8
+#define MAX_VARINT 10
+
+/* -- decoding ------------------------------------------------------------------------------- */
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t end;
+    Py_ssize_t position;
+} reader_t;
+
+/* A zig-zag varint at the reader's position; 0 on success, -1 past the end, -2 over ten bytes. */
+static int read_varint(reader_t *r, int64_t *value) {
+    uint64_t result = 0;
+    int shift = 0;
+    for (int i = 0; i < MAX_VARINT; i++) {
+        if (r->position >= r->end) return -1;
+        uint8_t byte = r->data[r->position++];
+        result |= (uint64_t)(byte & 0x7F) << shift;
+        if (byte < 0x80) {
+            *value = (int64_t)(result >> 1) ^ -(int64_t)(result & 1);
+            return 0;
+        }
+        shift += 7;
+    }
+    return -2;
+}
+
+/* Walk the records; on failure, `*bad` is the record and `*why` a reason. */
+static int walk(const uint8_t *data, Py_ssize_t size, Py_ssize_t count, int64_t *out, Py_ssize_t *bad,
+                const char **why) {
+    reader_t r = {data, size, 0};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t *f = out + i * FIELDS;
+        int64_t length, skip, value;
+        *bad = i;
+        f[0] = r.position;
+        if (read_varint(&r, &length) != 0) { *why = "its length is not a varint"; return -1; }
+        if (length < 0 || length > size - r.position) { *why = "its length runs past the records section"; return -1; }
+        reader_t body = {data, r.position + length, r.position};
+        r.position += length;
+        if (body.position >= body.end) { *why = "it has no attributes"; return -1; }
+        body.position++; /* attributes: unused in v2 records */
+        if (read_varint(&body, &f[1]) != 0) { *why = "its timestamp delta runs past it"; return -1; }
+        if (read_varint(&body, &f[2]) != 0) { *why = "its offset delta runs past it"; return -1; }
+        if (read_varint(&body, &value) != 0 || value < -1) { *why = "its key length is bad"; return -1; }
+        f[4] = value;
+        f[3] = body.position;
+        skip = value > 0 ? value : 0;
+        if (skip > body.end - body.position) { *why = "its key runs past it"; return -1; }
+        body.position += skip;
+        if (read_varint(&body, &value) != 0 || value < -1) { *why = "its value length is bad"; return -1; }
+        f[6] = value;
+        f[5] = body.position;
+        skip = value > 0 ? value : 0;
+        if (skip > body.end - body.position) { *why = "its value runs past it"; return -1; }
+        body.position += skip;
+        if (read_varint(&body, &value) != 0 || value < 0) { *why = "its header count is bad"; return -1; }
+        f[7] = value;
+    }
+    if (r.position != size) { *bad = count; *why = "bytes follow the last record"; return -1; }
+    return 0;
+}
+
+static PyObject *record_fields(PyObject *self, PyObject *args) {
+    Py_buffer section, out;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*nw*", &section, &count, &out)) return NULL;
+    if (count < 0 || out.len < count * FIELDS * (Py_ssize_t)sizeof(int64_t)) {
+        PyBuffer_Release(&section);
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "record_fields: the output holds fewer than count * 8 int64");
+        return NULL;
+    }
+    Py_ssize_t bad = 0;
+    const char *why = NULL;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = walk((const uint8_t *)section.buf, section.len, count, (int64_t *)out.buf, &bad, &why);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&section);
+    PyBuffer_Release(&out);
+    if (failed) {
+        if (bad == count)
+            PyErr_Format(PyExc_ValueError, "%s of the batch", why);
+        else
+            PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* -- encoding ------------------------------------------------------------------------------- */
+static Py_ssize_t varint_size(int64_t value) {
+    uint64_t zigzag = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    Py_ssize_t size = 1;
+    while (zigzag >= 0x80) { zigzag >>= 7; size++; }
+    return size;
+}
+
+static uint8_t *put_varint(uint8_t *at, int64_t value) {
+    uint64_t zigzag = ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+    while (zigzag >= 0x80) { *at++ = (uint8_t)(zigzag | 0x80); zigzag >>= 7; }
+    *at++ = (uint8_t)zigzag;
+    return at;
+}
+
+/* item i of a list or None as (pointer, length); length -1 for None. */
+static int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ssize_t *length, const char *what) {
+    PyObject *item = list == Py_None ? Py_None : PyList_GET_ITEM(list, i);
+    if (item == Py_None) { *data = NULL; *length = -1; return 0; }
+    if (PyBytes_Check(item)) { *data = PyBytes_AS_STRING(item); *length = PyBytes_GET_SIZE(item); return 0; }
+    if (PyByteArray_Check(item)) { *data = PyByteArray_AS_STRING(item); *length = PyByteArray_GET_SIZE(item); return 0; }
+    PyErr_Format(PyExc_TypeError, "%s %zd is %.80s, not bytes or None", what, i, Py_TYPE(item)->tp_name);
+    return -1;
+}
+
+static int int_of(PyObject *source, Py_ssize_t i, int64_t fallback, int64_t *value) {
+    if (source == Py_None) { *value = fallback; return 0; }
+    PyObject *item = PyList_Check(source) ? PyList_GET_ITEM(source, i) : source;
+    long long v = PyLong_AsLongLong(item);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *value = v;
+    return 0;
+}
+
+static int check_list(PyObject *object, Py_ssize_t n, const char *what, int may_be_none) {
+    if (object == Py_None && may_be_none) return 0;
+    if (!PyList_Check(object) || PyList_GET_SIZE(object) != n) {
+        PyErr_Format(PyExc_ValueError, "encode_records: %s must be a list of %zd items", what, n);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *encode_records(PyObject *self, PyObject *args) {
+    PyObject *values, *keys, *blobs, *timestamps, *deltas;
+    if (!PyArg_ParseTuple(args, "OOOOO", &values, &keys, &blobs, &timestamps, &deltas)) return NULL;
+    if (!PyList_Check(values)) { PyErr_SetString(PyExc_TypeError, "encode_records: values must be a list"); return NULL; }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    if (check_list(keys, n, "keys", 1) || check_list(blobs, n, "header_blobs", 1) ||
+        check_list(deltas, n, "offset_deltas", 1))
+        return NULL;
+    if (PyList_Check(timestamps) ? check_list(timestamps, n, "timestamp_deltas", 0) : !PyLong_Check(timestamps)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "encode_records: timestamp_deltas must be an int or a list");
+        return NULL;
+    }
+    /* First pass: the size of every record. */
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *data;
+        Py_ssize_t key_length, value_length, blob_length;
+        int64_t ts, od;
+        if (blob_of(keys, i, &data, &key_length, "key") || blob_of(values, i, &data, &value_length, "value") ||
+            blob_of(blobs, i, &data, &blob_length, "header blob") || int_of(timestamps, i, 0, &ts) ||
+            int_of(deltas, i, i, &od))
+            return NULL;
+        if (blob_length < 0) blob_length = 1;
+        Py_ssize_t body = 1 + varint_size(ts) + varint_size(od) + varint_size(key_length) +
+                          (key_length > 0 ? key_length : 0) + varint_size(value_length) +
+                          (value_length > 0 ? value_length : 0) + blob_length;
+        total += varint_size(body) + body;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) return NULL;
+    uint8_t *at = (uint8_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *key, *value, *blob;
+        Py_ssize_t key_length, value_length, blob_length;
+        int64_t ts, od;
+        blob_of(keys, i, &key, &key_length, "key");
+        blob_of(values, i, &value, &value_length, "value");
+        blob_of(blobs, i, &blob, &blob_length, "header blob");
+        int_of(timestamps, i, 0, &ts);
+        int_of(deltas, i, i, &od);
+        Py_ssize_t body = 1 + varint_size(ts) + varint_size(od) + varint_size(key_length) +
+                          (key_length > 0 ? key_length : 0) + varint_size(value_length) +
+                          (value_length > 0 ? value_length : 0) + (blob_length < 0 ? 1 : blob_length);
+        at = put_varint(at, body);
+        *at++ = 0;
+        at = put_varint(at, ts);
+        at = put_varint(at, od);
+        at = put_varint(at, key_length);
+        if (key_length > 0) { memcpy(at, key, key_length); at += key_length; }
+        at = put_varint(at, value_length);
+        if (value_length > 0) { memcpy(at, value, value_length); at += value_length; }
+        if (blob_length < 0) { *at++ = 0; }
+        else { memcpy(at, blob, blob_length); at += blob_length; }
+    }
+    return result;
+}
+
+/* -- encoding from column buffers ------------------------------------------------------------ */
+typedef struct {
+    const uint8_t *data;
+    const int64_t *starts;
+    const int64_t *lengths; /* -1: null */
+} column_t;
+
+static Py_ssize_t record_size(const column_t *keys, const column_t *values, Py_ssize_t i, int64_t ts, int64_t od,
+                              Py_ssize_t *body_out) {
+    int64_t key_length = keys->data ? keys->lengths[i] : -1;
+    int64_t value_length = values->lengths[i];
+    Py_ssize_t body = 1 + varint_size(ts) + varint_size(od) + varint_size(key_length) + (key_length > 0 ? key_length : 0) +
+                      varint_size(value_length) + (value_length > 0 ? value_length : 0) + 1;
+    *body_out = body;
+    return varint_size(body) + body;
+}
+
+static int check_column(Py_buffer *starts, Py_buffer *lengths, Py_ssize_t n, Py_ssize_t data_length, const char *what) {
+    if (starts->len < n * 8 || lengths->len < n * 8) {
+        PyErr_Format(PyExc_ValueError, "encode_columns: fewer than %zd %s starts or lengths", n, what);
+        return -1;
+    }
+    const int64_t *s = (const int64_t *)starts->buf, *l = (const int64_t *)lengths->buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (l[i] < -1 || (l[i] > 0 && (s[i] < 0 || s[i] > data_length - l[i]))) {
+            PyErr_Format(PyExc_ValueError, "encode_columns: %s %zd lies outside its data", what, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *encode_columns(PyObject *self, PyObject *args) {
+    Py_buffer vdata, vstarts, vlengths, kdata = {0}, kstarts = {0}, klengths = {0}, firsts, ends;
+    PyObject *kdata_obj, *kstarts_obj, *klengths_obj;
+    long long timestamp_delta;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "ny*y*y*OOOLy*w*", &n, &vdata, &vstarts, &vlengths, &kdata_obj, &kstarts_obj,
+                          &klengths_obj, &timestamp_delta, &firsts, &ends))
+        return NULL;
+    PyObject *result = NULL;
+    int have_keys = kdata_obj != Py_None;
+    if (have_keys) {
+        if (PyObject_GetBuffer(kdata_obj, &kdata, PyBUF_SIMPLE) < 0) goto done;
+        if (PyObject_GetBuffer(kstarts_obj, &kstarts, PyBUF_SIMPLE) < 0) goto done;
+        if (PyObject_GetBuffer(klengths_obj, &klengths, PyBUF_SIMPLE) < 0) goto done;
+    }
+    if (n < 0 || ends.len < n * 8 || firsts.len % 8 != 0 || firsts.len == 0 ||
+        check_column(&vstarts, &vlengths, n, vdata.len, "value") ||
+        (have_keys && check_column(&kstarts, &klengths, n, kdata.len, "key"))) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "encode_columns: bad batch starts or ends");
+        goto done;
+    }
+    column_t values = {(const uint8_t *)vdata.buf, (const int64_t *)vstarts.buf, (const int64_t *)vlengths.buf};
+    column_t keys = {have_keys ? (const uint8_t *)kdata.buf : NULL, have_keys ? (const int64_t *)kstarts.buf : NULL,
+                     have_keys ? (const int64_t *)klengths.buf : NULL};
+    const int64_t *first = (const int64_t *)firsts.buf;
+    Py_ssize_t batches = firsts.len / 8;
+    if (first[0] != 0) { PyErr_SetString(PyExc_ValueError, "encode_columns: the first batch must start at 0"); goto done; }
+    /* First pass: sizes (offset deltas restart at each batch's first record). */
+    Py_ssize_t total = 0, batch = 0, body;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (batch + 1 < batches && first[batch + 1] <= i) batch++;
+        total += record_size(&keys, &values, i, timestamp_delta, i - first[batch], &body);
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
+    int64_t *end = (int64_t *)ends.buf;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *at = base;
+    batch = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (batch + 1 < batches && first[batch + 1] <= i) batch++;
+        int64_t od = i - first[batch];
+        record_size(&keys, &values, i, timestamp_delta, od, &body);
+        int64_t key_length = keys.data ? keys.lengths[i] : -1;
+        int64_t value_length = values.lengths[i];
+        at = put_varint(at, body);
+        *at++ = 0;
+        at = put_varint(at, timestamp_delta);
+        at = put_varint(at, od);
+        at = put_varint(at, key_length);
+        if (key_length > 0) { memcpy(at, keys.data + keys.starts[i], key_length); at += key_length; }
+        at = put_varint(at, value_length);
+        if (value_length > 0) { memcpy(at, values.data + values.starts[i], value_length); at += value_length; }
+        *at++ = 0;
+        end[i] = at - base;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&vdata);
+    PyBuffer_Release(&vstarts);
+    PyBuffer_Release(&vlengths);
+    if (kdata.obj) PyBuffer_Release(&kdata);
+    if (kstarts.obj) PyBuffer_Release(&kstarts);
+    if (klengths.obj) PyBuffer_Release(&klengths);
+    PyBuffer_Release(&firsts);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"encode_columns", encode_columns, METH_VARARGS,
+     "encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths, "
+     "timestamp_delta, batch_firsts, ends) -> bytes (see the module)."},
+    {"record_fields", record_fields, METH_VARARGS,
+     "record_fields(section, count, out): eight int64 fields per record into out (see the module)."},
+    {"encode_records", encode_records, METH_VARARGS,
+     "encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas) -> bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_core",
+    "The engine's compiled core: the per-record loops of Kafka's v2 records (see _core.c).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void) { return PyModule_Create(&module); }

@@ -1,0 +1,27 @@
+"""Types of the engine's compiled core (engine/_core.c)."""
+
+import numpy as np
+from typing_extensions import Buffer
+
+def record_fields(section: Buffer | np.ndarray, count: int, out: Buffer | np.ndarray, /) -> None: ...
+def encode_records(
+    values: list[bytes | None],
+    keys: list[bytes | None] | None,
+    header_blobs: list[bytes] | None,
+    timestamp_deltas: int | list[int],
+    offset_deltas: list[int] | None,
+    /,
+) -> bytes: ...
+def encode_columns(
+    n: int,
+    value_data: Buffer | np.ndarray,
+    value_starts: Buffer | np.ndarray,
+    value_lengths: Buffer | np.ndarray,
+    key_data: Buffer | np.ndarray | None,
+    key_starts: Buffer | np.ndarray | None,
+    key_lengths: Buffer | np.ndarray | None,
+    timestamp_delta: int,
+    batch_firsts: Buffer | np.ndarray,
+    ends: Buffer | np.ndarray,
+    /,
+) -> bytes: ...
