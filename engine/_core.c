@@ -17,6 +17,12 @@
  *     (the index of each batch's first record, int64, the first 0). Writes each record's end
  *     position into `ends` (int64) and returns the bytes. The GIL is released while it copies.
  *
+ * json_text_sizes(section, starts, lengths, out)
+ *     For each blob section[starts[i]:][:lengths[i]] (length -1: null), the length in UTF-8 of
+ *     the JSON text the JSON Lines format gives it (engine.json_records.bytes_json_text): a
+ *     string when the bytes are UTF-8 (strictly, as Python decodes), `null`, else
+ *     {"base64":"..."}. Into `out` (int64). The GIL is released while it scans.
+ *
  * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas)
  *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
@@ -322,7 +328,80 @@ done:
     return result;
 }
 
+/* -- JSON text sizes ------------------------------------------------------------------------ */
+/* The length of a complete, strictly valid UTF-8 sequence at `p` (as Python's strict decoder
+ * takes it: no overlong forms, no surrogates, nothing above U+10FFFF), or 0. */
+static Py_ssize_t utf8_sequence(const uint8_t *p, Py_ssize_t left) {
+    uint8_t c = p[0];
+    if (c < 0x80) return 1;
+    if (c < 0xC2) return 0;
+    if (c < 0xE0) return left >= 2 && (p[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c < 0xF0) {
+        if (left < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80) return 0;
+        if (c == 0xE0 && p[1] < 0xA0) return 0; /* overlong */
+        if (c == 0xED && p[1] >= 0xA0) return 0; /* surrogates */
+        return 3;
+    }
+    if (c < 0xF5) {
+        if (left < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80) return 0;
+        if (c == 0xF0 && p[1] < 0x90) return 0; /* overlong */
+        if (c == 0xF4 && p[1] >= 0x90) return 0; /* above U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+/* The length of engine.json_records.bytes_json_text(data) in UTF-8: "null"; a JSON string as
+ * json's encode_basestring writes it (\" \\ \b \f \n \r \t, other bytes below 0x20 as \u00XX,
+ * the rest as they are); {"base64":"..."} when the bytes are not UTF-8. */
+static int64_t json_text_size(const uint8_t *data, int64_t length) {
+    if (length < 0) return 4;
+    int64_t size = 2;
+    Py_ssize_t i = 0;
+    while (i < length) {
+        uint8_t c = data[i];
+        if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) { size++; i++; continue; }
+        if (c < 0x80) {
+            size += (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') ? 2 : 6;
+            i++;
+            continue;
+        }
+        Py_ssize_t n = utf8_sequence(data + i, length - i);
+        if (n == 0) return 13 + 4 * ((length + 2) / 3); /* {"base64":"..."} */
+        size += n;
+        i += n;
+    }
+    return size;
+}
+
+static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
+    Py_buffer section, starts, lengths, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &section, &starts, &lengths, &out)) return NULL;
+    Py_ssize_t n = starts.len / 8;
+    int failed = lengths.len < n * 8 || out.len < n * 8;
+    const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
+    for (Py_ssize_t i = 0; !failed && i < n; i++)
+        failed = l[i] > 0 && (s[i] < 0 || s[i] > section.len - l[i]);
+    if (!failed) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            ((int64_t *)out.buf)[i] = json_text_size((const uint8_t *)section.buf + (l[i] > 0 ? s[i] : 0), l[i]);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&section);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&out);
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, "json_text_sizes: a blob lies outside the section, or the output is short");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"json_text_sizes", json_text_sizes, METH_VARARGS,
+     "json_text_sizes(section, starts, lengths, out): per blob, the UTF-8 length of its JSON text."},
     {"encode_columns", encode_columns, METH_VARARGS,
      "encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths, "
      "timestamp_delta, batch_firsts, ends) -> bytes (see the module)."},

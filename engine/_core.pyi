@@ -25,3 +25,6 @@ def encode_columns(
     ends: Buffer | np.ndarray,
     /,
 ) -> bytes: ...
+def json_text_sizes(
+    section: Buffer | np.ndarray, starts: Buffer | np.ndarray, lengths: Buffer | np.ndarray, out: Buffer | np.ndarray, /
+) -> None: ...

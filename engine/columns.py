@@ -96,8 +96,9 @@ def record_columns(
     bounds = np.empty(count + 1, np.int64)
     bounds[:-1] = fields[:, 0]
     bounds[-1] = len(section)
-    timestamp_deltas, offset_deltas = fields[:, 1], fields[:, 2]
-    key_starts, key_lengths, value_starts, value_lengths, header_counts = (fields[:, i] for i in range(3, 8))
+    by_field = np.ascontiguousarray(fields.T)  # each column contiguous (the core takes them as buffers)
+    timestamp_deltas, offset_deltas = by_field[1], by_field[2]
+    key_starts, key_lengths, value_starts, value_lengths, header_counts = by_field[3:8]
     return RecordColumns(
         section=section,
         bounds=bounds,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seglogfs.engine import _core
 from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.json_records import bytes_json_text, encode_json_string, record_to_json
@@ -156,6 +157,9 @@ class TextRenderer:
         return fields
 
 
+_LINE_PARTS = ',"timestamp":,"timestampType":"","key":,"value":,"headers":[]}\n'  # a JSON line's fixed text
+
+
 class JsonLinesRenderer:
     """Batches as JSON Lines (`record_to_json`) for one partition."""
 
@@ -163,6 +167,8 @@ class JsonLinesRenderer:
         self.topic = topic
         self.partition = partition
         self._prefix = f'{{"topic":{encode_json_string(topic)},"partition":{partition},"offset":'
+        # A line's bytes besides its offset, timestamp, timestamp type, key and value.
+        self._fixed_bytes = len(self._prefix.encode()) + len(_LINE_PARTS)
 
     def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[str]:
         """The JSON object (no newline) of each of the batch's records with offsets ≥
@@ -209,8 +215,21 @@ class JsonLinesRenderer:
         return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
 
     def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
-        """`len(render(header, batch))`."""
-        return len(self.render(header, batch))
+        """`len(render(header, batch))`, computed from the record columns and the compiled
+        core's JSON text sizes of keys and values, without rendering (except for records with
+        headers)."""
+        if header.is_control:
+            return 0
+        columns = record_columns(header, batch)
+        if bool(columns.header_counts.any()):
+            return len(self.render(header, batch))
+        count = len(columns)
+        keys, values = np.empty(count, np.int64), np.empty(count, np.int64)
+        _core.json_text_sizes(columns.section, columns.key_starts, columns.key_lengths, keys)
+        _core.json_text_sizes(columns.section, columns.value_starts, columns.value_lengths, values)
+        fixed = self._fixed_bytes + len(header.timestamp_type.display_name)
+        widths = _decimal_widths(columns.offsets) + _decimal_widths(columns.consumer_timestamps())
+        return int(count * fixed + widths.sum() + keys.sum() + values.sum())
 
 
 def _ends(pieces: list[bytes]) -> np.ndarray:

@@ -1,0 +1,69 @@
+"""The compiled core's JSON sizes: a JSON Lines view's measure equals the length of its rendering
+for any keys and values — UTF-8 of every width, bytes Python's strict decoder refuses (overlong
+forms, surrogates, code points past U+10FFFF, cut sequences: base64), quotes, backslashes,
+control characters, nulls — and for LogAppendTime batches and topics with non-ASCII names."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seglogfs.engine import _core
+from seglogfs.engine.json_records import bytes_json_text
+from seglogfs.engine.records import BatchHeader, TimestampType, build_batch
+from seglogfs.engine.renderers import JsonLinesRenderer
+
+TRICKY = [
+    b"",
+    b'"',
+    b"\\",
+    b"\x00\x01\x1f\x7f",
+    b"\b\f\n\r\t",
+    "é€😀".encode(),
+    b"\xc0\x80",  # overlong
+    b"\xe0\x80\x80",  # overlong
+    b"\xed\xa0\x80",  # a surrogate
+    b"\xf4\x90\x80\x80",  # past U+10FFFF
+    b"\xf0\x9f\x98",  # cut
+    b"\xff",
+    b"plain text",
+]
+
+blobs = st.one_of(
+    st.none(),
+    st.binary(max_size=40),
+    st.text(max_size=20).map(lambda text: text.encode("utf-8", "surrogatepass")),
+    st.lists(st.sampled_from(TRICKY), max_size=4).map(b"".join),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(blobs, min_size=1, max_size=30))
+def test_json_text_sizes_are_the_lengths_of_the_texts(items: list[bytes | None]) -> None:
+    section = b"".join(item or b"" for item in items)
+    lengths = np.array([-1 if item is None else len(item) for item in items], np.int64)
+    starts = np.concatenate([[0], np.cumsum(np.maximum(lengths, 0))[:-1]]).astype(np.int64)
+    out = np.empty(len(items), np.int64)
+    _core.json_text_sizes(section, starts, lengths, out)
+    assert out.tolist() == [len(bytes_json_text(item).encode()) for item in items]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(blobs, blobs), min_size=1, max_size=20),
+    st.sampled_from([TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME]),
+    st.sampled_from(["t", "tøpic-ü"]),
+    st.integers(0, 10**12),
+)
+def test_a_json_view_measures_what_it_renders(records, timestamp_type, topic: str, base_offset: int) -> None:
+    batch = build_batch(
+        [value for _, value in records],
+        keys=[key for key, _ in records],
+        timestamps=[1_763_800_000_000 + i * 977 for i in range(len(records))],
+        base_offset=base_offset,
+        timestamp_type=timestamp_type,
+    )
+    header = BatchHeader.parse(batch)
+    renderer = JsonLinesRenderer(topic, 3)
+    assert renderer.measure(header, memoryview(batch)) == len(renderer.render(header, memoryview(batch)))
