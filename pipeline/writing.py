@@ -379,10 +379,11 @@ def _plan_through_mount(options: WriteOptions, columns: Columns, job_dir: Path, 
     for topic_dir in sorted(mount.iterdir()):
         if topic_dir.name.startswith(".") or not topic_dir.is_dir():
             continue
-        partitions = [child for child in topic_dir.iterdir() if child.name.isdigit()]
+        partitions = sorted((child for child in topic_dir.iterdir() if child.name.isdigit()), key=lambda p: int(p.name))
         if not partitions:
             continue
-        config = json.loads((topic_dir / "0" / "status").read_text())["config"]
+        # (a broker's data dir may hold only some of a topic's partitions: the first one there)
+        config = json.loads((partitions[0] / "status").read_text())["config"]
         targets[topic_dir.name] = TopicTarget(
             len(partitions),
             int(config["max.message.bytes"]),

@@ -28,7 +28,7 @@ from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
 from seglogfs.engine.records import build_batch
 from seglogfs.pipeline.writing import STAGING_SUFFIX, Region, _boot_id, _start_time, staged_batches_in_pieces
-from tests.conftest import assert_log_dir_valid
+from tests.conftest import assert_log_dir_valid, copy_fixture
 from tests.fs.conftest import Mount, check_mount_log
 from tests.pipeline.conftest import read_table
 
@@ -378,3 +378,24 @@ def test_staged_batches_go_through_a_mount_in_pieces_of_whole_batches(tmp_path: 
         len(batches[3]),
         len(batches[4]) + len(batches[5]),
     ]
+
+
+def test_a_write_through_a_mounted_broker_data_dir(spark, tmp_path: Path) -> None:
+    """A KRaft broker's data dir mounted writable (`__consumer_offsets` holds only its partition
+    26 there): the job writes to its topic through the mount, the rest untouched."""
+    data = copy_fixture("ne-streaming-d95be01", tmp_path)
+    (tmp_path / "mnt").mkdir()
+    m = Mount(data, tmp_path / "mnt", [])
+    try:
+        before = read_table(spark, m.path, subscribe="your-kafka-topic").num_rows
+        frame = spark.range(0, 3000).selectExpr("cast(id % 7 as string) as key", "concat('written-', id) as value")
+        frame.write.format("seglog").option("path", str(m.path)).option("topic", "your-kafka-topic").mode(
+            "append"
+        ).save()
+        after = read_table(spark, m.path, subscribe="your-kafka-topic")
+    finally:
+        m.stop()
+    check_mount_log(m, [])
+    assert after.num_rows == before + 3000
+    assert sum(1 for v in after.column("value").to_pylist() if v.startswith(b"written-")) == 3000
+    assert_log_dir_valid(data)
