@@ -440,8 +440,6 @@ def build_batch(
         ts_deltas,
         deltas,
     )
-    batch = bytearray(_HEADER_SLOT)
-    batch += section if compression is CompressionType.NONE else compress(compression, section)
     attributes = int(compression)
     if timestamp_type is TimestampType.LOG_APPEND_TIME:
         attributes |= _TIMESTAMP_TYPE_BIT
@@ -451,6 +449,37 @@ def build_batch(
         attributes |= _CONTROL_BIT
     if delete_horizon_ms is not None:
         attributes |= _DELETE_HORIZON_BIT
+    return _framed(
+        section,
+        compression,
+        attributes=attributes,
+        count=n,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        last_offset_delta=last_offset_delta,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer=producer,
+    )
+
+
+def _framed(
+    records: bytes | memoryview,
+    compression: CompressionType,
+    *,
+    attributes: int,
+    count: int,
+    base_offset: int,
+    partition_leader_epoch: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer: ProducerState,
+) -> bytearray:
+    """A batch's bytes: the header, filled in, and the records section (compressed with
+    `compression`), CRC included."""
+    batch = bytearray(_HEADER_SLOT)
+    batch += records if compression is CompressionType.NONE else compress(compression, records)
     _HEADER.pack_into(
         batch,
         0,
@@ -466,7 +495,7 @@ def build_batch(
         producer.producer_id,
         producer.producer_epoch,
         producer.base_sequence,
-        n,
+        count,
     )
     struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
     return batch
@@ -576,27 +605,18 @@ def frame_batch(
     prefix, offset deltas 0..count-1, timestamp deltas from `base_timestamp` — compressed with
     `compression`, CRC included: what `build_batch` makes of the same records, for callers that
     encode the records section column-wise themselves."""
-    batch = bytearray(_HEADER_SLOT)
-    batch += records if compression is CompressionType.NONE else compress(compression, records)
-    _HEADER.pack_into(
-        batch,
-        0,
-        base_offset,
-        len(batch) - LOG_OVERHEAD_BYTES,
-        partition_leader_epoch,
-        CURRENT_MAGIC,
-        0,
-        int(compression),
-        count - 1,
-        base_timestamp,
-        max_timestamp,
-        NO_PRODUCER.producer_id,
-        NO_PRODUCER.producer_epoch,
-        NO_PRODUCER.base_sequence,
-        count,
+    return _framed(
+        records,
+        compression,
+        attributes=int(compression),
+        count=count,
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        last_offset_delta=count - 1,
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp,
+        producer=NO_PRODUCER,
     )
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
-    return batch
 
 
 def encode_batches(

@@ -20,11 +20,25 @@ from typing import TYPE_CHECKING
 from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError
 from seglogfs.engine.partitioner import RoundRobin
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES, LineSplitter, Producer
-from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, Refused
+from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, PartitionNode, Refused
 
 if TYPE_CHECKING:
     from seglogfs.engine.log import PartitionLog
     from seglogfs.fs.tree import Tree
+
+
+def write_only_attributes(node: Node) -> Attributes:
+    """An append file's: write-only (none on a read-only mount), always empty."""
+    mode = 0 if node.tree.read_only else 0o200
+    return Attributes(stat.S_IFREG | mode, 0, node.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+
+
+def refuse_reads_and_read_only(node: Node, flags: int) -> None:
+    """EACCES for an open that reads, EROFS on a read-only mount."""
+    if flags & os.O_ACCMODE == os.O_RDONLY:
+        raise Refused(errno.EACCES, f"read {node.path}: append files are write-only")
+    if node.tree.read_only:
+        raise Refused(errno.EROFS, f"write {node.path}")
 
 
 class AppendFile(Node):
@@ -48,14 +62,10 @@ class AppendFile(Node):
         self.round_robin = RoundRobin()  # unkeyed records: each write to the next partition
 
     def attributes(self) -> Attributes:
-        mode = 0 if self.tree.read_only else 0o200
-        return Attributes(stat.S_IFREG | mode, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+        return write_only_attributes(self)
 
     def open(self, flags: int) -> Handle:
-        if flags & os.O_ACCMODE == os.O_RDONLY:
-            raise Refused(errno.EACCES, f"read {self.path}: append files are write-only")
-        if self.tree.read_only:
-            raise Refused(errno.EROFS, f"write {self.path}")
+        refuse_reads_and_read_only(self, flags)
         data_dir = self.tree.data_dir
         if self.partition is not None:
             logs = [data_dir.partition(self.topic, self.partition)]
@@ -113,7 +123,7 @@ class AppendHandle(Handle):
 BATCHES_PER_OPEN_BYTES = BATCHES_PER_APPEND_BYTES  # what one open of append.batches may take before its close
 
 
-class BatchesFile(Node):
+class BatchesFile(PartitionNode):
     """`<topic>/<p>/append.batches`: Kafka v2 record batches as a producer sends them (a Produce
     request's record set), appended with offsets assigned from the log end as a broker does.
 
@@ -122,26 +132,13 @@ class BatchesFile(Node):
     (`max.message.bytes`, a compacted topic's keys) — none; the close (or fsync) fails then. One
     open takes at most 64 MiB."""
 
-    def __init__(
-        self, tree: Tree, inode: int, key: tuple[object, ...], path: str, *, topic: str, partition: int
-    ) -> None:
-        super().__init__(tree, inode, key, path)
-        self.topic = topic
-        self.partition = partition
-
     def attributes(self) -> Attributes:
-        mode = 0 if self.tree.read_only else 0o200
-        return Attributes(stat.S_IFREG | mode, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+        return write_only_attributes(self)
 
     def open(self, flags: int) -> Handle:
-        if flags & os.O_ACCMODE == os.O_RDONLY:
-            raise Refused(errno.EACCES, f"read {self.path}: append files are write-only")
-        if self.tree.read_only:
-            raise Refused(errno.EROFS, f"write {self.path}")
-        log = self.tree.data_dir.partition(self.topic, self.partition)
-        if log.offline_reason is not None:
-            raise Refused(errno.EIO, f"write {self.path}: the partition is offline ({log.offline_reason})")
-        return BatchesHandle(self, log)
+        refuse_reads_and_read_only(self, flags)
+        self.check_online("write")
+        return BatchesHandle(self, self.log)
 
     def truncate(self, size: int) -> None:
         if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty

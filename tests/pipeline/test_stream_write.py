@@ -33,7 +33,7 @@ from seglogfs.pipeline.stream_writing import (
 )
 from seglogfs.pipeline.writing import Columns, parse_write_options, write_task
 from tests.conftest import assert_log_dir_valid
-from tests.pipeline.test_streaming import DEADLINE_S, append, new_data_dir, stream
+from tests.pipeline.test_streaming import append, finish, new_data_dir, stream
 from tests.pipeline.test_write import REPOSITORY, log_ends
 
 TOPIC = "copy"
@@ -50,7 +50,7 @@ def values(path: Path, topic: str = TOPIC) -> Counter:
 
 
 def copy_available_now(spark, source: Path, target: Path, checkpoint: Path) -> None:
-    query = (
+    finish(
         stream(spark, source, subscribe="events", startingOffsets="earliest", maxOffsetsPerTrigger="25")
         .selectExpr("key", "value")
         .writeStream.format("seglog")
@@ -60,12 +60,6 @@ def copy_available_now(spark, source: Path, target: Path, checkpoint: Path) -> N
         .trigger(availableNow=True)
         .start()
     )
-    try:
-        assert query.awaitTermination(DEADLINE_S), "an availableNow query did not finish in time"
-    finally:
-        query.stop()
-    if query.exception() is not None:
-        raise query.exception()
 
 
 def expected_values(counts: dict[int, int]) -> Counter:

@@ -91,13 +91,17 @@ def stream(spark, path: Path, **options: str):
 
 
 def run_available_now(spark, path: Path, checkpoint: Path, sink: Batches, **options: str) -> None:
-    query = (
+    finish(
         stream(spark, path, **options)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
         .start()
     )
+
+
+def finish(query) -> None:
+    """Wait for an availableNow query to end; its failure raised here."""
     try:
         assert query.awaitTermination(DEADLINE_S), "an availableNow query did not finish in time"
     finally:
