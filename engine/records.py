@@ -643,13 +643,17 @@ def encode_batches(
     is halved. RecordTooLargeError naming `where` for a record that alone makes a batch too
     large."""
     n = len(values)
-    if sizes is None:
-        sizes = _byte_lengths(values) + 12
-        if keys is not None:
-            sizes += _byte_lengths(keys)
-        if headers is not None:
-            sizes += np.fromiter((sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, n)
-    pending = list(reversed(batch_ranges(sizes, min(target_batch_bytes or max_batch_bytes, max_batch_bytes))))
+    batch_bytes = min(target_batch_bytes or max_batch_bytes, max_batch_bytes)
+    if sizes is None and n == 1 and keys is None and headers is None:
+        pending = [(0, 1)]  # one record (an `echo >> append`): one batch, no column to make
+    else:
+        if sizes is None:
+            sizes = _byte_lengths(values) + 12
+            if keys is not None:
+                sizes += _byte_lengths(keys)
+            if headers is not None:
+                sizes += np.fromiter((sum(len(k) + len(v or b"") + 8 for k, v in h) for h in headers), np.int64, n)
+        pending = list(reversed(batch_ranges(sizes, batch_bytes)))
     batches: list[bytearray] = []
     offset = base_offset
     while pending:
