@@ -5,6 +5,8 @@
     logdir      reading a 1 GiB segment through MNT/.logdir vs reading it directly (dd bs=1M)
     cat         `cat records > /dev/null` vs `seglogfs consume > /dev/null` (same partition): the
                 first look (the layout is measured as it goes), later looks, after a remount
+    first-look  `ls -l` of a never-measured partition (both views measured) vs `cat` of its .log
+                files, warm; the mount's peak memory meanwhile
     append      `cat file >> MNT/t/0/append` vs the engine's append of the same lines
     follow      append-to-visible latency for a follower reading the view (p50, p90)
     by-offset   open + first byte of by-offset/N on a big partition: the first look ever (every
@@ -206,6 +208,38 @@ def bench_cat(root: Path, total: int) -> dict:
     }
 
 
+def bench_first_look(root: Path, total: int) -> dict:
+    """`ls -l` of a never-measured partition's directory (a stat of each view: both measured)
+    vs `cat` of its `.log` files, page cache warm; and the mount's peak memory while it
+    measures."""
+    data = root / "first-look-data"
+    fill(data, "t", total, record_bytes=1024, batch=200)
+    logs = sorted(str(path) for path in (data / "t-0").glob("*.log"))
+    segment_bytes = sum(os.path.getsize(path) for path in logs)
+    cat = min(timed(lambda: run(["cat", *logs])) for _ in range(ROUNDS))
+    looks, peak_rss = [], 0.0
+    for _ in range(ROUNDS):  # no view cache, no background measure: each mount measures afresh
+        with Mounted(data, root / "first-look-mnt", "-o", "view.cache=none,measure=lazy") as m:
+            looks.append(timed(lambda m=m: run(["ls", "-l", str(m.path / "t" / "0")])))
+            peak_rss = max(peak_rss, _peak_rss_mb(m.process.pid))
+    shutil.rmtree(data)
+    first = min(looks)
+    return {
+        "segment_bytes": segment_bytes,
+        "cat_MB_per_s": segment_bytes / cat / 1e6,
+        "first_look_MB_per_s": segment_bytes / first / 1e6,
+        "ratio": cat / first,
+        "mount_peak_rss_MB": peak_rss,
+    }
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def bench_append(root: Path, total: int) -> dict:
     lines_file = root / "lines.txt"
     with open(lines_file, "wb") as out:
@@ -378,6 +412,7 @@ def main() -> None:
     benches: dict[str, Callable[[], dict]] = {
         "logdir": lambda: bench_logdir(root, total),
         "cat": lambda: bench_cat(root, total),
+        "first-look": lambda: bench_first_look(root, total),
         "append": lambda: bench_append(root, total),
         "follow": lambda: bench_follow(root),
         "partitions": lambda: bench_partitions(root),
