@@ -358,7 +358,17 @@ static int64_t json_text_size(const uint8_t *data, int64_t length) {
     if (length < 0) return 4;
     int64_t size = 2;
     Py_ssize_t i = 0;
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     while (i < length) {
+        if (length - i >= 8) { /* eight plain ASCII bytes at a time: none below 0x20, '"', '\\' or >= 0x80 */
+            uint64_t w, quote, backslash;
+            memcpy(&w, data + i, 8);
+            quote = w ^ (ones * '"');
+            backslash = w ^ (ones * '\\');
+            uint64_t special = (w & highs) | ((w - ones * 0x20) & ~w & highs) | ((quote - ones) & ~quote & highs) |
+                               ((backslash - ones) & ~backslash & highs);
+            if (!special) { size += 8; i += 8; continue; }
+        }
         uint8_t c = data[i];
         if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) { size++; i++; continue; }
         if (c < 0x80) {
