@@ -23,6 +23,15 @@
  *     string when the bytes are UTF-8 (strictly, as Python decodes), `null`, else
  *     {"base64":"..."}. Into `out` (int64). The GIL is released while it scans.
  *
+ * render_text(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths,
+ *             timestamp_label, partition_field, print_offset, print_key, print_value, separator,
+ *             line_end, null, ends)
+ *     Records as kafka-console-consumer prints them, a line each: the fields shown, in its order
+ *     — `timestamp_label` and the timestamp (label None: not shown), `partition_field` (None:
+ *     not shown), "Offset:" and the offset, the key, the value (`null` for a null one) — joined
+ *     by `separator`, each line ended by `line_end`. Columns are int64 buffers of one length;
+ *     each line's end position goes into `ends`. The GIL is released while it writes.
+ *
  * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas)
  *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
@@ -409,7 +418,133 @@ static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* -- text rendering ------------------------------------------------------------------------- */
+static uint8_t *put_decimal(uint8_t *at, int64_t value) {
+    char digits[24];
+    int n = 0;
+    uint64_t magnitude = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
+    do { digits[n++] = (char)('0' + magnitude % 10); magnitude /= 10; } while (magnitude);
+    if (value < 0) *at++ = '-';
+    while (n) *at++ = (uint8_t)digits[--n];
+    return at;
+}
+
+static Py_ssize_t decimal_size(int64_t value) {
+    uint64_t magnitude = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
+    Py_ssize_t size = value < 0 ? 2 : 1;
+    while (magnitude >= 10) { magnitude /= 10; size++; }
+    return size;
+}
+
+typedef struct {
+    Py_buffer section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths;
+    Py_buffer timestamp_label, partition_field, separator, line_end, null;
+    int print_offset, print_key, print_value;
+} text_args_t;
+
+static PyObject *render_text(PyObject *self, PyObject *args) {
+    text_args_t a;
+    memset(&a, 0, sizeof a);
+    PyObject *label_obj, *partition_obj;
+    Py_buffer ends;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*OOpppy*y*y*w*", &a.section, &a.offsets, &a.timestamps, &a.key_starts,
+                          &a.key_lengths, &a.value_starts, &a.value_lengths, &label_obj, &partition_obj, &a.print_offset,
+                          &a.print_key, &a.print_value, &a.separator, &a.line_end, &a.null, &ends))
+        return NULL;
+    PyObject *result = NULL;
+    int have_label = label_obj != Py_None, have_partition = partition_obj != Py_None;
+    if (have_label && PyObject_GetBuffer(label_obj, &a.timestamp_label, PyBUF_SIMPLE) < 0) goto done;
+    if (have_partition && PyObject_GetBuffer(partition_obj, &a.partition_field, PyBUF_SIMPLE) < 0) goto done;
+    Py_ssize_t n = a.offsets.len / 8;
+    if (a.timestamps.len < n * 8 || a.key_starts.len < n * 8 || a.key_lengths.len < n * 8 ||
+        a.value_starts.len < n * 8 || a.value_lengths.len < n * 8 || ends.len < n * 8) {
+        PyErr_SetString(PyExc_ValueError, "render_text: columns of different lengths");
+        goto done;
+    }
+    const int64_t *off = a.offsets.buf, *ts = a.timestamps.buf, *ks = a.key_starts.buf, *kl = a.key_lengths.buf,
+                  *vs = a.value_starts.buf, *vl = a.value_lengths.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((kl[i] > 0 && (ks[i] < 0 || ks[i] > a.section.len - kl[i])) ||
+            (vl[i] > 0 && (vs[i] < 0 || vs[i] > a.section.len - vl[i]))) {
+            PyErr_SetString(PyExc_ValueError, "render_text: a key or value lies outside the section");
+            goto done;
+        }
+    }
+    int fields = have_label + have_partition + a.print_offset + a.print_key + a.print_value;
+    Py_ssize_t separators = fields > 1 ? (fields - 1) * a.separator.len : 0;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t size = separators + a.line_end.len;
+        if (have_label) size += a.timestamp_label.len + decimal_size(ts[i]);
+        if (have_partition) size += a.partition_field.len;
+        if (a.print_offset) size += 7 + decimal_size(off[i]);
+        if (a.print_key) size += kl[i] < 0 ? a.null.len : kl[i];
+        if (a.print_value) size += vl[i] < 0 ? a.null.len : vl[i];
+        total += size;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
+    int64_t *end = ends.buf;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *at = base;
+    const uint8_t *section = a.section.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int first = 1;
+#define SEPARATE() do { if (!first) { memcpy(at, a.separator.buf, a.separator.len); at += a.separator.len; } first = 0; } while (0)
+        if (have_label) {
+            SEPARATE();
+            memcpy(at, a.timestamp_label.buf, a.timestamp_label.len);
+            at = put_decimal(at + a.timestamp_label.len, ts[i]);
+        }
+        if (have_partition) {
+            SEPARATE();
+            memcpy(at, a.partition_field.buf, a.partition_field.len);
+            at += a.partition_field.len;
+        }
+        if (a.print_offset) {
+            SEPARATE();
+            memcpy(at, "Offset:", 7);
+            at = put_decimal(at + 7, off[i]);
+        }
+        if (a.print_key) {
+            SEPARATE();
+            if (kl[i] < 0) { memcpy(at, a.null.buf, a.null.len); at += a.null.len; }
+            else { memcpy(at, section + ks[i], kl[i]); at += kl[i]; }
+        }
+        if (a.print_value) {
+            SEPARATE();
+            if (vl[i] < 0) { memcpy(at, a.null.buf, a.null.len); at += a.null.len; }
+            else { memcpy(at, section + vs[i], vl[i]); at += vl[i]; }
+        }
+#undef SEPARATE
+        memcpy(at, a.line_end.buf, a.line_end.len);
+        at += a.line_end.len;
+        end[i] = at - base;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&a.section);
+    PyBuffer_Release(&a.offsets);
+    PyBuffer_Release(&a.timestamps);
+    PyBuffer_Release(&a.key_starts);
+    PyBuffer_Release(&a.key_lengths);
+    PyBuffer_Release(&a.value_starts);
+    PyBuffer_Release(&a.value_lengths);
+    if (a.timestamp_label.obj) PyBuffer_Release(&a.timestamp_label);
+    if (a.partition_field.obj) PyBuffer_Release(&a.partition_field);
+    PyBuffer_Release(&a.separator);
+    PyBuffer_Release(&a.line_end);
+    PyBuffer_Release(&a.null);
+    PyBuffer_Release(&ends);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"render_text", render_text, METH_VARARGS,
+     "render_text(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, "
+     "timestamp_label, partition_field, print_offset, print_key, print_value, separator, line_end, null, ends) "
+     "-> bytes (see the module)."},
     {"json_text_sizes", json_text_sizes, METH_VARARGS,
      "json_text_sizes(section, starts, lengths, out): per blob, the UTF-8 length of its JSON text."},
     {"encode_columns", encode_columns, METH_VARARGS,

@@ -28,3 +28,22 @@ def encode_columns(
 def json_text_sizes(
     section: Buffer | np.ndarray, starts: Buffer | np.ndarray, lengths: Buffer | np.ndarray, out: Buffer | np.ndarray, /
 ) -> None: ...
+def render_text(
+    section: Buffer | np.ndarray,
+    offsets: np.ndarray,
+    timestamps: np.ndarray,
+    key_starts: np.ndarray,
+    key_lengths: np.ndarray,
+    value_starts: np.ndarray,
+    value_lengths: np.ndarray,
+    timestamp_label: bytes | None,
+    partition_field: bytes | None,
+    print_offset: bool,
+    print_key: bool,
+    print_value: bool,
+    separator: bytes,
+    line_end: bytes,
+    null: bytes,
+    ends: np.ndarray,
+    /,
+) -> bytes: ...

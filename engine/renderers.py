@@ -57,7 +57,11 @@ class TextRenderer:
             return [fmt.render(r, self.partition) for r in decode_records(header, batch) if r.offset >= min_offset]
         columns = record_columns(header, batch)
         first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        return self._column_lines(header, columns, first)
+        if first >= len(columns):
+            return []
+        data, ends = self._render_core(header, columns, first)
+        starts = [0, *ends[:-1].tolist()]
+        return [data[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` joined."""
@@ -77,9 +81,8 @@ class TextRenderer:
             lines = [fmt.render(r, self.partition) for r in records]
             return RenderedBatch(b"".join(lines), np.array([r.offset for r in records], np.int64), _ends(lines))
         columns = record_columns(header, batch)
-        return RenderedBatch(
-            self._render_columns(header, columns, 0), columns.offsets, np.cumsum(self._sizes(header, columns))
-        )
+        data, ends = self._render_core(header, columns, 0)
+        return RenderedBatch(data, columns.offsets, ends)
 
     def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
         """`len(render(header, batch))`, computed from the record columns without rendering
@@ -94,26 +97,31 @@ class TextRenderer:
         return self.text_format.print_headers or header.records_count <= _SMALL_BATCH_RECORDS
 
     def _render_columns(self, header: BatchHeader, columns: RecordColumns, first: int) -> bytes:
-        if first >= len(columns):
-            return b""
-        if self._shown_fields() == 1:  # the usual case, values only: one join, no line per record
-            end = self.text_format.line_separator
-            return end.join(self._fields(header, columns, first)[0]) + end
-        return b"".join(self._column_lines(header, columns, first))
+        return self._render_core(header, columns, first)[0] if first < len(columns) else b""
 
-    def _shown_fields(self) -> int:
+    def _render_core(self, header: BatchHeader, columns: RecordColumns, first: int) -> tuple[bytes, np.ndarray]:
+        """The lines of records `first`… rendered by the compiled core, and where each ends."""
         fmt = self.text_format
-        return sum((fmt.print_timestamp, fmt.print_partition, fmt.print_offset, fmt.print_key, fmt.print_value))
-
-    def _column_lines(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[bytes]:
-        fields = self._fields(header, columns, first)
-        end = self.text_format.line_separator
-        if not fields:
-            return [end] * (len(columns) - first)
-        if len(fields) == 1:
-            return [field + end for field in fields[0]]
-        separator = self.text_format.key_separator
-        return [separator.join(parts) + end for parts in zip(*fields, strict=True)]
+        ends = np.empty(len(columns) - first, np.int64)
+        data = _core.render_text(
+            columns.section,
+            columns.offsets[first:],
+            columns.consumer_timestamps()[first:],
+            columns.key_starts[first:],
+            columns.key_lengths[first:],
+            columns.value_starts[first:],
+            columns.value_lengths[first:],
+            header.timestamp_type.display_name.encode() + b":" if fmt.print_timestamp else None,
+            b"Partition:%d" % self.partition if fmt.print_partition else None,
+            fmt.print_offset,
+            fmt.print_key,
+            fmt.print_value,
+            fmt.key_separator,
+            fmt.line_separator,
+            fmt.null_literal,
+            ends,
+        )
+        return data, ends
 
     def _sizes(self, header: BatchHeader, columns: RecordColumns) -> np.ndarray:
         """The length of each record's line, from the columns alone."""
@@ -138,23 +146,6 @@ class TextRenderer:
         if fields > 1:
             sizes += (fields - 1) * len(fmt.key_separator)
         return sizes
-
-    def _fields(self, header: BatchHeader, columns: RecordColumns, first: int) -> list[list[bytes]]:
-        fmt = self.text_format
-        null = fmt.null_literal
-        fields: list[list[bytes]] = []
-        if fmt.print_timestamp:
-            name = header.timestamp_type.display_name.encode() + b":"
-            fields.append([name + b"%d" % t for t in columns.consumer_timestamps()[first:].tolist()])
-        if fmt.print_partition:
-            fields.append([b"Partition:%d" % self.partition] * (len(columns) - first))
-        if fmt.print_offset:
-            fields.append([b"Offset:%d" % o for o in columns.offsets[first:].tolist()])
-        if fmt.print_key:
-            fields.append(columns.keys(null)[first:])  # type: ignore[arg-type]
-        if fmt.print_value:
-            fields.append(columns.values(null)[first:])  # type: ignore[arg-type]
-        return fields
 
 
 _LINE_PARTS = ',"timestamp":,"timestampType":"","key":,"value":,"headers":[]}\n'  # a JSON line's fixed text
