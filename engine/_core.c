@@ -32,6 +32,13 @@
  *     by `separator`, each line ended by `line_end`. Columns are int64 buffers of one length;
  *     each line's end position goes into `ends`. The GIL is released while it writes.
  *
+ * render_json(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths,
+ *             prefix, timestamp_type, ends)
+ *     Records without headers as JSON Lines (engine.json_records.record_to_json's format):
+ *     `prefix` (the topic and partition part, up to "offset":), the offset, the timestamp, the
+ *     timestamp type, key and value as `json_text_sizes` describes them, "headers":[] and a
+ *     newline; each line's end position into `ends`. The GIL is released while it writes.
+ *
  * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas)
  *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
@@ -337,7 +344,9 @@ done:
     return result;
 }
 
-/* -- JSON text sizes ------------------------------------------------------------------------ */
+/* -- JSON text sizes and rendering ------------------------------------------------------------ */
+static uint8_t *put_decimal(uint8_t *at, int64_t value);
+static Py_ssize_t decimal_size(int64_t value);
 /* The length of a complete, strictly valid UTF-8 sequence at `p` (as Python's strict decoder
  * takes it: no overlong forms, no surrogates, nothing above U+10FFFF), or 0. */
 static Py_ssize_t utf8_sequence(const uint8_t *p, Py_ssize_t left) {
@@ -391,6 +400,122 @@ static int64_t json_text_size(const uint8_t *data, int64_t length) {
         i += n;
     }
     return size;
+}
+
+static int utf8_valid(const uint8_t *data, int64_t length) {
+    Py_ssize_t i = 0;
+    while (i < length) {
+        if (data[i] < 0x80) { i++; continue; }
+        Py_ssize_t n = utf8_sequence(data + i, length - i);
+        if (n == 0) return 0;
+        i += n;
+    }
+    return 1;
+}
+
+static const char BASE64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static const char HEX[] = "0123456789abcdef";
+
+/* bytes_json_text(data) written at `at` (json_text_size(data, length) bytes). */
+static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length) {
+    if (length < 0) { memcpy(at, "null", 4); return at + 4; }
+    if (!utf8_valid(data, length)) {
+        memcpy(at, "{\"base64\":\"", 11);
+        at += 11;
+        int64_t i = 0;
+        for (; i + 3 <= length; i += 3) {
+            uint32_t v = (uint32_t)data[i] << 16 | (uint32_t)data[i + 1] << 8 | data[i + 2];
+            *at++ = BASE64[v >> 18]; *at++ = BASE64[(v >> 12) & 63]; *at++ = BASE64[(v >> 6) & 63]; *at++ = BASE64[v & 63];
+        }
+        if (length - i == 1) {
+            uint32_t v = (uint32_t)data[i] << 16;
+            *at++ = BASE64[v >> 18]; *at++ = BASE64[(v >> 12) & 63]; *at++ = '='; *at++ = '=';
+        } else if (length - i == 2) {
+            uint32_t v = (uint32_t)data[i] << 16 | (uint32_t)data[i + 1] << 8;
+            *at++ = BASE64[v >> 18]; *at++ = BASE64[(v >> 12) & 63]; *at++ = BASE64[(v >> 6) & 63]; *at++ = '=';
+        }
+        memcpy(at, "\"}", 2);
+        return at + 2;
+    }
+    *at++ = '"';
+    for (int64_t i = 0; i < length; i++) {
+        uint8_t c = data[i];
+        if (c >= 0x20 && c != '"' && c != '\\') { *at++ = c; continue; }
+        *at++ = '\\';
+        switch (c) {
+            case '"': *at++ = '"'; break;
+            case '\\': *at++ = '\\'; break;
+            case '\b': *at++ = 'b'; break;
+            case '\f': *at++ = 'f'; break;
+            case '\n': *at++ = 'n'; break;
+            case '\r': *at++ = 'r'; break;
+            case '\t': *at++ = 't'; break;
+            default: *at++ = 'u'; *at++ = '0'; *at++ = '0'; *at++ = HEX[c >> 4]; *at++ = HEX[c & 15];
+        }
+    }
+    *at++ = '"';
+    return at;
+}
+
+static PyObject *render_json(PyObject *self, PyObject *args) {
+    Py_buffer section, offsets, timestamps, ks_buf, kl_buf, vs_buf, vl_buf, prefix, kind, ends;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*w*", &section, &offsets, &timestamps, &ks_buf, &kl_buf, &vs_buf,
+                          &vl_buf, &prefix, &kind, &ends))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = offsets.len / 8;
+    const int64_t *off = offsets.buf, *ts = timestamps.buf, *ks = ks_buf.buf, *kl = kl_buf.buf, *vs = vs_buf.buf,
+                  *vl = vl_buf.buf;
+    int bad = timestamps.len < n * 8 || ks_buf.len < n * 8 || kl_buf.len < n * 8 || vs_buf.len < n * 8 ||
+              vl_buf.len < n * 8 || ends.len < n * 8;
+    for (Py_ssize_t i = 0; !bad && i < n; i++)
+        bad = (kl[i] > 0 && (ks[i] < 0 || ks[i] > section.len - kl[i])) ||
+              (vl[i] > 0 && (vs[i] < 0 || vs[i] > section.len - vl[i]));
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "render_json: columns of different lengths, or a blob outside the section");
+        goto done;
+    }
+    static const char T1[] = ",\"timestamp\":", T2[] = ",\"timestampType\":\"", T3[] = "\",\"key\":",
+                      T4[] = ",\"value\":", T5[] = ",\"headers\":[]}\n";
+    Py_ssize_t fixed = prefix.len + kind.len + (Py_ssize_t)(sizeof T1 + sizeof T2 + sizeof T3 + sizeof T4 + sizeof T5 - 5);
+    const uint8_t *data = section.buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += fixed + decimal_size(off[i]) + decimal_size(ts[i]) + json_text_size(data + (kl[i] > 0 ? ks[i] : 0), kl[i]) +
+                 json_text_size(data + (vl[i] > 0 ? vs[i] : 0), vl[i]);
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) goto done;
+    uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
+    int64_t *end = ends.buf;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *at = base;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(at, prefix.buf, prefix.len); at += prefix.len;
+        at = put_decimal(at, off[i]);
+        memcpy(at, T1, sizeof T1 - 1); at += sizeof T1 - 1;
+        at = put_decimal(at, ts[i]);
+        memcpy(at, T2, sizeof T2 - 1); at += sizeof T2 - 1;
+        memcpy(at, kind.buf, kind.len); at += kind.len;
+        memcpy(at, T3, sizeof T3 - 1); at += sizeof T3 - 1;
+        at = put_json_text(at, data + (kl[i] > 0 ? ks[i] : 0), kl[i]);
+        memcpy(at, T4, sizeof T4 - 1); at += sizeof T4 - 1;
+        at = put_json_text(at, data + (vl[i] > 0 ? vs[i] : 0), vl[i]);
+        memcpy(at, T5, sizeof T5 - 1); at += sizeof T5 - 1;
+        end[i] = at - base;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&section);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&timestamps);
+    PyBuffer_Release(&ks_buf);
+    PyBuffer_Release(&kl_buf);
+    PyBuffer_Release(&vs_buf);
+    PyBuffer_Release(&vl_buf);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&kind);
+    PyBuffer_Release(&ends);
+    return result;
 }
 
 static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
@@ -541,6 +666,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"render_json", render_json, METH_VARARGS,
+     "render_json(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, prefix, "
+     "timestamp_type, ends) -> bytes (see the module)."},
     {"render_text", render_text, METH_VARARGS,
      "render_text(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, "
      "timestamp_label, partition_field, print_offset, print_key, print_value, separator, line_end, null, ends) "

@@ -47,3 +47,16 @@ def render_text(
     ends: np.ndarray,
     /,
 ) -> bytes: ...
+def render_json(
+    section: Buffer | np.ndarray,
+    offsets: np.ndarray,
+    timestamps: np.ndarray,
+    key_starts: np.ndarray,
+    key_lengths: np.ndarray,
+    value_starts: np.ndarray,
+    value_lengths: np.ndarray,
+    prefix: bytes,
+    timestamp_type: bytes,
+    ends: np.ndarray,
+    /,
+) -> bytes: ...

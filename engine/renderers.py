@@ -71,6 +71,20 @@ class TextRenderer:
         first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
         return self._render_columns(header, columns, first)
 
+    def render_some(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int, room: int | None
+    ) -> tuple[bytes, int]:
+        """The lines of at most `room` records (None: all) from `min_offset`, and how many."""
+        if header.is_control or self._record_at_a_time(header):
+            lines = self.lines(header, batch, min_offset)[:room]
+            return b"".join(lines), len(lines)
+        columns = record_columns(header, batch)
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        if first >= len(columns):
+            return b"", 0
+        data, ends = self._render_core(header, columns, first)
+        return _first_lines(data, ends, room)
+
     def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
         """`render` of the whole batch, with where each record's line ends."""
         fmt = self.text_format
@@ -159,7 +173,8 @@ class JsonLinesRenderer:
         self.partition = partition
         self._prefix = f'{{"topic":{encode_json_string(topic)},"partition":{partition},"offset":'
         # A line's bytes besides its offset, timestamp, timestamp type, key and value.
-        self._fixed_bytes = len(self._prefix.encode()) + len(_LINE_PARTS)
+        self._prefix_bytes = self._prefix.encode()
+        self._fixed_bytes = len(self._prefix_bytes) + len(_LINE_PARTS)
 
     def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[str]:
         """The JSON object (no newline) of each of the batch's records with offsets ≥
@@ -196,14 +211,52 @@ class JsonLinesRenderer:
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` as UTF-8, each ended by a newline."""
-        lines = self.lines(header, batch, min_offset)
-        return ("\n".join(lines) + "\n").encode() if lines else b""
+        return self.render_some(header, batch, min_offset, None)[0]
+
+    def render_some(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int, room: int | None
+    ) -> tuple[bytes, int]:
+        """The lines of at most `room` records (None: all) from `min_offset`, and how many:
+        rendered by the compiled core, but for records with headers."""
+        if header.is_control:
+            return b"", 0
+        columns = record_columns(header, batch)
+        if bool(columns.header_counts.any()):
+            lines = self.lines(header, batch, min_offset)[:room]
+            return ("\n".join(lines) + "\n").encode() if lines else b"", len(lines)
+        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
+        if first >= len(columns):
+            return b"", 0
+        data, ends = self._render_core(header, columns, first)
+        return _first_lines(data, ends, room)
+
+    def _render_core(self, header: BatchHeader, columns: RecordColumns, first: int) -> tuple[bytes, np.ndarray]:
+        ends = np.empty(len(columns) - first, np.int64)
+        data = _core.render_json(
+            columns.section,
+            columns.offsets[first:],
+            columns.consumer_timestamps()[first:],
+            columns.key_starts[first:],
+            columns.key_lengths[first:],
+            columns.value_starts[first:],
+            columns.value_lengths[first:],
+            self._prefix_bytes,
+            header.timestamp_type.display_name.encode(),
+            ends,
+        )
+        return data, ends
 
     def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
         """`render` of the whole batch, with where each record's line ends."""
-        lines, offsets = self._lines(header, batch, 0)
-        encoded = [line.encode() + b"\n" for line in lines]
-        return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
+        if header.is_control:
+            return _NO_RECORDS
+        columns = record_columns(header, batch)
+        if bool(columns.header_counts.any()):
+            lines, offsets = self._lines(header, batch, 0)
+            encoded = [line.encode() + b"\n" for line in lines]
+            return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
+        data, ends = self._render_core(header, columns, 0)
+        return RenderedBatch(data, columns.offsets, ends)
 
     def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
         """`len(render(header, batch))`, computed from the record columns and the compiled
@@ -221,6 +274,13 @@ class JsonLinesRenderer:
         fixed = self._fixed_bytes + len(header.timestamp_type.display_name)
         widths = _decimal_widths(columns.offsets) + _decimal_widths(columns.consumer_timestamps())
         return int(count * fixed + widths.sum() + keys.sum() + values.sum())
+
+
+def _first_lines(data: bytes, ends: np.ndarray, room: int | None) -> tuple[bytes, int]:
+    """The first `room` lines (None: all) of `data`, whose lines end at `ends`, and how many."""
+    if room is None or room >= len(ends):
+        return data, len(ends)
+    return (data[: int(ends[room - 1])] if room > 0 else b""), max(room, 0)
 
 
 def _ends(pieces: list[bytes]) -> np.ndarray:

@@ -165,12 +165,7 @@ def _write_records(
         if room is not None and room <= 0:
             break
         try:  # only the decoding: a failing write (a closed pipe) is no damage in the data
-            if text is not None:
-                lines = text.lines(header, batch, start)[:room]
-                rendered, records = b"".join(lines), len(lines)
-            else:
-                objects = jsonl.lines(header, batch, start)[:room]
-                rendered, records = ("\n".join(objects) + "\n").encode() if objects else b"", len(objects)
+            rendered, records = (text or jsonl).render_some(header, batch, start, room)
         except Exception as error:  # a codec or varint error inside a batch whose CRC held
             raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
         out.write(rendered)

@@ -1,7 +1,8 @@
-"""The compiled core's JSON sizes: a JSON Lines view's measure equals the length of its rendering
-for any keys and values — UTF-8 of every width, bytes Python's strict decoder refuses (overlong
-forms, surrogates, code points past U+10FFFF, cut sequences: base64), quotes, backslashes,
-control characters, nulls — and for LogAppendTime batches and topics with non-ASCII names."""
+"""The compiled core's JSON Lines: each record's line is what `record_to_json` makes of it, and a
+view's measure equals the length of its rendering, for any keys and values — UTF-8 of every
+width, bytes Python's strict decoder refuses (overlong forms, surrogates, code points past
+U+10FFFF, cut sequences: base64), quotes, backslashes, control characters, nulls — and for
+LogAppendTime batches and topics with non-ASCII names."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import _core
-from seglogfs.engine.json_records import bytes_json_text
-from seglogfs.engine.records import BatchHeader, TimestampType, build_batch
+from seglogfs.engine.json_records import bytes_json_text, record_to_json
+from seglogfs.engine.records import BatchHeader, TimestampType, build_batch, decode_records
 from seglogfs.engine.renderers import JsonLinesRenderer
 
 TRICKY = [
@@ -67,3 +68,34 @@ def test_a_json_view_measures_what_it_renders(records, timestamp_type, topic: st
     header = BatchHeader.parse(batch)
     renderer = JsonLinesRenderer(topic, 3)
     assert renderer.measure(header, memoryview(batch)) == len(renderer.render(header, memoryview(batch)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(blobs, blobs), min_size=1, max_size=30),
+    st.sampled_from([TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME]),
+    st.sampled_from(["t", "tøpic-ü", 'q"uote']),
+    st.integers(0, 10**12),
+    st.integers(0, 40),
+    st.one_of(st.none(), st.integers(0, 40)),
+)
+def test_json_lines_rendered_in_the_core_are_what_each_record_renders(
+    records, timestamp_type, topic: str, base_offset: int, skip: int, room: int | None
+) -> None:
+    batch = build_batch(
+        [value for _, value in records],
+        keys=[key for key, _ in records],
+        timestamps=[1_763_800_000_000 - 7 * i for i in range(len(records))],
+        base_offset=base_offset,
+        timestamp_type=timestamp_type,
+    )
+    header = BatchHeader.parse(batch)
+    decoded = list(decode_records(header, memoryview(batch)))
+    oracle = [(record_to_json(r, topic, 3) + "\n").encode() for r in decoded]
+    renderer = JsonLinesRenderer(topic, 3)
+    indexed = renderer.render_indexed(header, memoryview(batch))
+    assert indexed.data == b"".join(oracle)
+    assert indexed.ends.tolist() == [sum(map(len, oracle[: i + 1])) for i in range(len(oracle))]
+    start = base_offset + skip
+    kept = [line for r, line in zip(decoded, oracle, strict=True) if r.offset >= start][:room]
+    assert renderer.render_some(header, memoryview(batch), start, room) == (b"".join(kept), len(kept))
