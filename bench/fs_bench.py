@@ -4,7 +4,8 @@
 
     logdir      reading a 1 GiB segment through MNT/.logdir vs reading it directly (dd bs=1M)
     cat         `cat records > /dev/null` vs `seglogfs consume > /dev/null` (same partition): the
-                first look (the layout is measured as it goes), later looks, after a remount
+                first look (the layout is measured as it goes), later looks, after a remount;
+                and `cat records` vs `cat` of the segments through .logdir, in bytes per second
     first-look  `ls -l` of a never-measured partition (both views measured) vs `cat` of its .log
                 files, warm; the mount's peak memory meanwhile
     append      `cat file >> MNT/t/0/append` vs the engine's append of the same lines
@@ -191,6 +192,10 @@ def bench_cat(root: Path, total: int) -> dict:
         view = m.path / "t" / "0" / "records"
         first = timed(lambda: run(["cat", str(view)]))  # measures the layout as it goes
         consumed, again = best_of(ROUNDS, consume, lambda: run(["cat", str(view)]))
+        mirrored = sorted(str(path) for path in (m.path / ".logdir" / "t-0").glob("*.log"))
+        view_bytes = view.stat().st_size
+        segment_bytes = sum(os.path.getsize(path) for path in mirrored)
+        through_logdir, through_view = best_of(ROUNDS, lambda: run(["cat", *mirrored]), lambda: run(["cat", str(view)]))
     remounted = float("inf")
     for _ in range(ROUNDS):  # a new mount each time: the layouts come from the view cache
         with Mounted(data, root / "cat-mnt") as m:
@@ -205,6 +210,11 @@ def bench_cat(root: Path, total: int) -> dict:
         "ratio_first": consumed / first,
         "ratio_again": consumed / again,
         "ratio_remounted": consumed / remounted,
+        # `cat records` against `cat` of the same segments through .logdir (the FUSE ceiling), in
+        # bytes per second of each (the view's bytes are its rendering)
+        "view_MB_per_s": view_bytes / through_view / 1e6,
+        "logdir_MB_per_s": segment_bytes / through_logdir / 1e6,
+        "ratio_view_to_logdir": (view_bytes / through_view) / (segment_bytes / through_logdir),
     }
 
 
