@@ -32,6 +32,10 @@ _FIRST_RUN_GUESS = 64  # records checked at once for a run of one layout, before
 _MIN_LAYOUT_RUN = 16  # runs of one layout shorter than this on average: `record_runs` gives up
 
 
+# (section, offsets, timestamps, key starts, key lengths, value starts, value lengths)
+CoreColumns = tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
 @dataclass(slots=True)
 class RecordColumns:
     """A batch's records column-wise. Record `i` is `section[bounds[i]:bounds[i + 1]]`, length
@@ -67,6 +71,19 @@ class RecordColumns:
     def values(self, null: bytes | None = None) -> list[bytes | None]:
         """Each record's value (`null` for a null value)."""
         return _slices(self.section, self.value_starts, self.value_lengths, null)
+
+    def from_record(self, first: int) -> CoreColumns:
+        """(section, offsets, consumer timestamps, key starts, key lengths, value starts, value
+        lengths) of records `first`…: what the compiled core's renderers take."""
+        return (
+            self.section,
+            self.offsets[first:],
+            self.consumer_timestamps()[first:],
+            self.key_starts[first:],
+            self.key_lengths[first:],
+            self.value_starts[first:],
+            self.value_lengths[first:],
+        )
 
     def first_at_or_after(self, offset: int) -> int:
         """Index of the first record with offset ≥ `offset` (offsets rise within a batch)."""

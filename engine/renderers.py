@@ -118,13 +118,7 @@ class TextRenderer:
         fmt = self.text_format
         ends = np.empty(len(columns) - first, np.int64)
         data = _core.render_text(
-            columns.section,
-            columns.offsets[first:],
-            columns.consumer_timestamps()[first:],
-            columns.key_starts[first:],
-            columns.key_lengths[first:],
-            columns.value_starts[first:],
-            columns.value_lengths[first:],
+            *columns.from_record(first),
             header.timestamp_type.display_name.encode() + b":" if fmt.print_timestamp else None,
             b"Partition:%d" % self.partition if fmt.print_partition else None,
             fmt.print_offset,
@@ -233,13 +227,7 @@ class JsonLinesRenderer:
     def _render_core(self, header: BatchHeader, columns: RecordColumns, first: int) -> tuple[bytes, np.ndarray]:
         ends = np.empty(len(columns) - first, np.int64)
         data = _core.render_json(
-            columns.section,
-            columns.offsets[first:],
-            columns.consumer_timestamps()[first:],
-            columns.key_starts[first:],
-            columns.key_lengths[first:],
-            columns.value_starts[first:],
-            columns.value_lengths[first:],
+            *columns.from_record(first),
             self._prefix_bytes,
             header.timestamp_type.display_name.encode(),
             ends,
