@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -129,3 +130,18 @@ def test_a_full_disk_appends_nothing_of_the_open(mount, small_disk: Path) -> Non
     assert records(m) == expected(0, 150)
     m.stop()  # before the disk goes
     assert check_log_dirs([small_disk / "data"]).clean
+
+
+@pytest.mark.expect_warnings(REFUSED)
+def test_a_read_only_mount_refuses_batches(mount, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    first: Mount = mount(data)
+    (first.path / "t").mkdir()
+    first.stop()
+    m: Mount = mount(data, "-o", "ro")
+    target = m.path / "t" / "0" / "append.batches"
+    assert stat.S_IMODE(target.stat().st_mode) == 0  # nothing may open it
+    with pytest.raises(OSError) as refused:
+        os.open(target, os.O_WRONLY)
+    assert refused.value.errno in (errno.EROFS, errno.EACCES)
+    assert records(m) == []

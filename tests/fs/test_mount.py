@@ -264,6 +264,7 @@ def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path
     for args, code, said in (
         ([str(m.data), str(second)], 3, "is in use by process"),  # the first mount holds the lock
         ([str(m.data), str(second), "-o", "bogus"], 1, "-o bogus: unknown mount option"),
+        ([str(m.data), str(second), "-o", "measure=soon"], 1, "measure=background (the default) or measure=lazy"),
         ([str(m.data), str(tmp_path / "missing")], 1, "mount point is not a directory"),
     ):
         command = [sys.executable, "-m", "seglogfs.mount_tools.cli", "mount", *args]
