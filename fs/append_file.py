@@ -76,6 +76,9 @@ class AppendFile(Node):
         line_format = None if self.jsonl else self.tree.options.line_format
         return AppendHandle(self, Producer(logs, line_format, self.round_robin))
 
+    def open_now(self, flags: int) -> Handle | None:
+        return self.open(flags)  # dictionary look-ups, no disk: on the loop
+
     def truncate(self, size: int) -> None:
         if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty
             super().truncate(size)
@@ -104,6 +107,19 @@ class AppendHandle(Handle):
         # A trailing partial line is a record once the file is closed.
         with self._lock:
             return self._send(self.lines.finish())
+
+    def flush_now(self) -> Changes | None:
+        """Nothing to do when no partial line waits (`echo x >> append`); not while a write
+        holds the handle (the loop does not wait for it)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return Changes() if not self.lines.pending_bytes else None
+        finally:
+            self._lock.release()
+
+    def release_now(self) -> Changes | None:
+        return Changes()  # the last flush did the work
 
     def fsync(self) -> Changes:
         changes = self.flush()
@@ -139,6 +155,9 @@ class BatchesFile(PartitionNode):
         refuse_reads_and_read_only(self, flags)
         self.check_online("write")
         return BatchesHandle(self, self.log)
+
+    def open_now(self, flags: int) -> Handle | None:
+        return self.open(flags)  # dictionary look-ups, no disk: on the loop
 
     def truncate(self, size: int) -> None:
         if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty
@@ -188,6 +207,17 @@ class BatchesHandle(Handle):
         except CorruptRecordError as error:  # what was written, not what is stored
             raise InvalidRecordError(f"{self.node.path}: {error}") from None
         return self.node.tree.grown([self.log])
+
+    def flush_now(self) -> Changes | None:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return Changes() if not self._pending and not self._too_much else None
+        finally:
+            self._lock.release()
+
+    def release_now(self) -> Changes | None:
+        return Changes()  # the last flush did the work
 
     def fsync(self) -> Changes:
         changes = self.flush()

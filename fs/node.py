@@ -118,12 +118,20 @@ class Handle:
         """A descriptor of the handle is closed (`close`, and each `dup` of it)."""
         return Changes()
 
+    def flush_now(self) -> Changes | None:
+        """`flush` when it has nothing to do off the loop (on the loop), else None."""
+        return None if self.writable else self.flush()
+
     def fsync(self) -> Changes:
         return Changes()
 
     def release(self) -> Changes:
         """The last descriptor of the handle is gone."""
         return Changes()
+
+    def release_now(self) -> Changes | None:
+        """`release` when it has nothing to do off the loop (on the loop), else None."""
+        return None if self.writable else self.release()
 
 
 class BytesHandle(Handle):

@@ -368,7 +368,11 @@ class Operations(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         handle = self._handle(fh)
         if handle.writable:
-            await self._tell_kernel(await self._run(handle.flush, f"write {handle.node.path}"))
+            with _errors(f"write {handle.node.path}"):
+                changes = handle.flush_now()
+            if changes is None:
+                changes = await self._run(handle.flush, f"write {handle.node.path}")
+            await self._tell_kernel(changes)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._handle(fh)
@@ -385,7 +389,11 @@ class Operations(pyfuse3.Operations):
         if not self._open_inodes[inode]:
             del self._open_inodes[inode]
         if handle.writable:
-            await self._tell_kernel(await self._run(handle.release, f"close {handle.node.path}"))
+            with _errors(f"close {handle.node.path}"):
+                changes = handle.release_now()
+            if changes is None:
+                changes = await self._run(handle.release, f"close {handle.node.path}")
+            await self._tell_kernel(changes)
         else:  # a read-only handle lets go of what it holds: nothing that waits
             with _errors(f"close {handle.node.path}"):
                 handle.release()
