@@ -27,21 +27,31 @@ if TYPE_CHECKING:
     from seglogfs.fs.tree import Tree
 
 
-def write_only_attributes(node: Node) -> Attributes:
-    """An append file's: write-only (none on a read-only mount), always empty."""
-    mode = 0 if node.tree.read_only else 0o200
-    return Attributes(stat.S_IFREG | mode, 0, node.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+class WriteOnlyFile(Node):
+    """What the append files share: write-only (no mode bits on a read-only mount), always
+    empty (`>` truncates to 0: nothing to do), opened on the loop (dictionary look-ups, no
+    disk)."""
+
+    def attributes(self) -> Attributes:
+        mode = 0 if self.tree.read_only else 0o200
+        return Attributes(stat.S_IFREG | mode, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+
+    def refuse_reads_and_read_only(self, flags: int) -> None:
+        """EACCES for an open that reads, EROFS on a read-only mount."""
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            raise Refused(errno.EACCES, f"read {self.path}: append files are write-only")
+        if self.tree.read_only:
+            raise Refused(errno.EROFS, f"write {self.path}")
+
+    def open_now(self, flags: int) -> Handle | None:
+        return self.open(flags)
+
+    def truncate(self, size: int) -> None:
+        if size != 0:
+            super().truncate(size)
 
 
-def refuse_reads_and_read_only(node: Node, flags: int) -> None:
-    """EACCES for an open that reads, EROFS on a read-only mount."""
-    if flags & os.O_ACCMODE == os.O_RDONLY:
-        raise Refused(errno.EACCES, f"read {node.path}: append files are write-only")
-    if node.tree.read_only:
-        raise Refused(errno.EROFS, f"write {node.path}")
-
-
-class AppendFile(Node):
+class AppendFile(WriteOnlyFile):
     """`<topic>/append[.jsonl]` (partition None) or `<topic>/<p>/append[.jsonl]`."""
 
     def __init__(
@@ -61,11 +71,8 @@ class AppendFile(Node):
         self.jsonl = jsonl
         self.round_robin = RoundRobin()  # unkeyed records: each write to the next partition
 
-    def attributes(self) -> Attributes:
-        return write_only_attributes(self)
-
     def open(self, flags: int) -> Handle:
-        refuse_reads_and_read_only(self, flags)
+        self.refuse_reads_and_read_only(flags)
         data_dir = self.tree.data_dir
         if self.partition is not None:
             logs = [data_dir.partition(self.topic, self.partition)]
@@ -75,13 +82,6 @@ class AppendFile(Node):
             logs = [data_dir.partition(self.topic, p) for p in data_dir.topics().get(self.topic, [])]
         line_format = None if self.jsonl else self.tree.options.line_format
         return AppendHandle(self, Producer(logs, line_format, self.round_robin))
-
-    def open_now(self, flags: int) -> Handle | None:
-        return self.open(flags)  # dictionary look-ups, no disk: on the loop
-
-    def truncate(self, size: int) -> None:
-        if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty
-            super().truncate(size)
 
 
 class AppendHandle(Handle):
@@ -139,7 +139,7 @@ class AppendHandle(Handle):
 BATCHES_PER_OPEN_BYTES = BATCHES_PER_APPEND_BYTES  # what one open of append.batches may take before its close
 
 
-class BatchesFile(PartitionNode):
+class BatchesFile(WriteOnlyFile, PartitionNode):
     """`<topic>/<p>/append.batches`: Kafka v2 record batches as a producer sends them (a Produce
     request's record set), appended with offsets assigned from the log end as a broker does.
 
@@ -148,20 +148,10 @@ class BatchesFile(PartitionNode):
     (`max.message.bytes`, a compacted topic's keys) — none; the close (or fsync) fails then. One
     open takes at most 64 MiB."""
 
-    def attributes(self) -> Attributes:
-        return write_only_attributes(self)
-
     def open(self, flags: int) -> Handle:
-        refuse_reads_and_read_only(self, flags)
+        self.refuse_reads_and_read_only(flags)
         self.check_online("write")
         return BatchesHandle(self, self.log)
-
-    def open_now(self, flags: int) -> Handle | None:
-        return self.open(flags)  # dictionary look-ups, no disk: on the loop
-
-    def truncate(self, size: int) -> None:
-        if size != 0:  # `>` truncates to 0 first: nothing to do, the file is always empty
-            super().truncate(size)
 
 
 class BatchesHandle(Handle):

@@ -170,8 +170,10 @@ class Operations(pyfuse3.Operations):
         async with trio.open_nursery() as nursery:
 
             async def watch_caller() -> None:
-                while not _signal_pending(pid):
+                while True:  # (a quick request never reads /proc: it is answered before the first look)
                     await trio.sleep(_SIGNAL_POLL_S)
+                    if _signal_pending(pid):
+                        break
                 nursery.cancel_scope.cancel()
 
             async def work_in_thread() -> None:

@@ -166,6 +166,17 @@ def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     return value == "true"
 
 
+def parse_positive(options: Mapping[str, str], name: str) -> int | None:
+    """A positive integer option (None when absent); OptionError naming it otherwise."""
+    text = options.get(name.lower())
+    if text is None:
+        return None
+    text = text.strip()
+    if not text.isdigit() or int(text) <= 0:
+        raise OptionError(f"{name} must be a positive integer, not {text!r}")
+    return int(text)
+
+
 def parse_location(options: Mapping[str, str]) -> Location:
     """`path`: log dirs (comma-separated) or a mount point. A mount point is recognised by its
     `.logdir/` mirror; with several log dirs the mirror holds them as `.logdir/0/`, `.logdir/1/`…"""
@@ -309,12 +320,7 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
     strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}")
-    min_partitions = None
-    if "minpartitions" in options:
-        text = options["minpartitions"].strip()
-        if not text.isdigit() or int(text) <= 0:
-            raise OptionError(f"minPartitions must be a positive integer, not {text!r}")
-        min_partitions = int(text)
+    min_partitions = parse_positive(options, "minPartitions")
     ignored = tuple(name for name in ("maxoffsetspertrigger", "minoffsetspertrigger") if name in options)
     return ReadOptions(
         location=parse_location(options),

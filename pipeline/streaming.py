@@ -33,6 +33,7 @@ from seglogfs.pipeline.options import (
     parse_engine_settings,
     parse_limit,
     parse_location,
+    parse_positive,
     parse_subscription,
 )
 from seglogfs.pipeline.planning import (
@@ -62,16 +63,6 @@ class StreamOptions:
     max_offsets_per_trigger: int | None = None
 
 
-def _positive(options: Mapping[str, str], name: str) -> int | None:
-    text = options.get(name.lower())
-    if text is None:
-        return None
-    text = text.strip()
-    if not text.isdigit() or int(text) <= 0:
-        raise OptionError(f"{name} must be a positive integer, not {text!r}")
-    return int(text)
-
-
 def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
     """Check a streaming read's options; OptionError names the first problem. The ending
     options have no meaning for a stream (Spark refuses them too)."""
@@ -92,9 +83,9 @@ def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
         starting=starting,
         starting_strategy="latest" if strategy == "latest" else "error",
         fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
-        min_partitions=_positive(options, "minPartitions"),
+        min_partitions=parse_positive(options, "minPartitions"),
         include_headers=parse_bool(options, "includeHeaders", False),
-        max_offsets_per_trigger=_positive(options, "maxOffsetsPerTrigger"),
+        max_offsets_per_trigger=parse_positive(options, "maxOffsetsPerTrigger"),
     )
 
 

@@ -77,6 +77,7 @@ from seglogfs.pipeline.options import (
     lowered,
     parse_engine_settings,
     parse_location,
+    parse_positive,
 )
 from seglogfs.pipeline.partitioning import binary_parts, partitions_for_keys
 
@@ -105,12 +106,7 @@ def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     compression = None
     if "kafka.compression.type" in options:
         compression = CompressionType.from_name(options["kafka.compression.type"])
-    batch_bytes = DEFAULT_BATCH_BYTES
-    if "kafka.batch.size" in options:
-        text = options["kafka.batch.size"].strip()
-        if not text.isdigit() or int(text) <= 0:
-            raise OptionError(f"kafka.batch.size must be a positive integer, not {text!r}")
-        batch_bytes = int(text)
+    batch_bytes = parse_positive(options, "kafka.batch.size") or DEFAULT_BATCH_BYTES
     timeout = options.get("commitlocktimeoutms", "10000").strip()
     if not timeout.isdigit():
         raise OptionError(f"commitLockTimeoutMs must be a non-negative integer, not {timeout!r}")
