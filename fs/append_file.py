@@ -195,7 +195,7 @@ class BatchesHandle(Handle):
         try:
             self.log.append_batches(data, assign_offsets=True, now_ms=self.node.tree.clock())
         except CorruptRecordError as error:  # what was written, not what is stored
-            raise InvalidRecordError(f"{self.node.path}: {error}") from None
+            raise InvalidRecordError(str(error)) from None  # (the log line names the file)
         return self.node.tree.grown([self.log])
 
     def flush_now(self) -> Changes | None:
