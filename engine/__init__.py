@@ -5,7 +5,8 @@ use it unchanged. Time comes in as `now_ms` arguments. The public API:
 
 * `BrokerConfig`, `LogConfig` — Kafka's settings, names, defaults and precedence;
 * `DataDir` — one broker's log dirs: topics, partitions, lock, checkpoints, clean shutdown;
-* `PartitionLog` — one partition: append, read, offset for timestamp, roll, flush, truncate;
+* `PartitionLog` — one partition: append (or adopt a staged file of batches as a segment), read,
+  offset for timestamp, roll, flush, truncate;
 * `Record`, `BatchHeader`, `build_batch`, `decode_records` — the v2 record batch codec;
 * `EngineError` and its subclasses.
 """

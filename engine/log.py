@@ -13,9 +13,13 @@ when they looked, so they only ever see whole batches.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import mmap
+import os
 import random
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +66,7 @@ from seglogfs.engine.segments import LogSegments
 logger = logging.getLogger(__name__)
 
 LEADER_EPOCH = 0  # a single replica is leader of epoch 0 for its whole life
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,18 +289,87 @@ class PartitionLog:
         with self.lock:
             return self._append_batches_locked(data, assign_offsets=assign_offsets, now_ms=now_ms)
 
-    def _validate_input(self, data: bytearray, assign_offsets: bool) -> list[BatchHeader]:
+    def adopt_batches(self, path: Path, *, now_ms: int) -> AppendInfo:
+        """Append the v2 batches in the file at `path` by making the file itself the partition's
+        new active segment: renamed into the partition's directory, not copied (a bulk load's
+        staged batches, at disk speed). Offsets are assigned from the log end and the batches
+        checked exactly as `append_batches(assign_offsets=True)` does; the file is changed in
+        place (base offsets, leader epoch, LogAppendTime) and is gone on success. It must be on
+        the log dir's filesystem (OSError EXDEV otherwise) and at most `segment.bytes`. On any
+        failure nothing is appended and the file stays at `path` (its offsets may be rewritten:
+        a later append assigns them again)."""
+        self._check_appendable()
+        where = f"{self.topic}-{self.partition}"
+        with self.lock:
+            with open(path, "r+b") as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > self.config.segment_bytes:
+                    raise RecordTooLargeError(
+                        f"{where}: {path} holds {size} bytes of batches, over segment.bytes={self.config.segment_bytes}"
+                    )
+                if size == 0:
+                    raise CorruptRecordError(str(path), 0, "incomplete record batch")
+                with mmap.mmap(file.fileno(), size) as mapped:
+                    view = memoryview(mapped)
+                    try:
+                        headers = self._validate_input(view, assign_offsets=True, source=str(path))
+                        self._stamp(view, headers, now_ms, assign_offsets=True)
+                        headers = list(iter_batch_headers(view))
+                    except BaseException as error:
+                        traceback.clear_frames(error.__traceback__)  # (their views of the map)
+                        raise
+                    finally:
+                        view.release()
+            records = sum(header.records_count for header in headers)
+            if records > _INT32_MAX:
+                raise RecordTooLargeError(f"{where}: {path} holds {records} records, too many for one segment")
+            if os.stat(path).st_dev != os.stat(self.directory).st_dev:  # (before the roll: nothing changes)
+                raise OSError(errno.EXDEV, f"{path} is not on the filesystem of {self.directory}")
+            segment = self._roll_locked(self._log_end_offset, now_ms)
+            segment.adopt(path)
+            fsync_dir(self.directory)
+            self._log_end_offset = headers[-1].next_offset
+            self._unflushed_records += records
+            self._maybe_flush_locked(now_ms)
+            return AppendInfo(
+                first_offset=headers[0].base_offset,
+                last_offset=headers[-1].last_offset,
+                records=records,
+                batches=len(headers),
+                bytes=size,
+                max_timestamp=max(h.max_timestamp for h in headers),
+            )
+
+    def _stamp(self, view: memoryview, headers: list[BatchHeader], now_ms: int, *, assign_offsets: bool) -> None:
+        """What the log writes into checked batches before they are appended: offsets from the
+        log end (for a producer's), the leader epoch, and LogAppendTime where the topic asks."""
+        log_append_time = self.config.timestamp_type is TimestampType.LOG_APPEND_TIME
+        offset = self._log_end_offset
+        for header in headers:
+            batch = view[header.position : header.next_position]
+            if assign_offsets:
+                batch[0:8] = offset.to_bytes(8, "big", signed=True)
+                offset += header.last_offset_delta + 1
+            batch[12:16] = LEADER_EPOCH.to_bytes(4, "big", signed=True)
+            if log_append_time and not header.is_control:
+                set_log_append_time(batch, now_ms)  # type: ignore[arg-type]
+
+    def _validate_input(
+        self, data: bytearray | memoryview, assign_offsets: bool, source: str | None = None
+    ) -> list[BatchHeader]:
+        """The headers of `data`'s batches, each checked; errors name `source` (else the input)."""
         headers = list(iter_batch_headers(data))
         consumed = headers[-1].next_position if headers else 0
         where = f"{self.topic}-{self.partition}"
+        source = source or f"<input to {where}>"
         if consumed != len(data) or not headers:
-            raise CorruptRecordError(f"<input to {where}>", consumed, "incomplete record batch")
+            raise CorruptRecordError(source, consumed, "incomplete record batch")
         expected = self._log_end_offset
         for header in headers:
             batch = memoryview(data)[header.position : header.next_position]
             reason = check_batch(header, batch)
             if reason is not None:
-                raise CorruptRecordError(f"<input to {where}>", header.position, reason)
+                raise CorruptRecordError(source, header.position, reason)
             if header.size_in_bytes > self.config.max_message_bytes:
                 raise RecordTooLargeError(
                     f"{where}: batch of {header.size_in_bytes} bytes is over max.message.bytes="
@@ -319,17 +393,8 @@ class PartitionLog:
     def _append_batches_locked(self, data: bytes, *, assign_offsets: bool, now_ms: int) -> AppendInfo:
         buffer = bytearray(data)
         headers = self._validate_input(buffer, assign_offsets)
-        log_append_time = self.config.timestamp_type is TimestampType.LOG_APPEND_TIME
-        offset = self._log_end_offset
-        for header in headers:
-            batch = memoryview(buffer)[header.position : header.next_position]
-            if assign_offsets:
-                batch[0:8] = offset.to_bytes(8, "big", signed=True)
-                offset += header.last_offset_delta + 1
-            batch[12:16] = LEADER_EPOCH.to_bytes(4, "big", signed=True)
-            if log_append_time and not header.is_control:
-                set_log_append_time(batch, now_ms)  # type: ignore[arg-type]
-        if assign_offsets or log_append_time:
+        self._stamp(memoryview(buffer), headers, now_ms, assign_offsets=assign_offsets)
+        if assign_offsets or self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
             headers = list(iter_batch_headers(buffer))
         batches = [bytes(buffer[header.position : header.next_position]) for header in headers]
         return self._append_valid_locked(batches, [BatchHeader.parse(b) for b in batches], now_ms)

@@ -646,6 +646,58 @@ class LogSegment:
                 raise OSError(error.errno, f"appending to {self.log_path}: {error.strerror}") from None
             raise
 
+    def adopt(self, path: Path) -> None:
+        """Make the file at `path` this empty segment's `.log` by renaming it (its bytes are not
+        copied): whole v2 batches from the segment's base offset on, already checked by the
+        caller. Both indexes are rebuilt from it. `path` must be on the segment's filesystem
+        (OSError EXDEV otherwise, the segment unchanged); if the file does not read back as
+        whole valid batches it is renamed back to `path` and CorruptRecordError raised."""
+        with self._index_lock:
+            with self._handle_lock:  # (no lease can reopen the `.log` meanwhile)
+                if not self.writable or self._size or self._leases or self._closed:
+                    raise ValueError(f"{self.log_path}: only an empty, idle, writable segment adopts a file")
+                handle, self._handle = self._handle, None
+                OPEN_SEGMENTS.forget(self)
+                if handle is not None:
+                    os.close(handle)  # (empty: nothing to fsync)
+                # Not a rename over the empty file: on ext4 that starts writing the whole file
+                # back at once (auto_da_alloc). A crash in between leaves index files without a
+                # `.log`, which loading removes.
+                os.unlink(self.log_path)
+                try:
+                    os.rename(path, self.log_path)
+                finally:
+                    self._file_id = None
+            self._size = os.stat(self.log_path).st_size
+            self._log_dirty = True  # the next flush or release fsyncs it
+            try:
+                invalid = self._rebuild_indexes(truncate=False)
+            except BaseException:
+                self._disown(path)
+                raise
+            if invalid:
+                self._disown(path)
+                raise CorruptRecordError(str(path), self._size - invalid, "invalid batch in an adopted file")
+
+    def _disown(self, path: Path) -> None:
+        """Undo `adopt`: the file goes back to `path` and the segment is empty again."""
+        with self._handle_lock:
+            handle, self._handle = self._handle, None
+            OPEN_SEGMENTS.forget(self)
+        if handle is not None:
+            os.close(handle)
+        os.replace(self.log_path, path)
+        self._file_id = None
+        self._size = 0
+        self._log_dirty = False
+        self._bytes_since_last_index_entry = 0
+        self.offset_index_unchecked.truncate()
+        self.time_index_unchecked.truncate()
+        with self._index_lock:
+            self._max_timestamp_so_far = None
+        self._lease()  # the empty `.log` again
+        self._unlease()
+
     def _index_appended(
         self, view: memoryview, headers: list[BatchHeader], physical_position: int, max_so_far: TimestampOffset
     ) -> None:

@@ -118,7 +118,7 @@ def _region_json(name: str, region: Region) -> list[object]:
 
 def _region(entry: list) -> tuple[str, Region]:
     name, topic, partition, position, length, records = entry
-    return str(name), Region(str(topic), int(partition), int(position), int(length), int(records))
+    return str(name), Region(str(topic), int(partition), int(position), int(length), int(records), str(name))
 
 
 class Ledger:
@@ -286,6 +286,6 @@ def abort_micro_batch(plan: WritePlan, staged: Iterable[Staged | None]) -> None:
         if pending is not None:
             keep = {name for part in pending.partitions for name, _ in part.regions}
     for message in staged:
-        if message is not None and message.file not in keep:
+        for name in set() if message is None else message.files - keep:
             with contextlib.suppress(OSError):
-                (stream_dir / message.file).unlink()
+                (stream_dir / name).unlink()

@@ -9,17 +9,23 @@ DataSourceWriter has:
    (its `.lock`) is refused here, before any work.
 2. tasks (`TaskWriter`, in the executors, in parallel): each task places its rows in partitions
    as Kafka's producer does (the `partition` column; else murmur2 of the key, vectorised; a null
-   key goes round-robin), encodes them into v2 batches (`engine.records.build_batch`, at most
-   `max.message.bytes` each, CreateTime now, the topic's codec) and appends them to its own
-   staging file, `<staging>/<job>/<task>.batches`; its commit message lists which byte regions
-   hold which partition's batches.
+   key goes round-robin), encodes them into v2 batches (the compiled core, at most
+   `max.message.bytes` each — and `segment.bytes`, which a log's batch cannot pass either —
+   CreateTime now, the topic's codec) and appends them to its staging files, one per partition
+   written and another each time one would pass the topic's `segment.bytes`
+   (`<staging>/<job>/<task>.<n>.batches`); its commit message lists which files hold which
+   partition's batches.
 3. commit (`commit_staged`, on the driver, after every task succeeded): the data dir is opened
-   writable (taking its lock), and each partition's regions, in task order, are appended with
-   `PartitionLog.append_batches(assign_offsets=True)` (partitions in parallel, a thread each
-   up to the CPUs) — offsets from the log end, Kafka's checks
-   (CRC, size, keys on compacted topics). A partition is all or nothing: a failure cuts it back
-   to where it was (`truncate_to`). The data dir is closed (flushed, checkpointed) and the
-   staging removed. `abort_staged` removes the staging of a failed job: nothing of it is visible.
+   writable (taking its lock), and each partition's staged files, in task order, are appended
+   with offsets from the log end and Kafka's checks (CRC, size, keys on compacted topics),
+   partitions in parallel (a thread each, up to the CPUs). A staging file of at least an eighth
+   of `segment.bytes` (or 64 MiB) becomes a segment as it is: checked, its offsets written in
+   place, renamed into the partition's directory (`PartitionLog.adopt_batches`) — the bulk of a
+   large job is never copied. Smaller ones, and all of them when the staging dir is on another
+   filesystem, are copied (`PartitionLog.append_batches`). A partition is all or nothing: a
+   failure cuts it back to where it was (`truncate_to`). The data dir is closed (flushed,
+   checkpointed) and the staging removed. `abort_staged` removes the staging of a failed job:
+   nothing of it is visible.
 
 Staging lives *beside* the log dir (`<parent>/.<logdir>.seglogfs-staging/`, or the option
 `stagingDir`), not inside it: a Kafka broker refuses to load a log dir holding a directory whose
@@ -42,6 +48,8 @@ for it (`commitLockTimeoutMs`), where a lock held by anything else (a mount, a b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import json
 import os
 import random
@@ -62,13 +70,14 @@ from seglogfs.engine import (
     DataDir,
     InvalidRecordError,
     LogDirLockedError,
+    PartitionLog,
     UnknownTopicOrPartitionError,
 )
 from seglogfs.engine.check import log_dir_in_use
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import validate_topic
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES
-from seglogfs.engine.records import Header, encode_batches, iter_batch_headers
+from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, Header, encode_batches, iter_batch_headers
 from seglogfs.pipeline.encoding import encode_columns
 from seglogfs.pipeline.options import (
     EngineSettings,
@@ -84,6 +93,7 @@ from seglogfs.pipeline.partitioning import binary_parts, partitions_for_keys
 STAGING_SUFFIX = ".seglogfs-staging"
 DEFAULT_BATCH_BYTES = 1 << 20  # a batch per partition per this many bytes (capped by max.message.bytes)
 _APPEND_CHUNK_BYTES = 64 << 20  # staged batches handed to one append_batches call
+_ADOPT_MIN_BYTES = 64 << 20  # a staging file this large (or an eighth of segment.bytes) becomes a segment
 _RECORD_OVERHEAD_BYTES = 12  # varints of a small record, as the engine estimates them
 
 
@@ -135,6 +145,12 @@ class TopicTarget:
     compression: CompressionType
     compact: bool
     exists: bool
+    segment_bytes: int = 1 << 30  # a staging file holds at most this much (it may become a segment)
+
+    @property
+    def batch_limit(self) -> int:
+        """The largest batch the log takes: `max.message.bytes`, and `segment.bytes` where smaller."""
+        return min(self.max_message_bytes, self.segment_bytes)
 
 
 @dataclass(frozen=True)
@@ -347,7 +363,12 @@ def plan_targets(options: WriteOptions, columns: Columns, job_dir: Path, now_ms:
             for topic, partitions in data_dir.topics().items():
                 config = data_dir.topic_config(topic)
                 targets[topic] = TopicTarget(
-                    len(partitions), config.max_message_bytes, _codec(config.compression_type), config.compact, True
+                    len(partitions),
+                    config.max_message_bytes,
+                    _codec(config.compression_type),
+                    config.compact,
+                    True,
+                    config.segment_bytes,
                 )
     defaults = broker.topic_defaults
     new_topic = None
@@ -358,6 +379,7 @@ def plan_targets(options: WriteOptions, columns: Columns, job_dir: Path, now_ms:
             _codec(defaults.compression_type),
             defaults.compact,
             False,
+            defaults.segment_bytes,
         )
     if not columns.topic and options.topic is None:
         raise OptionError("topic option required when no 'topic' attribute is present")
@@ -386,6 +408,7 @@ def _plan_through_mount(options: WriteOptions, columns: Columns, job_dir: Path, 
             _codec(config["compression.type"]),
             "compact" in config["cleanup.policy"].split(","),
             True,
+            int(config.get("segment.bytes", 1 << 30)),
         )
     if not columns.topic and options.topic is None:
         raise OptionError("topic option required when no 'topic' attribute is present")
@@ -400,22 +423,29 @@ def _plan_through_mount(options: WriteOptions, columns: Columns, job_dir: Path, 
 # -- tasks ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Region:
-    """Bytes [position, position + length) of a staging file: whole batches of one partition."""
+    """Bytes [position, position + length) of the staging file `file`: whole batches of one
+    partition."""
 
     topic: str
     partition: int
     position: int
     length: int
     records: int
+    file: str
 
 
 @dataclass
 class Staged:
-    """What one task staged (its commit message's content)."""
+    """What one task staged (its commit message's content): its regions, in the order written,
+    in staging files named after the task."""
 
-    file: str
+    task: str
     regions: list[Region] = field(default_factory=list)
     records: int = 0
+
+    @property
+    def files(self) -> set[str]:
+        return {region.file for region in self.regions}
 
 
 def _as_binary(column: pa.Array) -> pa.Array:
@@ -439,14 +469,16 @@ def _header_pairs(row: Sequence[Mapping[str, object]] | None) -> list[Header]:
 
 
 class TaskWriter:
-    """One task's rows → its staging file. Not thread-safe (one per task)."""
+    """One task's rows → its staging files: one per partition written (and another each time one
+    reaches the topic's `segment.bytes`), so that the commit can make a large one a segment as
+    it is. Not thread-safe (one per task)."""
 
     def __init__(self, plan: WritePlan, name: str) -> None:
         self.plan = plan
-        self.path = Path(plan.job_dir) / f"{name}.batches"
-        self._file = open(self.path, "xb")  # noqa: SIM115 (closed in finish/abandon)
-        self._position = 0
-        self.staged = Staged(self.path.name)
+        self.name = name
+        self.staged = Staged(name)
+        self._regions: dict[tuple[str, int], list[Region]] = {}  # each partition's, one per staging file
+        self._files = 0
         self._round_robin: dict[str, int] = {}
         self._now_ms = int(time.time() * 1000)
 
@@ -537,7 +569,7 @@ class TaskWriter:
                 values,
                 keys,
                 timestamp=self._now_ms,
-                max_batch_bytes=target.max_message_bytes,
+                max_batch_bytes=target.batch_limit,
                 target_batch_bytes=self.plan.options.batch_bytes,
                 compression=codec,
                 where=f"{topic}-{partition}",
@@ -557,28 +589,51 @@ class TaskWriter:
                 keys=key_list,
                 headers=header_list,
                 timestamps=self._now_ms,
-                max_batch_bytes=target.max_message_bytes,
+                max_batch_bytes=target.batch_limit,
                 target_batch_bytes=self.plan.options.batch_bytes,
                 where=f"{topic}-{partition}",
                 compression=codec,
                 sizes=sizes,
             )
-        start = self._position
-        for batch in batches:
-            self._file.write(batch)
-            self._position += len(batch)
-        records = n
-        self.staged.regions.append(Region(topic, partition, start, self._position - start, records))
-        self.staged.records += records
+        self._stage(topic, partition, target.segment_bytes, batches)
+
+    def _stage(self, topic: str, partition: int, segment_bytes: int, batches: Sequence[bytes | bytearray]) -> None:
+        """Append `batches` to the partition's staging file, starting another file where one
+        would pass `segment_bytes`; the partition's last region grows, or a new one starts."""
+        regions = self._regions.setdefault((topic, partition), [])
+        fd = -1
+        try:
+            for batch in batches:
+                last = regions[-1] if regions else None
+                if last is None or (last.length and last.length + len(batch) > segment_bytes):
+                    last = Region(topic, partition, 0, 0, 0, f"{self.name}.{self._files}.batches")
+                    self._files += 1
+                    regions.append(last)
+                    if fd >= 0:
+                        os.close(fd)
+                        fd = -1
+                if fd < 0:
+                    path = Path(self.plan.job_dir) / last.file
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+                view = memoryview(batch)
+                while view:
+                    view = view[os.write(fd, view) :]
+                records = int.from_bytes(batch[BATCH_OVERHEAD_BYTES - 4 : BATCH_OVERHEAD_BYTES], "big")
+                regions[-1] = dataclasses.replace(last, length=last.length + len(batch), records=last.records + records)
+                self.staged.records += records
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def finish(self) -> Staged:
-        self._file.close()
+        self.staged.regions = [region for regions in self._regions.values() for region in regions]
         return self.staged
 
     def abandon(self) -> None:
-        self._file.close()
-        with contextlib.suppress(OSError):
-            self.path.unlink()
+        for regions in self._regions.values():
+            for region in regions:
+                with contextlib.suppress(OSError):
+                    (Path(self.plan.job_dir) / region.file).unlink()
 
 
 def write_task(plan: WritePlan, batches: Iterable[pa.RecordBatch]) -> Staged:
@@ -635,17 +690,50 @@ def regions_by_partition(staged: Iterable[Staged | None]) -> dict[tuple[str, int
             raise RuntimeError("a task of the write job sent no commit message")
         for region in message.regions:
             if region.length:
-                by_partition.setdefault((region.topic, region.partition), []).append((message.file, region))
+                by_partition.setdefault((region.topic, region.partition), []).append((region.file, region))
     return by_partition
 
 
+def _adoptable(job_dir: Path, region: Region, segment_bytes: int) -> bool:
+    """Whether a staged region is best made a segment as it is: a whole staging file, at most
+    `segment.bytes`, and large enough not to leave a small segment behind (an eighth of
+    `segment.bytes`, or 64 MiB)."""
+    if region.position or region.length < min(segment_bytes // 8, _ADOPT_MIN_BYTES) or region.length > segment_bytes:
+        return False
+    try:
+        return os.stat(job_dir / region.file).st_size == region.length
+    except OSError:
+        return False
+
+
+def _copy_staged(log: PartitionLog, job_dir: Path, regions: Sequence[tuple[str, Region]]) -> None:
+    for chunk in staged_chunks(job_dir, regions):
+        log.append_batches(chunk, assign_offsets=True, now_ms=int(time.time() * 1000))
+
+
 def _append_partition(data_dir: DataDir, job_dir: Path, topic: str, partition: int, regions: list) -> int:
-    """One partition's staged batches appended, all or nothing (cut back on any failure)."""
+    """One partition's staged batches appended, all or nothing (cut back on any failure). A
+    large staging file becomes a segment by a rename (`PartitionLog.adopt_batches`); the rest is
+    copied (`append_batches`), as is everything when the staging dir is on another filesystem."""
     log = data_dir.partition(topic, partition)
     log_end = log.log_end_offset
+    rename = True
     try:
-        for chunk in staged_chunks(job_dir, regions):
-            log.append_batches(chunk, assign_offsets=True, now_ms=int(time.time() * 1000))
+        copied: list[tuple[str, Region]] = []  # regions to copy, in order, before the next adoption
+        for name, region in regions:
+            if not (rename and _adoptable(job_dir, region, log.config.segment_bytes)):
+                copied.append((name, region))
+                continue
+            _copy_staged(log, job_dir, copied)
+            copied = []
+            try:
+                log.adopt_batches(job_dir / name, now_ms=int(time.time() * 1000))
+            except OSError as error:
+                if error.errno != errno.EXDEV:
+                    raise
+                rename = False
+                copied.append((name, region))
+        _copy_staged(log, job_dir, copied)
     except BaseException:
         if log.log_end_offset > log_end:
             log.truncate_to(log_end, int(time.time() * 1000))

@@ -368,8 +368,9 @@ def test_staged_batches_go_through_a_mount_in_pieces_of_whole_batches(tmp_path: 
     job.mkdir()
     batches = [build_batch([b"v" * size], timestamps=0) for size in (10, 300, 20, 500, 30, 40)]
     (job / "task.batches").write_bytes(b"".join(batches))
-    regions = [("task.batches", Region("t", 0, 0, sum(map(len, batches[:3])), 3))]
-    regions.append(("task.batches", Region("t", 0, regions[0][1].length, sum(map(len, batches[3:])), 3)))
+    regions = [("task.batches", Region("t", 0, 0, sum(map(len, batches[:3])), 3, "task.batches"))]
+    second = Region("t", 0, regions[0][1].length, sum(map(len, batches[3:])), 3, "task.batches")
+    regions.append(("task.batches", second))
     pieces = list(staged_batches_in_pieces(job, regions, 450))
     assert b"".join(pieces) == b"".join(batches)
     assert [len(p) for p in pieces] == [
@@ -399,3 +400,58 @@ def test_a_write_through_a_mounted_broker_data_dir(spark, tmp_path: Path) -> Non
     assert after.num_rows == before + 3000
     assert sum(1 for v in after.column("value").to_pylist() if v.startswith(b"written-")) == 3000
     assert_log_dir_valid(data)
+
+
+def _stage_and_commit(path: Path, staging: Path | None, values: list[bytes]) -> tuple[dict, dict[int, int]]:
+    """A job of two tasks (values alternating between them, keyed to spread over the topic's two
+    partitions) staged and committed without Spark; returns what the commit appended and the
+    staged files' inodes."""
+    import pyarrow as pa
+
+    from seglogfs.pipeline.writing import Columns, commit_staged, parse_write_options, plan_write, write_task
+
+    raw = {"path": str(path), "topic": "bulk", "override.log.segment.bytes": "20000"}
+    if staging is not None:
+        raw["stagingDir"] = str(staging)
+    plan = plan_write(parse_write_options(raw), Columns(key=True), int(time.time() * 1000))
+    staged = []
+    for task in (0, 1):
+        mine = values[task::2]
+        keys = [b"k%d" % i for i in range(len(mine))]
+        chunks = [
+            pa.RecordBatch.from_arrays([pa.array(keys[i : i + 500]), pa.array(mine[i : i + 500])], ["key", "value"])
+            for i in range(0, len(mine), 500)
+        ]
+        staged.append(write_task(plan, chunks))
+    inodes = {os.stat(Path(plan.job_dir) / name).st_ino: 0 for message in staged for name in message.files}
+    return commit_staged(plan, staged), inodes
+
+
+def test_a_commit_renames_large_staging_files_into_segments_and_copies_across_filesystems(tmp_path: Path) -> None:
+    values = [b"%06d" % i * (1 + i % 50) for i in range(8000)]
+    expected = Counter(values)
+    renamed = new_data_dir(tmp_path / "renamed", {"bulk": 2})  # segment.bytes=20000: staged files cut to it
+    appended, inodes = _stage_and_commit(renamed, None, values)
+    assert sum(appended.values()) == len(values)
+    segments = {p.stat().st_ino for p in renamed.glob("bulk-*/*.log")}
+    assert len(inodes) > 10 and len(segments & set(inodes)) >= len(inodes) // 2  # the files themselves
+    copied = new_data_dir(tmp_path / "copied", {"bulk": 2})
+    other = tmp_path / "tmpfs"
+    other.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(other)], check=True)
+    try:
+        appended_too, staged_inodes = _stage_and_commit(copied, other / "staging", values)
+        assert not list(other.glob("staging/*/*"))  # the staging is gone after the commit
+    finally:
+        subprocess.run(["umount", str(other)], check=True)
+    assert appended_too == appended
+    assert not {p.stat().st_ino for p in copied.glob("bulk-*/*.log")} & set(staged_inodes)
+    for path in (renamed, copied):
+        config = BrokerConfig.load(log_dirs=[path])
+        with DataDir.open(config, read_only=True, now_ms=int(time.time() * 1000)) as data_dir:
+            got = Counter(record.value for log in data_dir.partitions() for record in log.records(0))
+        assert got == expected
+        assert log_ends(path) == {("bulk", p): n for (_, p), n in appended.items()}
+        assert parse_every_batch(path) == len(values)
+        assert_log_dir_valid(path)
+        assert not staging_left(path)
