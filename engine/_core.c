@@ -39,6 +39,11 @@
  *     timestamp type, key and value as `json_text_sizes` describes them, "headers":[] and a
  *     newline; each line's end position into `ends`. The GIL is released while it writes.
  *
+ * murmur2(data, starts, lengths, out)
+ *     Kafka's `Utils.murmur2` (the default partitioner's hash; seed 0x9747b28c) of each blob
+ *     data[starts[i]:][:lengths[i]] (starts and lengths int64 buffers, every blob inside `data`),
+ *     as a signed 32-bit value widened into `out` (int64). The GIL is released while it hashes.
+ *
  * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas)
  *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
@@ -543,6 +548,56 @@ static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* -- the default partitioner's hash ------------------------------------------------------------ */
+static int32_t murmur2_of(const uint8_t *data, int64_t length) {
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    int64_t whole = length & ~(int64_t)3;
+    for (int64_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)data[i] | (uint32_t)data[i + 1] << 8 | (uint32_t)data[i + 2] << 16 |
+                     (uint32_t)data[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3: h ^= (uint32_t)data[whole + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)data[whole + 1] << 8;  /* fall through */
+    case 1: h ^= (uint32_t)data[whole]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return (int32_t)h;
+}
+
+static PyObject *murmur2(PyObject *self, PyObject *args) {
+    Py_buffer data, starts, lengths, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &data, &starts, &lengths, &out)) return NULL;
+    Py_ssize_t n = starts.len / 8;
+    int failed = lengths.len < n * 8 || out.len < n * 8;
+    const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
+    for (Py_ssize_t i = 0; !failed && i < n; i++)
+        failed = l[i] < 0 || s[i] < 0 || s[i] > data.len - l[i];
+    if (!failed) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            ((int64_t *)out.buf)[i] = murmur2_of((const uint8_t *)data.buf + s[i], l[i]);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&out);
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, "murmur2: a blob lies outside the data, or the output is short");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* -- text rendering ------------------------------------------------------------------------- */
 static uint8_t *put_decimal(uint8_t *at, int64_t value) {
     char digits[24];
@@ -678,6 +733,8 @@ static PyMethodDef methods[] = {
     {"encode_columns", encode_columns, METH_VARARGS,
      "encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths, "
      "timestamp_delta, batch_firsts, ends) -> bytes (see the module)."},
+    {"murmur2", murmur2, METH_VARARGS,
+     "murmur2(data, starts, lengths, out): Kafka's murmur2 of each blob, signed, into out (int64)."},
     {"record_fields", record_fields, METH_VARARGS,
      "record_fields(section, count, out): eight int64 fields per record into out (see the module)."},
     {"encode_records", encode_records, METH_VARARGS,

@@ -60,3 +60,6 @@ def render_json(
     ends: np.ndarray,
     /,
 ) -> bytes: ...
+def murmur2(
+    data: Buffer | np.ndarray, starts: Buffer | np.ndarray, lengths: Buffer | np.ndarray, out: Buffer | np.ndarray, /
+) -> None: ...

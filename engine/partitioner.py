@@ -1,38 +1,31 @@
 """Kafka's default partitioner: murmur2 of the key, as the Java client computes it, so that a
-keyed record lands in the same partition here as from a Kafka producer."""
+keyed record lands in the same partition here as from a Kafka producer. The hash is the compiled
+core's (`_core.murmur2`), for one key or a column of them."""
 
 from __future__ import annotations
 
 import itertools
 
-_SEED = 0x9747B28C
-_M = 0x5BD1E995
-_MASK = 0xFFFFFFFF
+import numpy as np
+
+from seglogfs.engine import _core
+
+_FROM_ZERO = np.zeros(1, np.int64)
+
+
+def murmur2_many(data: np.ndarray | bytes, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Kafka's `Utils.murmur2` of each `data[starts[i]:starts[i] + lengths[i]]`: signed 32-bit
+    hashes, as int64."""
+    out = np.empty(len(starts), np.int64)
+    _core.murmur2(data, np.ascontiguousarray(starts, np.int64), np.ascontiguousarray(lengths, np.int64), out)
+    return out
 
 
 def murmur2(data: bytes) -> int:
     """Kafka's `Utils.murmur2`: a signed 32-bit hash."""
-    length = len(data)
-    h = (_SEED ^ length) & _MASK
-    whole = length & ~3
-    for i in range(0, whole, 4):
-        k = data[i] | data[i + 1] << 8 | data[i + 2] << 16 | data[i + 3] << 24
-        k = (k * _M) & _MASK
-        k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
-    tail = length & 3
-    if tail == 3:
-        h ^= data[whole + 2] << 16
-    if tail >= 2:
-        h ^= data[whole + 1] << 8
-    if tail >= 1:
-        h ^= data[whole]
-        h = (h * _M) & _MASK
-    h ^= h >> 13
-    h = (h * _M) & _MASK
-    h ^= h >> 15
-    return h - (1 << 32) if h & 0x80000000 else h
+    out = np.empty(1, np.int64)
+    _core.murmur2(data, _FROM_ZERO, np.array([len(data)], np.int64), out)
+    return int(out[0])
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:
