@@ -39,6 +39,14 @@
  *     timestamp type, key and value as `json_text_sizes` describes them, "headers":[] and a
  *     newline; each line's end position into `ends`. The GIL is released while it writes.
  *
+ * gather(section, starts, lengths, out, out_offsets)
+ *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
+ *     null, which takes no bytes) is copied into `out` one after the other, from
+ *     out_offsets[0] on, and out_offsets[i + 1] (int32) set to where blob i ends. starts and
+ *     lengths are int64 buffers of n, out_offsets int32 of n + 1 (its first already set).
+ *     ValueError when a blob lies outside the section or `out` is too short. The GIL is
+ *     released while it copies.
+ *
  * murmur2(data, starts, lengths, out)
  *     Kafka's `Utils.murmur2` (the default partitioner's hash; seed 0x9747b28c) of each blob
  *     data[starts[i]:][:lengths[i]] (starts and lengths int64 buffers, every blob inside `data`),
@@ -548,6 +556,46 @@ static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* -- Arrow binary columns ------------------------------------------------------------------- */
+static PyObject *gather(PyObject *self, PyObject *args) {
+    Py_buffer section, starts, lengths, out, offsets;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*", &section, &starts, &lengths, &out, &offsets)) return NULL;
+    Py_ssize_t n = starts.len / 8;
+    const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
+    int32_t *o = (int32_t *)offsets.buf;
+    int failed = lengths.len < n * 8 || offsets.len < (n + 1) * 4 || o[0] < 0;
+    int64_t total = failed ? 0 : o[0];
+    for (Py_ssize_t i = 0; !failed && i < n; i++) {
+        failed = l[i] > 0 && (s[i] < 0 || s[i] > section.len - l[i]);
+        total += l[i] > 0 ? l[i] : 0;
+    }
+    failed = failed || total > out.len || total > INT32_MAX;
+    if (!failed) {
+        Py_BEGIN_ALLOW_THREADS
+        uint8_t *to = (uint8_t *)out.buf;
+        const uint8_t *from = (const uint8_t *)section.buf;
+        int32_t at = o[0];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (l[i] > 0) {
+                memcpy(to + at, from + s[i], (size_t)l[i]);
+                at += (int32_t)l[i];
+            }
+            o[i + 1] = at;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&section);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&offsets);
+    if (failed) {
+        PyErr_SetString(PyExc_ValueError, "gather: a blob lies outside the section, or the output is short");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* -- the default partitioner's hash ------------------------------------------------------------ */
 static int32_t murmur2_of(const uint8_t *data, int64_t length) {
     const uint32_t m = 0x5bd1e995u;
@@ -733,6 +781,8 @@ static PyMethodDef methods[] = {
     {"encode_columns", encode_columns, METH_VARARGS,
      "encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths, "
      "timestamp_delta, batch_firsts, ends) -> bytes (see the module)."},
+    {"gather", gather, METH_VARARGS,
+     "gather(section, starts, lengths, out, out_offsets): blobs into Arrow binary buffers (see the module)."},
     {"murmur2", murmur2, METH_VARARGS,
      "murmur2(data, starts, lengths, out): Kafka's murmur2 of each blob, signed, into out (int64)."},
     {"record_fields", record_fields, METH_VARARGS,

@@ -63,3 +63,11 @@ def render_json(
 def murmur2(
     data: Buffer | np.ndarray, starts: Buffer | np.ndarray, lengths: Buffer | np.ndarray, out: Buffer | np.ndarray, /
 ) -> None: ...
+def gather(
+    section: Buffer | np.ndarray,
+    starts: Buffer | np.ndarray,
+    lengths: Buffer | np.ndarray,
+    out: Buffer | np.ndarray,
+    out_offsets: Buffer | np.ndarray,
+    /,
+) -> None: ...

@@ -12,11 +12,6 @@ Walking that per record in Python costs microseconds a record; the cleaner, the 
 (`_core.record_fields`, engine/_core.c: every field of every record in one call, the GIL
 released) and hands them over as numpy columns. Headers are located (their count) but not
 decoded: callers that need them decode the batch with `decode_records`.
-
-`record_runs` serves bulk readers of batches whose records come in long runs of one *layout*
-(the same size, key and value sizes and header count; timestamp and offset deltas varints of
-the same byte count): each run is a two-dimensional `(records, stride)` view of the section, so
-a field of every record is a strided column — no gather, no per-record position arithmetic.
 """
 
 from __future__ import annotations
@@ -25,12 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seglogfs.engine import _core, varint
+from seglogfs.engine import _core
 from seglogfs.engine.records import BatchHeader, TimestampType, records_section
-
-_FIRST_RUN_GUESS = 64  # records checked at once for a run of one layout, before one is proven
-_MIN_LAYOUT_RUN = 16  # runs of one layout shorter than this on average: `record_runs` gives up
-
 
 # (section, offsets, timestamps, key starts, key lengths, value starts, value lengths)
 CoreColumns = tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -128,146 +119,3 @@ def record_columns(
         header_counts=header_counts,
         log_append_time=header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RecordRun:
-    """Consecutive records of one layout: record `i` of the run is `rows[i]` (a `(count, stride)`
-    uint8 view of the records section, length prefix included), its key `rows[i, key_at:key_at +
-    key_length]` (length -1: every key of the run null), its value likewise, followed by
-    `header_count` headers. Deltas are as stored (add the batch's base offset and timestamp)."""
-
-    rows: np.ndarray
-    key_at: int
-    key_length: int
-    value_at: int
-    value_length: int
-    header_count: int
-    timestamp_deltas: np.ndarray
-    offset_deltas: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
-def _column_varints(rows: np.ndarray, at: int, size: int) -> np.ndarray:
-    """The zig-zag varints of `size` bytes at column `at` of every row, whose continuation bits
-    are known to be set on every byte but the last: those bits are subtracted once instead of
-    masked off each byte."""
-    if size == 1:
-        small = rows[:, at].astype(np.int64)
-        return (small >> 1) ^ -(small & 1)
-    if size < 10:  # up to 63 bits: int64 holds the sum
-        zigzag = rows[:, at].astype(np.int64)
-        for j in range(1, size):
-            zigzag += rows[:, at + j].astype(np.int64) << (7 * j)
-        zigzag -= sum(0x80 << (7 * j) for j in range(size - 1))
-        return (zigzag >> 1) ^ -(zigzag & 1)
-    unsigned = rows[:, at].astype(np.uint64) & np.uint64(0x7F)
-    for j in range(1, size):
-        unsigned |= (rows[:, at + j].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(7 * j)
-    return (unsigned >> np.uint64(1)).astype(np.int64) ^ -(unsigned & np.uint64(1)).astype(np.int64)
-
-
-def _record_layout(data: memoryview, position: int, end: int) -> tuple[int, ...] | None:
-    """The layout of the record at `position`: (stride, length prefix size, timestamp delta at,
-    offset delta at, key length at, key at, key length, value length at, value at, value length,
-    header count at, header count, after the header count), positions relative to the record.
-    None when the record is not well formed."""
-    try:
-        length, at = varint.decode(data, position)
-        stride = at - position + length
-        if length < 0 or position + stride > end:
-            return None
-        timestamp_at = at + 1  # (the attributes byte)
-        _, offset_at = varint.decode(data, timestamp_at)
-        _, key_length_at = varint.decode(data, offset_at)
-        key_length, key_at = varint.decode(data, key_length_at)
-        value_length_at = key_at + max(key_length, 0)
-        value_length, value_at = varint.decode(data, value_length_at)
-        count_at = value_at + max(value_length, 0)
-        header_count, after = varint.decode(data, count_at)
-    except (ValueError, IndexError):
-        return None
-    if key_length < -1 or value_length < -1 or header_count < 0 or after > position + stride:
-        return None
-    return (
-        stride,
-        at - position,
-        timestamp_at - position,
-        offset_at - position,
-        key_length_at - position,
-        key_at - position,
-        key_length,
-        value_length_at - position,
-        value_at - position,
-        value_length,
-        count_at - position,
-        header_count,
-        after - position,
-    )
-
-
-def record_runs(section: np.ndarray, count: int) -> list[RecordRun] | None:
-    """A records section (uint8) of `count` records as runs of one layout, or None when its runs
-    are shorter than `_MIN_LAYOUT_RUN` records on average (a few short ones, such as the first
-    record's timestamp delta of 0, are taken) or it is malformed: the caller then uses
-    `record_columns`, which says what is wrong.
-
-    A run's layout is read from its first record and guessed to hold for `_FIRST_RUN_GUESS`
-    records (the first run) or up to the end of the section (the others), then proven
-    column-wise up to the first record where it fails: each record's length prefix, key length,
-    value length and header count are the first record's bytes (so each record ends where the
-    next guessed one starts), and its timestamp and offset delta
-    varints have the first record's byte count (continuation bits)."""
-    end = len(section)
-    data = section.data  # (a memoryview of the array)
-    runs: list[RecordRun] = []
-    position = done = 0
-    window = _FIRST_RUN_GUESS  # then the rest of the batch
-    while done < count:
-        layout = _record_layout(data, position, end)
-        if layout is None:
-            return None
-        (stride, prefix, timestamp_at, offset_at, key_length_at, key_at, key_length) = layout[:7]
-        (value_length_at, value_at, value_length, count_at, header_count, after) = layout[7:]
-        if stride == 0:
-            return None
-        guess = min(count - done, (end - position) // stride, window)
-        window = count
-        rows = section[position : position + guess * stride].reshape(guess, stride)
-        fixed = [
-            *range(prefix),
-            *range(key_length_at, key_at),
-            *range(value_length_at, value_at),
-            *range(count_at, after),
-        ]
-        shaped = [*range(timestamp_at, key_length_at)]
-        columns = np.array(fixed + shaped, np.intp)
-        masks = np.array([0xFF] * len(fixed) + [0x80] * len(shaped), np.uint8)
-        expected = rows[0, columns] & masks
-        if guess > 1:
-            proven = ((rows[:, columns] & masks) == expected).all(axis=1)
-            run = guess if bool(proven.all()) else int(np.argmin(proven))
-        else:
-            run = guess
-        if len(runs) >= 2 + count // _MIN_LAYOUT_RUN:  # short runs on average: record_columns is faster
-            return None
-        rows = rows[:run]
-        runs.append(
-            RecordRun(
-                rows=rows,
-                key_at=key_at,
-                key_length=key_length,
-                value_at=value_at,
-                value_length=value_length,
-                header_count=header_count,
-                timestamp_deltas=_column_varints(rows, timestamp_at, offset_at - timestamp_at),
-                offset_deltas=_column_varints(rows, offset_at, key_length_at - offset_at),
-            )
-        )
-        done += run
-        position += run * stride
-    if position != end:
-        return None
-    return runs

@@ -2,22 +2,13 @@
 
 The slice's bytes are read as whole batches (`LogSegment.checked_batches`: CRC-checked) from its
 start position to its end position, and nothing else. Records are gathered into Arrow columns
-without a Python object per record, in one of two ways:
-
-* runs (the common case: producers send records of one size): `engine.columns.record_runs`
-  proves a batch's records to be runs of one layout, each a `(records, stride)` numpy view of
-  the records section (in place when uncompressed). Offsets and timestamps come from strided
-  columns of it; every key (value) of a run is a fixed-size item at one column, so a run's keys
-  are copied into the Arrow `binary` data buffer with one numpy assignment, and its offsets are
-  an arithmetic progression.
-* other batches: `engine.columns.record_columns` (numpy arrays of offsets, timestamps and
-  key/value bounds); keys and values become Arrow binary *views* over the batches' records
-  sections, which Arrow's C++ cast copies into plain `binary` (the type Spark requires). An
-  Arrow batch mixing both kinds is built this way throughout.
-
-Either way records are filtered with numpy (offset range, pushed filters), and about
-`_ROWS_PER_ARROW_BATCH` rows go into each Arrow batch. Only `includeHeaders` decodes records
-one by one, for batches that carry headers. Control batches hold no user records and are skipped.
+without a Python object per record: the engine's core walks each batch's records
+(`engine.columns.record_columns`: offsets, timestamps and key/value bounds as numpy columns, over
+the records section in place when uncompressed), numpy filters them (offset range, pushed
+filters), and the core copies the kept keys and values into Arrow `binary` buffers
+(`_core.gather`). About `_ROWS_PER_ARROW_BATCH` rows go into each Arrow batch. Only
+`includeHeaders` decodes records one by one, for batches that carry headers. Control batches
+hold no user records and are skipped.
 
 When the segment file is no longer the one planning saw (compaction swapped it, retention
 deleted it), the slice's offsets are read through the partition's log instead, with Spark's
@@ -32,26 +23,21 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
-from seglogfs.engine.columns import record_columns, record_runs
-from seglogfs.engine.compression import CompressionType
+from seglogfs.engine import DataDir, UnknownTopicOrPartitionError, _core
+from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.naming import log_file
 from seglogfs.engine.records import (
-    BATCH_OVERHEAD_BYTES,
     BatchHeader,
     Header,
-    TimestampType,
     decode_records,
-    records_section,
 )
 from seglogfs.engine.segment import LogSegment
 from seglogfs.pipeline.options import EngineSettings, Location
@@ -76,11 +62,9 @@ ARROW_SCHEMA_WITH_HEADERS = pa.schema([*BASE_FIELDS, pa.field("headers", HEADERS
 
 _ROWS_PER_ARROW_BATCH = 1 << 17
 _BYTES_PER_ARROW_BATCH = 32 << 20  # records sections gathered into one Arrow batch
-_INLINE = 12  # Arrow binary views keep values of up to 12 bytes inline
-_VIEW_PAD = bytes(16)
 
 
-def _cast_pool() -> pa.MemoryPool:
+def _pool() -> pa.MemoryPool:
     """jemalloc for the gathered key and value bytes where pyarrow has it: with the default
     mimalloc pool, every large output buffer is faulted in afresh (measured: reads about 1.6×
     slower)."""
@@ -90,7 +74,7 @@ def _cast_pool() -> pa.MemoryPool:
         return pa.default_memory_pool()
 
 
-_CAST_POOL = _cast_pool()
+_POOL = _pool()
 
 
 @dataclass(frozen=True)
@@ -109,35 +93,30 @@ class ReadSpec:
 
 
 # -- Arrow columns from record bounds -------------------------------------------------------------
-def binary_column(buffer: bytes, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """The byte strings `buffer[starts[i]:starts[i] + lengths[i]]` (length -1: null) as an Arrow
-    `binary` array: 16-byte views built with numpy (inline for up to 12 bytes, else prefix and
-    position), then one C++ cast to contiguous `binary`. `buffer` must stay below 2 GiB and end
-    with 16 bytes that no value uses (`padded`): the views' fixed-size reads may reach them."""
-    n = len(starts)
+def binary_column(pieces: Sequence[tuple[bytes, np.ndarray, np.ndarray]]) -> pa.Array:
+    """The byte strings `section[starts[i]:starts[i] + lengths[i]]` (length -1: null) of each
+    `(section, starts, lengths)` piece, in order, as one Arrow `binary` array: sized with numpy,
+    copied into Arrow's data buffer by the engine's core (`_core.gather`)."""
+    n = sum(len(starts) for _, starts, _ in pieces)
+    lengths = np.concatenate([piece[2] for piece in pieces]) if pieces else np.zeros(0, np.int64)
     valid = lengths >= 0
-    sizes = np.where(valid, lengths, 0).astype(np.int32)
-    padded = np.frombuffer(buffer, np.uint8)
-    views = np.zeros((n, 16), np.uint8)
-    words = views.view(np.int32)
-    words[:, 0] = sizes
-    short = sizes <= _INLINE
-    if short.any():
-        at = starts[short]
-        inline = padded[at[:, None] + np.arange(_INLINE)]
-        inline *= np.arange(_INLINE) < sizes[short, None]  # zero what lies past each value
-        views[short, 4:16] = inline
-    long = ~short
-    if long.any():
-        at = starts[long]
-        views[long, 4:8] = padded[at[:, None] + np.arange(4)]
-        words[long, 3] = at  # buffer index 0 (words[:, 2]) and offset
+    data = pa.allocate_buffer(int(lengths[valid].sum()), memory_pool=_POOL)
+    offsets = np.empty(n + 1, np.int32)
+    offsets[0] = 0
+    row = 0
+    for section, starts, piece_lengths in pieces:
+        count = len(starts)
+        _core.gather(
+            section,
+            np.ascontiguousarray(starts, np.int64),
+            np.ascontiguousarray(piece_lengths, np.int64),
+            data,
+            offsets[row : row + count + 1],
+        )
+        row += count
     null_count = int(n - np.count_nonzero(valid))
     validity = None if null_count == 0 else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    array = pa.Array.from_buffers(
-        pa.binary_view(), n, [validity, pa.py_buffer(views), pa.py_buffer(buffer)], null_count=null_count
-    )
-    return pc.cast(array, pa.binary(), memory_pool=_CAST_POOL)
+    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), data], null_count=null_count)
 
 
 def _header_key(key: str) -> str:
@@ -181,56 +160,10 @@ def _keep(
     return keep
 
 
-@dataclass(slots=True)
-class _Run:
-    """Selected records of one `RecordRun` (its rows, or a copy of the kept ones)."""
-
-    rows: np.ndarray
-    key_at: int
-    key_length: int
-    value_at: int
-    value_length: int
-
-
-def _run_binary(runs: list[_Run], key: bool) -> pa.Array:
-    """The keys (or values) of `runs` as an Arrow `binary` array: each run's field is a strided
-    column of fixed-size items, copied into place with one numpy assignment."""
-    sizes = [(run.key_length if key else run.value_length) for run in runs]
-    n = sum(len(run.rows) for run in runs)
-    data = np.empty(sum(len(run.rows) * max(size, 0) for run, size in zip(runs, sizes, strict=True)), np.uint8)
-    data_buffer = pa.py_buffer(data)
-    offsets = np.empty(n + 1, np.int32)
-    offsets[0] = 0
-    valid: np.ndarray | None = None
-    row = byte = 0
-    for run, size in zip(runs, sizes, strict=True):
-        count = len(run.rows)
-        if size > 0:
-            stride = run.rows.shape[1]
-            at = run.key_at if key else run.value_at
-            items = np.ndarray((count,), f"V{size}", buffer=run.rows, offset=at, strides=(stride,))
-            data[byte : byte + count * size].view(f"V{size}")[...] = items
-            offsets[row + 1 : row + count + 1] = np.arange(byte + size, byte + (count + 1) * size, size, dtype=np.int32)
-            byte += count * size
-        else:
-            offsets[row + 1 : row + count + 1] = byte
-            if size < 0:
-                if valid is None:
-                    valid = np.ones(n, np.bool_)
-                valid[row : row + count] = False
-        row += count
-    null_count = 0 if valid is None else int(n - np.count_nonzero(valid))
-    validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), data_buffer], null_count=null_count)
-
-
 class _Rows:
-    """Selected records accumulated across batches until an Arrow batch is worth emitting.
-
-    Batches whose records come in runs of one layout (`record_runs`) are kept as runs; others
-    as `RecordColumns`-like bounds over their records sections. Keys and values are gathered
-    from runs by `_run_binary`, or, when an Arrow batch mixes both kinds, all through
-    `binary_column`."""
+    """Selected records accumulated across batches until an Arrow batch is worth emitting: per
+    batch its records section (in place when uncompressed) and the bounds of the kept records'
+    keys and values (`record_columns`), gathered into Arrow columns by `take`."""
 
     def __init__(self, topic: str, partition: int, include_headers: bool) -> None:
         self.topic = topic
@@ -239,7 +172,7 @@ class _Rows:
         self._reset()
 
     def _reset(self) -> None:
-        self.pieces: list[_Run | tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.pieces: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.section_bytes = 0
         self.columns: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # offsets, timestamps, types
         self.rows = 0
@@ -250,39 +183,7 @@ class _Rows:
     def add(self, header: BatchHeader, batch: memoryview, row_filter: RowFilter, lo: int, hi: int) -> None:
         """Take the records of one (checked, non-control) batch with offsets in [lo, hi) that
         pass `row_filter`."""
-        if header.compression is CompressionType.NONE:  # the records in place, not a copy
-            section = None
-            records = np.frombuffer(batch, np.uint8, offset=BATCH_OVERHEAD_BYTES)
-        else:
-            section = records_section(header, batch)
-            records = np.frombuffer(section, np.uint8)
-        runs = record_runs(records, header.records_count)
-        if runs is None or (self.include_headers and any(run.header_count for run in runs)):
-            self._add_columns(header, batch, section, row_filter=row_filter, lo=lo, hi=hi)
-            return
-        log_append_time = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None
-        for run in runs:
-            offsets = header.base_offset + run.offset_deltas
-            if log_append_time is None:
-                timestamps = header.base_timestamp + run.timestamp_deltas
-            else:
-                timestamps = np.full(len(run), log_append_time, np.int64)
-            rows = run.rows
-            keep = _keep(header, offsets, timestamps, row_filter=row_filter, lo=lo, hi=hi)
-            if keep is not None:
-                if not keep.any():
-                    continue
-                rows, offsets, timestamps = rows[keep], offsets[keep], timestamps[keep]
-            self.pieces.append(_Run(rows, run.key_at, run.key_length, run.value_at, run.value_length))
-            self._add_rows(offsets, timestamps, int(header.timestamp_type), rows.size)
-            if self.include_headers:
-                self.header_counts.append(np.zeros(len(offsets), np.int64))
-
-    def _add_columns(
-        self, header: BatchHeader, batch: memoryview, section: bytes | None, *, row_filter: RowFilter, lo: int, hi: int
-    ) -> None:
-        """`add` for a batch not made of runs: its records laid out by `record_columns`."""
-        columns = record_columns(header, batch, section)
+        columns = record_columns(header, batch)
         offsets = columns.offsets
         timestamps = columns.consumer_timestamps()
         keep = _keep(header, offsets, timestamps, row_filter=row_filter, lo=lo, hi=hi)
@@ -320,32 +221,9 @@ class _Rows:
 
     def _binary_columns(self) -> tuple[pa.Array, pa.Array]:
         """Keys and values of every piece."""
-        if all(isinstance(piece, _Run) for piece in self.pieces):
-            runs = [piece for piece in self.pieces if isinstance(piece, _Run)]
-            return _run_binary(runs, key=True), _run_binary(runs, key=False)
-        sections: list[bytes] = []
-        bounds: list[tuple[np.ndarray, ...]] = []
-        base = 0
-        for piece in self.pieces:
-            if isinstance(piece, _Run):
-                count, stride = piece.rows.shape
-                starts = base + np.arange(count, dtype=np.int64) * stride
-                section = piece.rows.tobytes()
-                key_lengths = np.full(count, piece.key_length, np.int64)
-                value_lengths = np.full(count, piece.value_length, np.int64)
-                bounds.append((starts + piece.key_at, key_lengths, starts + piece.value_at, value_lengths))
-                size = len(section)
-            else:
-                section, key_starts, key_lengths, value_starts, value_lengths = piece
-                bounds.append((key_starts + base, key_lengths, value_starts + base, value_lengths))
-                size = len(section)
-            sections.append(section)
-            base += size
-        key_starts, key_lengths, value_starts, value_lengths = (
-            np.concatenate(parts) for parts in zip(*bounds, strict=True)
-        )
-        buffer = b"".join([*sections, _VIEW_PAD])
-        return binary_column(buffer, key_starts, key_lengths), binary_column(buffer, value_starts, value_lengths)
+        keys = binary_column([(section, starts, lengths) for section, starts, lengths, _, _ in self.pieces])
+        values = binary_column([(section, starts, lengths) for section, _, _, starts, lengths in self.pieces])
+        return keys, values
 
     def take(self, schema: pa.Schema) -> pa.RecordBatch | None:
         """The accumulated rows as one Arrow batch (None when there are none); starts afresh."""

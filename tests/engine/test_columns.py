@@ -1,18 +1,16 @@
-"""Batches laid out column-wise (engine.columns) hold what the record-by-record decoder and
-kafka-python's read from the same bytes: `record_columns` for any batch, `record_runs` for the
-batches it takes (runs of one record layout), which must give up (None) rather than misread the
-others. Batches are generated with runs of equal records, mixed sizes, null keys and values,
-headers, timestamp deltas of every varint size and offset gaps (as compaction leaves them)."""
+"""Batches laid out column-wise (engine.columns: `record_columns`) hold what the record-by-record
+decoder and kafka-python's read from the same bytes. Batches are generated with runs of equal
+records, mixed sizes, null keys and values, headers, timestamp deltas of every varint size and
+offset gaps (as compaction leaves them)."""
 
 from __future__ import annotations
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
-from seglogfs.engine.columns import record_columns, record_runs
-from seglogfs.engine.records import BatchHeader, build_batch, decode_records, records_section
+from seglogfs.engine.columns import record_columns
+from seglogfs.engine.records import BatchHeader, build_batch, decode_records
 
 BASE_TIMESTAMP = 1_763_800_000_000
 
@@ -20,7 +18,7 @@ BASE_TIMESTAMP = 1_763_800_000_000
 @st.composite
 def batches(draw, runs_only: bool = False) -> bytes:
     """A batch of runs: each run `length` records alike in size, or with sizes of their own
-    (`runs_only`: long runs of records alike, which `record_runs` takes, mostly)."""
+    (`runs_only`: long runs of records alike)."""
     values: list[bytes | None] = []
     keys: list[bytes | None] = []
     headers: list[list[tuple[str, bytes | None]]] = []
@@ -86,36 +84,3 @@ def test_record_columns_read_what_the_decoder_reads(batch: bytes) -> None:
         for i in range(len(columns))
     ]
     assert got == reference(batch)
-
-
-@settings(max_examples=150, deadline=None)
-@given(st.one_of(batches(), batches(runs_only=True)))
-def test_record_runs_read_what_the_decoder_reads_or_give_up(batch: bytes) -> None:
-    header = BatchHeader.parse(batch)
-    section = np.frombuffer(records_section(header, batch), np.uint8)
-    runs = record_runs(section, header.records_count)
-    if runs is None:  # not runs of one layout: the caller uses record_columns
-        return
-    got = []
-    for run in runs:
-        for i in range(len(run)):
-            row = run.rows[i].tobytes()
-            key = None if run.key_length < 0 else row[run.key_at : run.key_at + run.key_length]
-            value = None if run.value_length < 0 else row[run.value_at : run.value_at + run.value_length]
-            got.append(
-                (
-                    header.base_offset + int(run.offset_deltas[i]),
-                    header.base_timestamp + int(run.timestamp_deltas[i]),
-                    key,
-                    value,
-                    run.header_count,
-                )
-            )
-    assert got == reference(batch)
-
-
-def test_record_runs_take_a_batch_of_equal_records() -> None:
-    batch = bytes(build_batch([b"v" * 100] * 500, keys=[b"k" * 12] * 500, timestamps=BASE_TIMESTAMP))
-    header = BatchHeader.parse(batch)
-    runs = record_runs(np.frombuffer(records_section(header, batch), np.uint8), 500)
-    assert runs is not None and sum(len(run) for run in runs) == 500 and len(runs) <= 3  # deltas grow at 64

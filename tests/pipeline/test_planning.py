@@ -210,12 +210,21 @@ def test_vectorised_partitioner_is_kafkas() -> None:
 
 def test_binary_column_is_the_slices_it_names() -> None:
     rng = random.Random(3)
-    buffer = rng.randbytes(5000)
-    starts = np.array([rng.randint(0, 4900) for _ in range(500)], np.int64)
-    lengths = np.array([rng.choice([-1, 0, 1, 12, 13, 40, 99]) for _ in range(500)], np.int64)
-    expected = [None if n < 0 else buffer[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
-    column = binary_column(buffer + bytes(16), starts, lengths)
+    pieces, expected = [], []
+    for _ in range(4):
+        buffer = rng.randbytes(5000)
+        starts = np.array([rng.randint(0, 4900) for _ in range(500)], np.int64)
+        lengths = np.array([rng.choice([-1, 0, 1, 12, 13, 40, 99]) for _ in range(500)], np.int64)
+        pieces.append((buffer, starts, lengths))
+        expected += [
+            None if n < 0 else buffer[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+        ]
+    column = binary_column(pieces)
     assert column.type == pa.binary() and column.to_pylist() == expected
+    column.validate(full=True)
+    assert binary_column([]).to_pylist() == []
+    with pytest.raises(ValueError, match="outside the section"):
+        binary_column([(b"short", np.array([3], np.int64), np.array([4], np.int64))])
 
 
 def test_arrow_schemas_are_what_spark_expects_of_a_python_data_source() -> None:
