@@ -60,7 +60,7 @@ BASE_FIELDS = [
 ARROW_SCHEMA = pa.schema(BASE_FIELDS)
 ARROW_SCHEMA_WITH_HEADERS = pa.schema([*BASE_FIELDS, pa.field("headers", HEADERS_TYPE)])
 
-_ROWS_PER_ARROW_BATCH = 1 << 17
+_ROWS_PER_ARROW_BATCH = 1 << 15  # measured (10 M rows, local[2]): 2^13 4.4, 2^15 4.9-5.1, 2^17 4.7, 2^19 4.1 M rows/s
 _BYTES_PER_ARROW_BATCH = 32 << 20  # records sections gathered into one Arrow batch
 
 
