@@ -56,6 +56,9 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
 from seglogfs.engine.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
@@ -65,7 +68,6 @@ from seglogfs.engine.records import (
     LOG_OVERHEAD_BYTES,
     BatchHeader,
     check_batch,
-    decode_records,
     is_legacy_message,
     offset_of_max_timestamp,
 )
@@ -525,10 +527,15 @@ class LogSegment:
                 reason = check_batch(header, batch)
                 if reason is not None:
                     raise CorruptRecordError(self.log_path, header.position, reason)
-                for record in decode_records(header, batch, include_control=True):
-                    if record.timestamp >= timestamp and record.offset >= starting_offset:
-                        epoch = header.partition_leader_epoch
-                        return TimestampAndOffset(record.timestamp, record.offset, epoch if epoch >= 0 else None)
+                columns = record_columns(header, batch)  # (the compiled core's walk, no object per record)
+                stamps = columns.consumer_timestamps()
+                found = np.flatnonzero((stamps >= timestamp) & (columns.offsets >= starting_offset))
+                if len(found):
+                    epoch = header.partition_leader_epoch
+                    first = int(found[0])
+                    return TimestampAndOffset(
+                        int(stamps[first]), int(columns.offsets[first]), epoch if epoch >= 0 else None
+                    )
             return None
         finally:
             self._unlease()
