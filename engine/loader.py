@@ -178,7 +178,11 @@ def load_partition(
     made_segment = not segments and writable
     if made_segment:
         segments.append(segment_for(directory, start, config, writable=True, now_ms=now_ms))
-    end = segments[-1].read_next_offset() if segments else start
+    if segments and not writable:
+        segments[-1].refresh_size()  # another process may be writing it: complete batches only
+        end = segments[-1].followed_next_offset
+    else:
+        end = segments[-1].read_next_offset() if segments else start
     if writable and end < start:
         # Everything on disk lies below the log start (Kafka's testLogEndLessThanStartAfterReopen).
         for segment in segments:

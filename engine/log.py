@@ -19,6 +19,7 @@ import mmap
 import os
 import random
 import threading
+import time
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from seglogfs.engine.errors import (
 )
 from seglogfs.engine.loader import load_partition, segment_for
 from seglogfs.engine.metadata_log import METADATA_TOPIC
-from seglogfs.engine.naming import CLEANED_SUFFIX, SWAP_SUFFIX
+from seglogfs.engine.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
 from seglogfs.engine.records import (
     NO_PRODUCER,
     BatchHeader,
@@ -116,6 +117,7 @@ class PartitionLog:
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
+        self._listed_at_mtime_ns: int | None = None  # read-only: the directory's mtime at `refresh`'s last listing
         if writable and segments:
             segments[-1].roll_jitter_ms = self._new_jitter()
 
@@ -504,6 +506,63 @@ class PartitionLog:
             self._flush_locked()
             self._last_flush_ms = now_ms
 
+    # -- following another writer (read-only) ---------------------------------------------------
+    def refresh(self, now_ms: int) -> bool:
+        """Read-only: take in what another process (a broker, `seglogfs produce`) did to the
+        partition since the last look — batches appended (complete ones only), segments rolled,
+        deleted by retention, or swapped in by compaction — and publish it at once: readers see
+        the old state or the new one, never a mix. Costs a `stat` of the partition's directory
+        and of its last segment, plus a scan of the batch headers appended. Returns whether
+        anything changed. A writable log is its own writer: nothing to do."""
+        if self.writable:
+            return False
+        with self.lock:
+            current = self._segments.snapshot()
+            segments, changed = current, False
+            directory_changed = os.stat(self.directory).st_mtime_ns
+            if directory_changed != self._listed_at_mtime_ns:  # a roll, a delete, a swap: list it again
+                segments, changed = self._list_segments(current, now_ms)
+                # A change within the same clock tick as the listing would not move the mtime:
+                # trust an mtime only once it is a second old.
+                recent = time.time_ns() - directory_changed < 1_000_000_000
+                self._listed_at_mtime_ns = None if recent else directory_changed
+            grown = False
+            for segment in segments[-2:]:  # the last one grows; the one before may just have been sealed
+                before = segment.size
+                grown = segment.refresh_size() != before or grown
+            if not changed and not grown:
+                return False
+            gone = [segment for segment in current if segment not in segments]
+            if changed:
+                self._segments = LogSegments(segments)
+            if segments:
+                self._log_start_offset = max(self._log_start_offset, segments[0].base_offset)
+                self._log_end_offset = max(segments[-1].followed_next_offset, self._log_start_offset)
+            for segment in gone:
+                segment.close_handlers()
+            return True
+
+    def _list_segments(self, current: list[LogSegment], now_ms: int) -> tuple[list[LogSegment], bool]:
+        """The segments on disk now (`current`'s objects where their files are the same), and
+        whether that differs from `current`."""
+        listed = sorted(
+            parsed[0]
+            for name in os.listdir(self.directory)
+            if (parsed := parse_segment_file_name(name)) is not None and parsed[1] == LOG_SUFFIX and not parsed[2]
+        )
+        known = {segment.base_offset: segment for segment in current}
+        segments, changed = [], len(listed) != len(current)
+        for base in listed:
+            segment = known.get(base)
+            if segment is None or segment.replaced_on_disk():
+                changed = True
+                try:
+                    segment = segment_for(self.directory, base, self.config, writable=False, now_ms=now_ms)
+                except FileNotFoundError:  # deleted meanwhile
+                    continue
+            segments.append(segment)
+        return segments, changed
+
     # -- reading ---------------------------------------------------------------------------------
     def batches(
         self, start_offset: int, end_offset: int | None = None
@@ -516,7 +575,7 @@ class PartitionLog:
         for segment in self._segments.from_offset(start_offset):
             if segment.base_offset >= stop:
                 return
-            size = segment.refresh_size()
+            size = segment.size  # (read-only: as the last `refresh` found it)
             first = segment.translate_offset(start_offset) if start_offset > segment.base_offset else None
             position = first.position if first is not None else 0
             if start_offset > segment.base_offset and first is None:

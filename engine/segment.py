@@ -160,8 +160,14 @@ class LogSegment:
         self._rolling_based_timestamp: int | None = None
         self._bytes_since_last_index_entry = 0
         self.deleted = False
+        # Read-only: where the scan for complete batches another process appended resumes.
+        self._complete_to: int | None = None
+        self._followed_next_offset: int | None = None
         try:
-            self._size = os.stat(self.log_path).st_size
+            stat = os.stat(self.log_path)
+            self._size = stat.st_size
+            if not writable:  # (a writer's compaction may replace the file: see `replaced_on_disk`)
+                self._file_id = (stat.st_dev, stat.st_ino)
         except FileNotFoundError:
             if not writable:
                 raise
@@ -248,15 +254,44 @@ class LogSegment:
         return self._size
 
     def refresh_size(self) -> int:
-        """Re-read the file size (a read-only view of a log that another process appends to)."""
-        if not self.writable:
-            with self._handle_lock:  # an open descriptor cannot be closed meanwhile
-                handle = self._handle
-                if handle is not None:
-                    self._size = os.fstat(handle).st_size
-            if handle is None:
-                self._size = os.stat(self.log_path).st_size
-        return self._size
+        """A read-only segment of a log another process appends to: the size grows to the end of
+        the last *complete* batch in the file now (a batch still being written, or cut by a
+        crash, stays out). Only the bytes appended since the last look are scanned (the first
+        time, from the last offset index entry). Returns the size; a writable segment's is
+        already exact."""
+        if self.writable:
+            return self._size
+        start, next_offset = self._complete_to, self._followed_next_offset
+        if start is None:
+            entry = self.offset_index.last_entry()  # (read before the size: a writer indexes a batch after writing it)
+            start, next_offset = entry.position, (entry.offset if entry.position else self.base_offset)
+        with self._handle_lock:  # an open descriptor cannot be closed meanwhile
+            handle = self._handle
+            on_disk = os.fstat(handle).st_size if handle is not None else None
+        if on_disk is None:
+            on_disk = os.stat(self.log_path).st_size
+        if start > on_disk:  # cut back (the writer's recovery): scan it again from the start
+            start, next_offset = 0, self.base_offset
+        end = start
+        for header in self.iter_headers(start, on_disk):
+            end, next_offset = header.next_position, header.next_offset
+        self._complete_to, self._followed_next_offset = end, next_offset
+        self._size = end
+        return end
+
+    @property
+    def followed_next_offset(self) -> int:
+        """Read-only, after `refresh_size`: the offset after the last complete batch found."""
+        return self.base_offset if self._followed_next_offset is None else self._followed_next_offset
+
+    def replaced_on_disk(self) -> bool:
+        """Read-only: whether the `.log` at this segment's name is no longer the file it opened
+        (another process's compaction swapped it in, or retention renamed it away)."""
+        try:
+            stat = os.stat(self.log_path)
+        except FileNotFoundError:
+            return True
+        return self._file_id is not None and (stat.st_dev, stat.st_ino) != self._file_id
 
     def _open_indexes(self) -> None:
         offset_path, time_path = self.offset_index_path, self.time_index_path

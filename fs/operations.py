@@ -85,6 +85,7 @@ _CALLERS_ERRNOS = frozenset(
 
 
 _SIGNAL_POLL_S = 0.05
+FOLLOW_PERIOD_S = 0.5  # a read-only mount looks for other writers' changes this often
 
 
 def _signal_pending(pid: int) -> bool:
@@ -429,6 +430,19 @@ class Operations(pyfuse3.Operations):
         raise self._refuse("link", inode)
 
     # -- background work -------------------------------------------------------------------------------------
+    async def follow_writers(self, period_s: float = FOLLOW_PERIOD_S) -> None:
+        """A read-only mount's nursery task: every `period_s`, what other processes wrote
+        becomes visible (Tree.follow) and the kernel forgets the sizes it changed, so `tail -f`
+        (which polls every second) sees new records within two."""
+        while True:
+            await trio.sleep(period_s)
+            try:
+                changes = await trio.to_thread.run_sync(self.tree.follow)
+                await self._tell_kernel(changes)
+            except Exception:  # Tree.follow guards each partition: this is a bug, and the mount stays up
+                logger.exception("following other writers failed; retried in a minute")
+                await trio.sleep(60)
+
     async def after_background_work(self) -> None:
         """After retention or compaction changed what views show (see Tree.after_background_work)."""
         changes = await self._run(self.tree.after_background_work, "after background work")

@@ -270,6 +270,26 @@ class Tree:
                     changes.entries += [(directory.inode, name) for name in directory.superseded_records()]
         return changes
 
+    def follow(self) -> Changes:
+        """A read-only mount beside another writer (a broker, `seglogfs produce`): take in what
+        it did to every partition (`PartitionLog.refresh`: appends, rolls, retention,
+        compaction) and return what the kernel must forget — the sizes of the views of the
+        partitions that changed, and `records` files whose start retention removed."""
+        changes = Changes()
+        now = self.clock()
+        for log in list(self.data_dir.partitions()):
+            try:
+                changed = log.refresh(now)
+            except OSError as error:  # the partition's dir is gone, or unreadable: next time again
+                logger.debug("following %s-%d: %s", log.topic, log.partition, error)
+                continue
+            if changed:
+                changes += self.grown([log])
+                directory = self.find(("partition", log.topic, log.partition))
+                if isinstance(directory, PartitionDir):
+                    changes.entries += [(directory.inode, name) for name in directory.superseded_records()]
+        return changes
+
     def prune_view_cache(self) -> None:
         """At mount: remove stored layouts no mount has used for a while (LayoutStore.prune)."""
         if self._layout_store is not None:

@@ -186,7 +186,7 @@ class LayoutStore:
             or marks_every != mark_bytes
             or len(data) != head + 24 * count + 4
             or inode != self._inode(segment)
-            or segment.refresh_size() < scanned_to
+            or segment.size < scanned_to
         ):
             return None
         if last_position >= 0 and not self._holds_batch(segment, last_position, last_crc, scanned_to):
@@ -514,7 +514,7 @@ class Layout:
         """Render what the segment gained since the last look (all of it, the first time); a
         segment that is not the last one is then sealed and kept in the store."""
         segment = layout.segment
-        end = segment.size if segment.writable else segment.refresh_size()
+        end = segment.size  # (read-only: as the log's last `refresh` found it; see Tree.follow)
         if end > layout.scanned_to:
             measuring = not self.measured
             for header, batch in segment.checked_batches(layout.scanned_to, end):

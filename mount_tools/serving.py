@@ -48,8 +48,8 @@ def _now_ms() -> int:
 
 async def _background(operations: Operations, scheduler: Scheduler | None) -> None:
     await trio.to_thread.run_sync(operations.tree.prune_view_cache)
-    if scheduler is None:
-        await trio.sleep_forever()
+    if scheduler is None:  # read-only: another process may be writing the data dir
+        await operations.follow_writers()
     assert scheduler is not None
     while True:
         await trio.sleep(max(scheduler.next_due_ms - _now_ms(), 10) / 1000)
