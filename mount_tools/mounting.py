@@ -9,7 +9,25 @@
 and any Kafka config name (`message.timestamp.type=LogAppendTime`, `log.retention.hours=1`, …),
 which overrides the broker config. The options mount(8) passes on (`rw`, `dev`, `suid`, `exec`,
 `auto`, `user`, `_netdev`, …) are accepted and ignored, so `mount -t fuse.seglogfs` and fstab
-lines work. Without `-f` the mount runs in the background once it is in place.
+lines work (see `mount_helper` for which install they run). Without `-f` the mount runs in the
+background once it is in place.
+
+The mount point is checked first, as mount(8) users expect:
+- already a mount point (of seglogfs or anything else): refused, nothing is stacked on it;
+- not empty: refused unless `-o nonempty` (FUSE 2's option) says to hide its files;
+- a seglogfs mount whose process died (ENOTCONN, "Transport endpoint is not connected"): it is
+  unmounted lazily, with a line saying so, and mounted afresh (the data dir recovers as after any
+  unclean stop). A dead mount of another filesystem is refused, naming what to run.
+A writable mount of a data dir that does not exist creates it, as Kafka creates its `log.dirs`,
+and says so (a mistyped DATADIR, or a disk not mounted yet, shows up at once).
+
+`seglogfs umount MNT` unmounts a seglogfs mount; a dead one is unmounted lazily and exits 0 with
+a line saying it was stale; anything else is refused with one line.
+
+Exit codes, besides the CLI's (0 ok, 1 bad input, 2 bad command line, 3 data dir locked):
+    5  the mount point is in use: already mounted, not empty (without -o nonempty), a dead
+       mount of another filesystem; for umount, busy (a file or working directory open in it)
+    6  umount: no seglogfs mount there (nothing mounted, or another filesystem)
 """
 
 from __future__ import annotations
@@ -19,17 +37,30 @@ import contextlib
 import logging
 import logging.handlers
 import os
-import shutil
-import subprocess
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, LogDirLockedError
 from seglogfs.engine.config import broker_name_for
 from seglogfs.engine.console_formats import LineFormat, TextFormat
-from seglogfs.engine.errors import ConfigError
+from seglogfs.engine.errors import ConfigError, EngineError
+from seglogfs.mount_tools import mountpoints
 
-EXIT_LOCKED = 3  # as the CLI's exit codes say
+EXIT_DATA = 1  # as the CLI's exit codes say
+EXIT_LOCKED = 3
+EXIT_MOUNT_POINT_IN_USE = 5
+EXIT_NOT_MOUNTED = 6
+
+
+class MountPointError(Exception):
+    """The mount point is not in a state the command can work with: one line, and the exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_MOUNT_POINT_IN_USE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
 
 _VIEW_OPTIONS = {
     "print.key",
@@ -69,7 +100,8 @@ def parse_mount_options(
     items: list[str] | None,
 ) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
     """`-o` values → (view properties, append properties, Kafka overrides, mount settings: the
-    FUSE flags `ro`, `allow_other`, `default_permissions`, `view.cache`, `log` and `measure`)."""
+    FUSE flags `ro`, `allow_other`, `default_permissions`, `nonempty` (checked here: FUSE 3 has
+    no such option), `view.cache`, `log` and `measure`)."""
     view: dict[str, str] = {}
     append: dict[str, str] = {}
     overrides: list[str] = []
@@ -77,7 +109,7 @@ def parse_mount_options(
     for item in items or ():
         for option in filter(None, item.split(",")):
             key, sep, value = option.partition("=")
-            if key in ("ro", "allow_other", "default_permissions") and not sep:
+            if key in ("ro", "allow_other", "default_permissions", "nonempty") and not sep:
                 flags[key] = "true"
             elif key in ("view.cache", "log"):
                 if not value:
@@ -164,7 +196,6 @@ def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> 
 
 def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
     from seglogfs.fs.tree import MountOptions  # noqa: PLC0415 (imported only for the mount)
-    from seglogfs.mount_tools.serving import serve  # noqa: PLC0415
 
     view, append, _overrides, flags = parse_mount_options(args.options)
     options = MountOptions(
@@ -175,16 +206,131 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
         measure=flags.get("measure", "background") == "background",
     )
     mountpoint = Path(args.mountpoint)
-    if not mountpoint.is_dir():
-        raise ConfigError(f"{mountpoint}: mount point is not a directory")
+    try:
+        prepare_mount_point(mountpoint, nonempty="nonempty" in flags)
+    except MountPointError as error:
+        print(f"seglogfs: {error}", file=sys.stderr)
+        return error.exit_code
     kwargs = {"allow_other": "allow_other" in flags, "default_permissions": "default_permissions" in flags}
     log = log_file(flags.get("log")) if "log" in flags or not args.foreground else None
     check_log_file(log)
+    if not options.read_only:
+        say_which_data_dirs_are_created(broker_config)
     if args.foreground:
         set_up_logging(mountpoint.absolute(), foreground=True, file=log)
-        serve(broker_config, mountpoint, options, ready=lambda: None, **kwargs)
+        _serve(broker_config, mountpoint, options, lambda: None, kwargs)
         return 0
     return _serve_in_background(broker_config, mountpoint, options, kwargs, log)
+
+
+def prepare_mount_point(mountpoint: Path, *, nonempty: bool) -> None:
+    """Refuse a mount point that is mounted already or not empty (unless `nonempty`); unmount
+    (lazily) a seglogfs mount there whose process died, saying so. Raises MountPointError, or
+    ConfigError when it is no directory."""
+    for _ in range(16):  # dead mounts stacked on one another are taken off one by one
+        where = mountpoints.real(mountpoint)
+        entry = mountpoints.mount_containing(where)
+        if not mountpoints.is_stale(where):
+            break
+        if entry is None or entry.mount_point != where:
+            raise MountPointError(f"{mountpoint}: Transport endpoint is not connected: {_inside_dead_mount(entry)}")
+        if not entry.is_seglogfs:
+            raise MountPointError(
+                f"{mountpoint}: a {entry.describe()} mount whose process is gone is there (Transport endpoint "
+                f"is not connected); unmount it with: fusermount3 -u -z {where}"
+            )
+        why = mountpoints.unmount(where, lazy=True)
+        if why is not None:
+            raise MountPointError(
+                f"{mountpoint}: a seglogfs mount whose process died is there, and unmounting it failed ({why}); "
+                f"run as its owner or root: fusermount3 -u -z {where}"
+            )
+        print(
+            f"seglogfs: {mountpoint}: was a stale mount (the seglogfs process serving {entry.source} had died: "
+            f"Transport endpoint is not connected): unmounted it lazily, mounting again",
+            file=sys.stderr,
+        )
+    else:
+        raise MountPointError(f"{mountpoint}: still a dead mount after unmounting it again and again")
+    if entry is not None and entry.mount_point == where:
+        command = "seglogfs umount" if entry.is_seglogfs else "umount"
+        raise MountPointError(
+            f"{mountpoint}: already mounted ({entry.describe()}); unmount it first: {command} {where}"
+        )
+    if not mountpoint.is_dir():
+        missing = "" if mountpoint.exists() else f" (no such directory: mkdir -p {mountpoint})"
+        raise ConfigError(f"{mountpoint}: mount point is not a directory{missing}")
+    if not nonempty:
+        with os.scandir(mountpoint) as names:
+            if next(names, None) is not None:
+                raise MountPointError(
+                    f"{mountpoint}: mount point is not empty (its files would be hidden while mounted; "
+                    f"-o nonempty mounts over them)"
+                )
+
+
+def _inside_dead_mount(entry: mountpoints.MountEntry | None) -> str:
+    if entry is None or not entry.is_fuse:
+        return "a dead FUSE mount is in the way"
+    command = "seglogfs umount" if entry.is_seglogfs else "fusermount3 -u -z"
+    point = entry.mount_point
+    return f"it is inside {point} ({entry.describe()}), whose process is gone; run: {command} {point}"
+
+
+def say_which_data_dirs_are_created(broker_config: BrokerConfig) -> None:
+    """A writable mount creates a missing log dir, as Kafka does with `log.dirs`: one line each, so
+    that a mistyped DATADIR (or a disk not mounted yet at boot) does not pass unnoticed."""
+    for log_dir in broker_config.log_dirs:
+        if not log_dir.exists():
+            print(f"seglogfs: {log_dir}: no such data dir: creating it, as Kafka creates log.dirs", file=sys.stderr)
+        elif not log_dir.is_dir():
+            raise ConfigError(f"{log_dir}: not a directory (a data dir is one)")
+
+
+def _serve(
+    broker_config: BrokerConfig, mountpoint: Path, options: object, ready: Callable[[], None], kwargs: dict
+) -> None:
+    from seglogfs.mount_tools.serving import serve  # noqa: PLC0415 (imported only for the mount)
+
+    try:
+        serve(broker_config, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
+    except LogDirLockedError as error:
+        raise LogDirLockedError(holder_shown_whole(str(error))) from None
+
+
+def holder_shown_whole(message: str) -> str:
+    """A lock error's holder with its whole command line. The engine names the process holding a
+    data dir with its command line cut short; a mount's command line is long (its data dir, mount
+    point and options), and the part cut is what tells one mount from another."""
+    match = re.search(r"in use by process (\d+) \(", message)
+    if match is None:
+        return message
+    try:
+        raw = Path(f"/proc/{match.group(1)}/cmdline").read_bytes()
+    except OSError:  # gone meanwhile: what the engine saw is all there is
+        return message
+    cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    rest = message[match.end() :]
+    # The engine showed the first `shown` characters: those that agree with the whole.
+    shown = next((i for i, (a, b) in enumerate(zip(rest, cmdline, strict=False)) if a != b), len(cmdline))
+    if shown == 0 or shown == len(cmdline) or not rest[shown:].startswith(")"):
+        return message
+    return message[: match.end()] + cmdline + rest[shown:]
+
+
+def _one_line(error: BaseException) -> str:
+    """An error as the CLI prints it (an OSError as `path: reason`)."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    if isinstance(error, (EngineError, ConfigError)):
+        return str(error)
+    return f"internal error: {type(error).__name__}: {error}"
+
+
+def _exit_code(error: BaseException) -> int:
+    if isinstance(error, LogDirLockedError):
+        return EXIT_LOCKED
+    return EXIT_DATA
 
 
 def _serve_in_background(
@@ -192,14 +338,12 @@ def _serve_in_background(
 ) -> int:
     """Fork; the child mounts and serves, the parent returns once the mount is in place (or
     with the child's error)."""
-    from seglogfs.mount_tools.serving import serve  # noqa: PLC0415
-
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid:
         os.close(write_end)
         with os.fdopen(read_end, "rb") as pipe:
-            said = pipe.read().decode(errors="replace")
+            said = pipe.read().decode(errors="replace")  # whole: read to the end of the pipe
         if said == "ok":
             return 0
         _, status = os.waitpid(pid, 0)
@@ -212,25 +356,68 @@ def _serve_in_background(
         os.dup2(devnull, fd)
     set_up_logging(mountpoint.absolute(), foreground=False, file=log)
 
+    waiting = [True]  # the parent waits on the pipe until `ready` (after it, the fd is closed)
+
     def ready() -> None:
         os.write(write_end, b"ok")
         os.close(write_end)
+        waiting[0] = False
         os.dup2(devnull, 2)
 
     try:
-        serve(broker_config, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
-    except BaseException as error:  # reported to the waiting parent
-        with contextlib.suppress(OSError):
-            os.write(write_end, str(error).encode())
-        os._exit(EXIT_LOCKED if isinstance(error, LogDirLockedError) else 1)
+        _serve(broker_config, mountpoint, options, ready, kwargs)
+    except BaseException as error:  # reported to the parent if it still waits, else logged
+        if waiting[0]:
+            with contextlib.suppress(OSError), os.fdopen(write_end, "wb") as to_parent:
+                to_parent.write(_one_line(error).encode())  # (a buffered file writes it all)
+        else:
+            logging.getLogger(__name__).exception("the mount stopped")
+        os._exit(_exit_code(error))
     os._exit(0)
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    command = [tool, "-u", args.mountpoint] if tool else ["umount", args.mountpoint]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        print(f"seglogfs: {done.stderr.strip() or 'unmount failed'}", file=sys.stderr)
-        return 1
+    mountpoint = Path(args.mountpoint)
+    try:
+        stale = unmount_seglogfs(mountpoint)
+    except MountPointError as error:
+        print(f"seglogfs: {error}", file=sys.stderr)
+        return error.exit_code
+    if stale:
+        print(
+            f"seglogfs: {mountpoint}: the mount was stale (its process had died: Transport endpoint is not "
+            f"connected): unmounted it lazily",
+            file=sys.stderr,
+        )
     return 0
+
+
+def unmount_seglogfs(mountpoint: Path) -> bool:
+    """Unmount the seglogfs mount at `mountpoint`; True when it was a dead one (unmounted
+    lazily). Raises MountPointError for anything else there."""
+    where = mountpoints.real(mountpoint)
+    entry = mountpoints.mount_containing(where)
+    stale = mountpoints.is_stale(where)
+    if entry is None or entry.mount_point != where:
+        if stale:
+            raise MountPointError(
+                f"{mountpoint}: Transport endpoint is not connected: {_inside_dead_mount(entry)}", EXIT_NOT_MOUNTED
+            )
+        what = "no such directory" if not os.path.lexists(mountpoint) else "not mounted"
+        raise MountPointError(f"{mountpoint}: {what} (no seglogfs mount there)", EXIT_NOT_MOUNTED)
+    if not entry.is_seglogfs:
+        command = "fusermount3 -u -z" if stale else ("fusermount3 -u" if entry.is_fuse else "umount")
+        dead = ", whose process is gone" if stale else ""
+        raise MountPointError(
+            f"{mountpoint}: not a seglogfs mount ({entry.describe()}{dead}); unmount it with: {command} {where}",
+            EXIT_NOT_MOUNTED,
+        )
+    why = mountpoints.unmount(where, lazy=stale)
+    if why is None:
+        return stale
+    if "busy" in why.lower():
+        raise MountPointError(
+            f"{mountpoint}: busy: a process has a file or its working directory in it (fuser -vm {where} "
+            f"lists them); close them, or detach it now and let them finish: umount -l {where}"
+        )
+    raise MountPointError(f"{mountpoint}: {why}", EXIT_DATA)
