@@ -3,57 +3,150 @@
     .logdir/                          (with several log dirs: .logdir/0/, .logdir/1/, …)
         recovery-point-offset-checkpoint, replication-offset-checkpoint,
         log-start-offset-checkpoint, cleaner-offset-checkpoint     generated from the logs now
-        .seglogfs-topic-configs.json                               as on disk
+        meta.properties, bootstrap.checkpoint,                      as on disk (every other
+        .seglogfs-topic-configs.json, …                             regular file of the log dir)
         <topic>-<partition>/
             <base>.log        sealed segments as on disk; the active one up to its last whole batch
-            <base>.index      sealed: as on disk (trimmed); active: its valid entries only
-            <base>.timeindex
-            leader-epoch-checkpoint, partition.metadata
+            <base>.index      sealed: as on disk (trimmed); active: the entries that point into
+            <base>.timeindex  the part of the log shown
+            <base>.txnindex   where the broker wrote one
+            <offset>.snapshot (producer state), leader-epoch-checkpoint, partition.metadata,
+            quorum-state and <offset>-<epoch>.checkpoint (KRaft's metadata log), …   as on disk
 
-Files being deleted, cleaned or swapped are not shown, and neither are `.lock` and
-`.kafka_cleanshutdown`: a copy opens as after an unclean stop and checks what lies past its
-recovery points. Files keep the mtime of the file they mirror, so `rsync` finds unchanged sealed
-segments unchanged and copies only what grew or is new.
+What a broker needs to start from a copy is there. Left out is what belongs to a process or a
+moment: `.lock`; `.kafka_cleanshutdown` (a copy opens as after an unclean stop and checks what
+lies past its recovery points); files being written or replaced (`*.tmp`, `*.part`, `.cleaned`,
+`.swap`, `.deleted`); partition dirs being deleted, moved or of no live partition; and segment
+files of segments the log does not hold (a reader's log learns of a roll at its next refresh).
+
+Files show the mtime and the mode of the file they mirror (a generated checkpoint: those of
+the file it stands for, 0644 when there is none), directories theirs: `rsync -a` finds unchanged
+sealed segments unchanged and copies only what grew or is new, and a copy is as writable as the
+data dir (0644/0755 as Kafka leaves them). The mount still refuses writes to `.logdir`.
+
+The active segment's bound is the engine's `segment.size`: for a log this process writes, the
+bytes it has appended; for a log another process writes (a read-only open), the whole batches
+the last refresh found. Its index files are cut to match: offset-index entries whose batch
+starts below that size, time-index entries whose offset is below the log end offset read
+*before* the size (a writer publishes the log end offset after the bytes, and an index entry
+before the size), so every entry shown points into the bytes shown, then or at any later look.
+Mirror objects are thread-safe: they keep no state but the data dir.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.checkpoint import (
+    CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
-    LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
-    PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     format_offset_checkpoint,
 )
-from seglogfs.engine.datadir import TOPIC_CONFIGS_FILE
-from seglogfs.engine.naming import partition_dir_name
+from seglogfs.engine.datadir import LOCK_FILE
+from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
+from seglogfs.engine.naming import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    filename_prefix_from_offset,
+    parse_segment_file_name,
+    partition_dir_name,
+)
 from seglogfs.engine.segment import LogSegment, read_cached
 
-_PARTITION_FILES = (LEADER_EPOCH_CHECKPOINT, PARTITION_METADATA)
 _GENERATED = (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     CLEANER_OFFSET_CHECKPOINT,
 )
+_NOT_MIRRORED = frozenset({LOCK_FILE, CLEAN_SHUTDOWN_FILE})
+# Written under a temporary name then renamed (Kafka's checkpoints, meta.properties, KRaft
+# snapshots `.checkpoint.part`), or on their way out or in (deleted, cleaned, swapped segments).
+_TRANSIENT_SUFFIXES = (".tmp", ".part", DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX)
+_SEGMENT_KINDS = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
+# A transaction index entry (Kafka's AbortedTxn): version int16, producer id int64, first offset
+# int64, last offset int64, last stable offset int64.
+_TXN_ENTRY_BYTES = 34
+_NEW_FILE_MODE = 0o644  # what Kafka (and the engine) create files with
+_VIRTUAL_DIR_MODE = 0o755
+_INDEX_READ_BYTES = 24 * 4096  # a whole number of both entry sizes (8 and 12 bytes)
 
 
 @dataclass(frozen=True)
 class MirrorEntry:
-    """One file or directory of the mirror, resolved now."""
+    """One file or directory of the mirror, resolved now. `mode` is the permission bits."""
 
     is_dir: bool
     size: int = 0
     mtime_ns: int = 0
+    mode: int = _NEW_FILE_MODE
     path: Path | None = None  # the file whose first `size` bytes are shown
     content: bytes | None = None  # or generated content
+
+
+def _as_is_name(name: str) -> bool:
+    """Whether a file of a log dir or a partition dir is mirrored as it is on disk (by name)."""
+    return name not in _NOT_MIRRORED and not name.endswith(_TRANSIENT_SUFFIXES)
+
+
+def _regular_files(directory: Path) -> set[str]:
+    with os.scandir(directory) as entries:
+        return {entry.name for entry in entries if entry.is_file(follow_symlinks=False)}
+
+
+def _segment_file(name: str) -> tuple[int, str] | None:
+    """(base offset, kind) of a segment's `.log`/`.index`/`.timeindex`/`.txnindex`, else None
+    (producer snapshots share the naming, not the segments' life)."""
+    parsed = parse_segment_file_name(name)
+    if parsed is None or parsed[2] or parsed[1] not in _SEGMENT_KINDS:
+        return None
+    return parsed[0], parsed[1]
+
+
+def _segment_path(segment: LogSegment, kind: str) -> Path:
+    if kind == LOG_SUFFIX:
+        return segment.log_path
+    if kind == INDEX_SUFFIX:
+        return segment.offset_index_path
+    if kind == TIME_INDEX_SUFFIX:
+        return segment.time_index_path
+    return segment.directory / f"{filename_prefix_from_offset(segment.base_offset)}{TXN_INDEX_SUFFIX}"
+
+
+def _read_entries(path: Path, dtype: np.dtype, limit_bytes: int | None) -> tuple[np.ndarray, os.stat_result]:
+    """The entries in use of an index file (up to `limit_bytes`; else up to its preallocated
+    zero tail, read a chunk at a time), and the file's stat."""
+    with open(path, "rb", buffering=0) as file:
+        status = os.fstat(file.fileno())
+        end = status.st_size if limit_bytes is None else min(limit_bytes, status.st_size)
+        end -= end % dtype.itemsize
+        chunks, read = [], 0
+        while read < end:
+            chunk = os.pread(file.fileno(), min(_INDEX_READ_BYTES, end - read), read)
+            chunk = chunk[: len(chunk) - len(chunk) % dtype.itemsize]
+            if not chunk:
+                break
+            chunks.append(chunk)
+            read += len(chunk)
+            relative = np.frombuffer(chunk, dtype=dtype)["relative_offset"]
+            if limit_bytes is None and np.any(relative[1 if read == len(chunk) else 0 :] == 0):
+                break  # the zero tail of a preallocated file has begun
+    entries = np.frombuffer(b"".join(chunks), dtype=dtype)
+    return entries_in_use(entries), status
 
 
 class Mirror:
@@ -89,15 +182,15 @@ class Mirror:
         log_dir, rest = resolved
         logs = self._logs_in(log_dir)
         if not rest:
-            names = list(_GENERATED) + sorted(logs)
-            if (log_dir / TOPIC_CONFIGS_FILE).exists():
-                names.append(TOPIC_CONFIGS_FILE)
-            return names
+            as_is = sorted(name for name in _regular_files(log_dir) if _as_is_name(name) and name not in _GENERATED)
+            return [*_GENERATED, *sorted(logs), *as_is]
         if len(rest) == 1 and rest[0] in logs:
             log = logs[rest[0]]
-            names = [name for name in _PARTITION_FILES if (log.directory / name).exists()]
+            present = _regular_files(log.directory)
+            names = []
             for segment in log.segments:
-                names += [segment.log_path.name, segment.offset_index_path.name, segment.time_index_path.name]
+                names += [name for kind in _SEGMENT_KINDS if (name := _segment_path(segment, kind).name) in present]
+            names += sorted(name for name in present if _as_is_name(name) and _segment_file(name) is None)
             return names
         raise FileNotFoundError("/".join(parts))
 
@@ -105,18 +198,18 @@ class Mirror:
         """What `parts` names now; FileNotFoundError when nothing."""
         resolved = self._log_dir(parts)
         if resolved is None:
-            return MirrorEntry(is_dir=True)
+            return MirrorEntry(is_dir=True, mode=_VIRTUAL_DIR_MODE)
         log_dir, rest = resolved
         if not rest:
-            return MirrorEntry(is_dir=True, mtime_ns=os.stat(log_dir).st_mtime_ns)
+            return self._directory(log_dir)
         logs = self._logs_in(log_dir)
         if len(rest) == 1:
             name = rest[0]
             if name in logs:
-                return MirrorEntry(is_dir=True, mtime_ns=os.stat(logs[name].directory).st_mtime_ns)
+                return self._directory(logs[name].directory)
             if name in _GENERATED:
                 return self._generated(name, list(logs.values()), log_dir)
-            if name == TOPIC_CONFIGS_FILE:
+            if _as_is_name(name):
                 return self._file(log_dir / name)
             raise FileNotFoundError(name)
         if len(rest) == 2 and rest[0] in logs:
@@ -124,12 +217,22 @@ class Mirror:
         raise FileNotFoundError("/".join(parts))
 
     @staticmethod
+    def _directory(path: Path) -> MirrorEntry:
+        status = os.stat(path)
+        return MirrorEntry(is_dir=True, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode))
+
+    @staticmethod
     def _file(path: Path, size: int | None = None) -> MirrorEntry:
         status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode):
+            raise FileNotFoundError(path)
         shown = status.st_size if size is None else min(size, status.st_size)
-        return MirrorEntry(is_dir=False, size=shown, mtime_ns=status.st_mtime_ns, path=path)
+        return MirrorEntry(
+            is_dir=False, size=shown, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode), path=path
+        )
 
     def _generated(self, name: str, logs: list[PartitionLog], log_dir: Path) -> MirrorEntry:
+        path = log_dir / name
         if name == RECOVERY_POINT_CHECKPOINT:
             offsets = {(log.topic, log.partition): min(log.recovery_point, log.log_end_offset) for log in logs}
         elif name == REPLICATION_OFFSET_CHECKPOINT:
@@ -141,32 +244,65 @@ class Mirror:
                 if log.log_start_offset > log.segments[0].base_offset
             }
         else:
-            path = log_dir / CLEANER_OFFSET_CHECKPOINT
             if path.exists():
                 return self._file(path)
             offsets = {}
         content = format_offset_checkpoint(offsets).encode()
-        return MirrorEntry(is_dir=False, size=len(content), mtime_ns=os.stat(log_dir).st_mtime_ns, content=content)
+        try:
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+        except FileNotFoundError:
+            mode = _NEW_FILE_MODE
+        return MirrorEntry(
+            is_dir=False, size=len(content), mtime_ns=os.stat(log_dir).st_mtime_ns, mode=mode, content=content
+        )
 
     def _partition_file(self, log: PartitionLog, name: str) -> MirrorEntry:
-        if name in _PARTITION_FILES:
-            return self._file(log.directory / name)
+        kind = _segment_file(name)
+        if kind is None:
+            if _as_is_name(name):
+                return self._file(log.directory / name)
+            raise FileNotFoundError(name)
+        base, suffix = kind
+        end_offset = log.log_end_offset  # before the segments and their sizes: see the module docstring
         segments = log.segments
-        active = segments[-1] if segments else None
         for segment in segments:
-            if name == segment.log_path.name:
-                return self._file(segment.log_path, segment.size if segment is active else None)
-            if name in (segment.offset_index_path.name, segment.time_index_path.name):
-                return self._index(segment, name, active=segment is active)
-        raise FileNotFoundError(name)
+            if segment.base_offset == base:
+                break
+        else:
+            raise FileNotFoundError(name)
+        path = _segment_path(segment, suffix)
+        if segment is not segments[-1]:
+            return self._file(path)
+        size = segment.size
+        if suffix == LOG_SUFFIX:
+            return self._file(path, size)
+        if suffix == TXN_INDEX_SUFFIX:
+            status = os.stat(path)
+            return self._file(path, status.st_size - status.st_size % _TXN_ENTRY_BYTES)
+        return self._active_index(log, segment, suffix, size, end_offset)
 
     @staticmethod
-    def _index(segment: LogSegment, name: str, *, active: bool) -> MirrorEntry:
-        path = segment.offset_index_path if name == segment.offset_index_path.name else segment.time_index_path
-        if not active:
-            return Mirror._file(path)
-        index = segment.offset_index if path == segment.offset_index_path else segment.time_index
-        return Mirror._file(path, index.size_in_bytes)
+    def _active_index(log: PartitionLog, segment: LogSegment, suffix: str, size: int, end_offset: int) -> MirrorEntry:
+        """The active segment's index: its entries in use that point into the first `size` bytes
+        of the log (offset index) or below `end_offset` (time index)."""
+        offset_index = suffix == INDEX_SUFFIX
+        path = _segment_path(segment, suffix)
+        limit = None
+        if log.writable:  # the engine knows its entries; the file past them is preallocated
+            limit = (segment.offset_index if offset_index else segment.time_index).size_in_bytes
+        entries, status = _read_entries(path, OFFSET_INDEX_DTYPE if offset_index else TIME_INDEX_DTYPE, limit)
+        if offset_index:
+            entries = entries[entries["position"] < size]
+        else:
+            entries = entries[entries["relative_offset"].astype(np.int64) < end_offset - segment.base_offset]
+        content = entries.tobytes()
+        return MirrorEntry(
+            is_dir=False,
+            size=len(content),
+            mtime_ns=status.st_mtime_ns,
+            mode=stat.S_IMODE(status.st_mode),
+            content=content,
+        )
 
 
 class MirrorFile:

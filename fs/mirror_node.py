@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 class MirrorNode(Node):
     """A path below `.logdir` (`parts`, () for `.logdir` itself), resolved again at each stat:
-    rsync must see what a mirrored file is now."""
+    rsync must see what a mirrored file is now. Its stat shows the mode of the file on disk
+    (what `rsync -a` gives the copy); opening it for writing is refused all the same (EACCES,
+    or the kernel's EROFS on a read-only mount)."""
 
     def __init__(self, tree: Tree, inode: int, key: tuple[object, ...], path: str, parts: tuple[str, ...]) -> None:
         super().__init__(tree, inode, key, path)
@@ -35,7 +37,7 @@ class MirrorNode(Node):
 
     def attributes(self) -> Attributes:
         entry = self.resolve()
-        mode = (stat.S_IFDIR | 0o555) if entry.is_dir else (stat.S_IFREG | 0o444)
+        mode = (stat.S_IFDIR if entry.is_dir else stat.S_IFREG) | entry.mode
         mtime_ns = entry.mtime_ns or self.tree.mounted_ns
         return Attributes(mode, entry.size, mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
 

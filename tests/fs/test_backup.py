@@ -1,10 +1,11 @@
-"""`rsync -a MNT/.logdir/ BACKUP/` while writers run: a consistent copy; a second rsync copies
-only what changed; the copy mounts and reads back."""
+"""`rsync -a MNT/.logdir/ BACKUP/` while writers run: a consistent copy, as writable as the data
+dir; a second rsync copies only what changed; the copy mounts and reads back."""
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -50,6 +51,8 @@ def test_rsync_of_the_logdir_mirror(mount, tmp_path: Path) -> None:
     for writer in writers:
         acknowledged(writer)
     check(backup)
+    for path in [backup, *backup.rglob("*")]:  # the mirror shows the files' own modes: rsync -a keeps them
+        assert stat.S_IMODE(path.stat().st_mode) == (0o755 if path.is_dir() else 0o644), path
     for p in range(2):
         live = (m.path / "t" / str(p) / "records").read_bytes()
         copied = backup / f"t-{p}"
