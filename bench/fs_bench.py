@@ -7,7 +7,7 @@
                 first look (the layout is measured as it goes), later looks, after a remount;
                 and `cat records` vs `cat` of the segments through .logdir, in bytes per second
     first-look  `ls -l` of a never-measured partition (both views measured) vs `cat` of its .log
-                files, warm; the mount's peak memory meanwhile
+                files, page cache warm and cold; the mount's peak memory meanwhile
     append      `cat file >> MNT/t/0/append` vs the engine's append of the same lines
     follow      append-to-visible latency for a follower reading the view (p50, p90)
     by-offset   open + first byte of by-offset/N on a big partition: the first look ever (every
@@ -218,29 +218,46 @@ def bench_cat(root: Path, total: int) -> dict:
     }
 
 
+def _drop_cache(paths: list[str]) -> None:
+    """Evict the files' pages from the page cache (what a cold look reads comes from the disk)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def bench_first_look(root: Path, total: int) -> dict:
     """`ls -l` of a never-measured partition's directory (a stat of each view: both measured)
-    vs `cat` of its `.log` files, page cache warm; and the mount's peak memory while it
+    vs `cat` of its `.log` files, page cache warm and cold; and the mount's peak memory while it
     measures."""
     data = root / "first-look-data"
     fill(data, "t", total, record_bytes=1024, batch=200)
     logs = sorted(str(path) for path in (data / "t-0").glob("*.log"))
     segment_bytes = sum(os.path.getsize(path) for path in logs)
-    cat = min(timed(lambda: run(["cat", *logs])) for _ in range(ROUNDS))
-    looks, peak_rss = [], 0.0
-    for _ in range(ROUNDS):  # no view cache, no background measure: each mount measures afresh
-        with Mounted(data, root / "first-look-mnt", "-o", "view.cache=none,measure=lazy") as m:
-            looks.append(timed(lambda m=m: run(["ls", "-l", str(m.path / "t" / "0")])))
-            peak_rss = max(peak_rss, _peak_rss_mb(m.process.pid))
+    out: dict = {"segment_bytes": segment_bytes}
+    for cache in ("warm", "cold"):
+        cats, looks, peak_rss = [], [], 0.0
+        for _ in range(ROUNDS):  # no view cache, no background measure: each mount measures afresh
+            if cache == "cold":
+                _drop_cache(logs)
+            cats.append(timed(lambda: run(["cat", *logs])))
+            with Mounted(data, root / "first-look-mnt", "-o", "view.cache=none,measure=lazy") as m:
+                if cache == "cold":
+                    _drop_cache(logs)
+                looks.append(timed(lambda m=m: run(["ls", "-l", str(m.path / "t" / "0")])))
+                peak_rss = max(peak_rss, _peak_rss_mb(m.process.pid))
+        cat, first = min(cats), min(looks)
+        out[cache] = {
+            "cat_MB_per_s": segment_bytes / cat / 1e6,
+            "first_look_MB_per_s": segment_bytes / first / 1e6,
+            "ratio": cat / first,
+            "mount_peak_rss_MB": peak_rss,
+        }
     shutil.rmtree(data)
-    first = min(looks)
-    return {
-        "segment_bytes": segment_bytes,
-        "cat_MB_per_s": segment_bytes / cat / 1e6,
-        "first_look_MB_per_s": segment_bytes / first / 1e6,
-        "ratio": cat / first,
-        "mount_peak_rss_MB": peak_rss,
-    }
+    return out
 
 
 def _peak_rss_mb(pid: int) -> float:

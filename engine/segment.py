@@ -160,6 +160,9 @@ class LogSegment:
         self._rolling_based_timestamp: int | None = None
         self._bytes_since_last_index_entry = 0
         self.deleted = False
+        # Batches below this position passed `checked_batches`' check (each view's first measure
+        # reads the segment: the CRCs are computed once). Cut back with the file.
+        self._verified_to = 0
         # Read-only: where the scan for complete batches another process appended resumes.
         self._complete_to: int | None = None
         self._followed_next_offset: int | None = None
@@ -272,6 +275,7 @@ class LogSegment:
             on_disk = os.stat(self.log_path).st_size
         if start > on_disk:  # cut back (the writer's recovery): scan it again from the start
             start, next_offset = 0, self.base_offset
+            self._verified_to = 0
         end = start
         for header in self.iter_headers(start, on_disk):
             end, next_offset = header.next_position, header.next_offset
@@ -394,6 +398,9 @@ class LogSegment:
             return
         handle = self._lease()
         try:
+            if not nowait and end - position > _READ_CHUNK_BYTES:
+                # A long scan: the kernel reads ahead of it from the disk while it works.
+                os.posix_fadvise(handle, position, end - position, os.POSIX_FADV_WILLNEED)
             while position + BATCH_OVERHEAD_BYTES <= end:
                 if nowait:
                     view = memoryview(read_cached(handle, position, end - position))
@@ -430,10 +437,13 @@ class LogSegment:
         CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
         legacy data. For whoever uses every batch it reads (views, the cleaner)."""
         for header, batch in self.iter_batches(start_position, end_position, nowait=nowait):
-            reason = check_batch(header, batch)
-            if reason is not None:
-                self.check_not_legacy(header.position)
-                raise CorruptRecordError(self.log_path, header.position, reason)
+            if header.next_position > self._verified_to:  # (the bytes below were checked by an earlier pass)
+                reason = check_batch(header, batch)
+                if reason is not None:
+                    self.check_not_legacy(header.position)
+                    raise CorruptRecordError(self.log_path, header.position, reason)
+                if header.position == self._verified_to:
+                    self._verified_to = header.next_position
             yield header, batch
 
     def _iter_mapped_batches(self) -> Generator[tuple[BatchHeader, memoryview], None, None]:
@@ -731,6 +741,7 @@ class LogSegment:
         os.replace(self.log_path, path)
         self._file_id = None
         self._size = 0
+        self._verified_to = 0
         self._log_dirty = False
         self._bytes_since_last_index_entry = 0
         self.offset_index_unchecked.truncate()
@@ -807,6 +818,7 @@ class LogSegment:
             # or release fsyncs it (and so does the loader's release).
             self._log_dirty = True
         if truncate and truncated > 0:
+            self._verified_to = min(self._verified_to, valid_bytes)
             os.ftruncate(handle, valid_bytes)
         if truncate or truncated == 0:
             self._size = valid_bytes
@@ -859,6 +871,7 @@ class LogSegment:
             if header is not None:
                 removed = self._size - header.position
                 self._log_dirty = True
+                self._verified_to = min(self._verified_to, header.position)
                 os.ftruncate(handle, header.position)
                 self._size = header.position
         finally:
