@@ -45,6 +45,10 @@ builds a new dict and publishes it in one assignment, under `_lock` (`create_top
 `checkpoint`, …) iterate whatever table they read, which never changes. A topic appears only once
 all its partitions exist. Cleanup and checkpoints are one caller's at a time (the scheduler).
 
+Topic administration (kafka-topics, kafka-configs): `create_topic`, `add_partitions` (only up),
+`delete_topic` (Kafka's `-delete` rename, then removal), `set_topic_overrides`, and
+`config_entries`, every effective setting with the layer its value comes from.
+
 Opening for writing takes every `.lock` (a second writer gets LogDirLockedError naming the
 holder), then loads partitions, recovering them after an unclean stop. Opening read-only takes no
 lock and writes nothing: it reads what a writer has made durable so far, whole batches only.
@@ -58,6 +62,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import struct
 import threading
 import uuid
@@ -70,21 +75,28 @@ from seglogfs.engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
     fsync_dir,
     read_offset_checkpoint,
+    read_partition_metadata,
     write_atomically,
     write_offset_checkpoint,
 )
 from seglogfs.engine.cleaner import Cleaner, CleanResult, earliest_delete_horizon
 from seglogfs.engine.cleaner_manager import LogToClean, filthiest, is_cleanable, log_to_clean
 from seglogfs.engine.config import (
+    BROKER_SETTINGS,
+    OVERRIDE_SOURCE,
+    TOPIC_DEFAULT_NAMES,
     TOPIC_SETTINGS,
     BrokerConfig,
     LogConfig,
+    _without_shadowed,
     apply_topic_overrides,
+    broker_name_for,
     internal_topic_overrides,
     read_properties,
     validate_topic_overrides,
@@ -134,7 +146,7 @@ def _describe_pid(pid: int) -> str:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return f"process {pid}"
-    return f"process {pid} ({cmdline[:120]})"
+    return f"process {pid} ({cmdline})"
 
 
 def _node_id(log_dirs: tuple[Path, ...]) -> str | None:
@@ -177,6 +189,58 @@ class CleanupPlan:
 
     def __bool__(self) -> bool:
         return bool(self.retention or self.compaction)
+
+
+# Where a setting's value comes from (`ConfigEntry.source`), lowest layer first.
+SOURCE_DEFAULT = "default"  # Kafka's default (seglogfs's, for flush.ms)
+SOURCE_SERVER_PROPERTIES = "server.properties"  # the -c file
+SOURCE_OVERRIDE = "--override"  # the command line (a mount's -o)
+SOURCE_METADATA_LOG = "metadata-log"  # a KRaft metadata log's ConfigRecord: dynamic broker or topic config
+SOURCE_INTERNAL_TOPIC = "internal-topic"  # the configs Kafka creates its internal topics with
+SOURCE_TOPIC_OVERRIDE = "topic-override"  # the seglogfs overrides (.seglogfs-topic-configs.json)
+SOURCE_CLEANUP_OFF = "cleanup-off"  # seglogfs turned retention and compaction off (module docstring)
+SOURCE_DATADIR = "DATADIR"  # log.dirs: the command's DATADIR argument
+TOPIC_LEVEL_SOURCES = frozenset({SOURCE_METADATA_LOG, SOURCE_INTERNAL_TOPIC, SOURCE_TOPIC_OVERRIDE})
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One effective setting and where its value comes from (`DataDir.config_entries`,
+    `seglogfs config show`): `value` as Kafka writes it (`delete,compact`, `true`), `source` one
+    of the SOURCE_* names above, `detail` which file, line, record or name set it (empty for a
+    default)."""
+
+    name: str
+    value: str
+    source: str
+    detail: str = ""
+
+
+def _config_text(value: object) -> str:
+    """A setting's value as Kafka writes it (LogConfig.as_properties's rendering)."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _raw_source(key: str, entry: tuple[str, str]) -> tuple[str, str]:
+    """(source, detail) of a BrokerConfig.raw entry (value, where): the -c file's `path:line`,
+    or --override."""
+    value, where = entry
+    if where.startswith(OVERRIDE_SOURCE):
+        return SOURCE_OVERRIDE, f"{key}={value}"
+    return SOURCE_SERVER_PROPERTIES, f"{where} {key}={value}"
+
+
+def _valid_override(name: str, value: str) -> bool:
+    """Whether a metadata log's topic config is one `DataDir._resolve` applies."""
+    try:
+        validate_topic_overrides({name: value})
+    except ConfigError:
+        return False
+    return True
 
 
 class _AfterRetention:
@@ -559,6 +623,199 @@ class DataDir:
         for log in self._logs.values():
             counts[log.directory.parent] = counts.get(log.directory.parent, 0) + 1
         return counts
+
+    # -- topic administration (kafka-topics, kafka-configs) ---------------------------------------
+    def _topic_logs(self, topic: str) -> list[PartitionLog]:
+        """The topic's partitions, sorted; UnknownTopicOrPartitionError when it has none."""
+        logs = [log for (t, _), log in sorted(self._logs.items()) if t == topic]
+        if not logs:
+            raise UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return logs
+
+    def topic_id(self, topic: str) -> str | None:
+        """The topic's id as Kafka prints it (URL-safe base64 of 16 bytes): from its partitions'
+        `partition.metadata`, else from the broker's metadata log; None when neither has one
+        (data written by a Kafka older than 2.8). Thread-safe."""
+        for log in self._topic_logs(topic):
+            topic_id = read_partition_metadata(log.directory / PARTITION_METADATA)
+            if topic_id:
+                return topic_id
+        if self._metadata is not None:
+            return self._metadata.topics.get(topic)
+        return None
+
+    def broker_node_id(self) -> int | None:
+        """The broker's `node.id` (`broker.id`) from its meta.properties; None in a dir seglogfs
+        made (kafka-topics prints it as every partition's leader; seglogfs prints 0 then)."""
+        node = _node_id(self.config.log_dirs)
+        return int(node) if node is not None and node.isdigit() else None
+
+    def metadata_log_has_topic(self, topic: str) -> bool:
+        """Whether the broker's metadata log names `topic` (a TopicRecord): a broker started on
+        this dir will then recreate whatever partitions of it seglogfs deletes, and set aside as
+        stray the ones seglogfs adds."""
+        return self._metadata is not None and topic in self._metadata.topics
+
+    def add_partitions(self, topic: str, count: int, *, now_ms: int) -> list[PartitionLog]:
+        """Grow `topic` to `count` partitions (kafka-topics --alter --partitions): a count can only
+        go up, as in Kafka (ConfigError otherwise, nothing changed). The new partitions, numbered
+        after the highest one here, get the topic's id and config and go to the least loaded log
+        dirs. Thread-safe as `create_topic`; the new partitions appear to readers all at once.
+        Returns them."""
+        self._check_writable()
+        with self._lock:
+            existing = self._topic_logs(topic)
+            if topic == METADATA_TOPIC:
+                raise ConfigError(f"{METADATA_TOPIC} is Kafka's metadata log: it has one partition")
+            current = existing[-1].partition + 1
+            if count <= current:
+                raise ConfigError(
+                    f"topic {topic!r} has {current} partitions: the count can only be increased, "
+                    f"not set to {count} (Kafka cannot take partitions away)"
+                )
+            topic_id = self.topic_id(topic) or new_topic_id()
+            created = self._create_partitions(topic, range(current, count), existing[0].config, topic_id, now_ms)
+            self._logs = {**self._logs, **created}
+        return list(created.values())
+
+    def _create_partitions(
+        self, topic: str, numbers: range, config: LogConfig, topic_id: str, now_ms: int
+    ) -> dict[TopicPartition, PartitionLog]:
+        """Make partition dirs `numbers` of `topic` in the least loaded log dirs (caller holds
+        `_lock` and publishes them); on failure closes the ones made and raises."""
+        counts = self._partition_counts()
+        created: dict[TopicPartition, PartitionLog] = {}
+        try:
+            for partition in numbers:
+                log_dir = min(self.config.log_dirs, key=lambda d: counts[d])
+                counts[log_dir] += 1
+                directory = log_dir / partition_dir_name(topic, partition)
+                created[(topic, partition)] = PartitionLog.create(
+                    directory, topic, partition, config, topic_id=topic_id, now_ms=now_ms
+                )
+            for log_dir in self.config.log_dirs:
+                fsync_dir(log_dir)
+        except BaseException:
+            for log in created.values():
+                with contextlib.suppress(Exception):
+                    log.close()
+            raise
+        return created
+
+    def delete_topic(self, topic: str) -> list[Path]:
+        """Delete `topic` and its data (kafka-topics --delete), as Kafka's LogManager does: its
+        partitions leave the partition table at once, each partition dir is closed and renamed
+        `<topic>-<p>.<uuid>-delete` (a name no open loads), the topic's overrides and cleaner
+        state are dropped and the checkpoints rewritten; then the renamed dirs are removed. A
+        crash in between leaves `-delete` dirs that nothing reads, never half a topic's
+        overrides. Not beside a cleanup pass in another thread (the CLI's use). Returns the
+        partition dirs deleted."""
+        self._check_writable()
+        with self._lock:
+            doomed = self._topic_logs(topic)
+            if topic == METADATA_TOPIC:
+                raise ConfigError(f"{METADATA_TOPIC} is Kafka's metadata log, not a topic that can be deleted")
+            self._logs = {key: log for key, log in self._logs.items() if key[0] != topic}
+            renamed = []
+            for log in doomed:
+                log.close()
+                target = log.directory.with_name(f"{log.directory.name}.{uuid.uuid4().hex}-delete")
+                os.rename(log.directory, target)
+                renamed.append(target)
+            for log_dir in sorted({path.parent for path in renamed}):
+                fsync_dir(log_dir)
+            if topic in self._topic_overrides:
+                table = {t: overrides for t, overrides in self._topic_overrides.items() if t != topic}
+                self._write_topic_overrides(table)
+                self._topic_overrides = table
+            for log in doomed:
+                key = (topic, log.partition)
+                self._cleaner_checkpoints.pop(key, None)
+                self._uncleanable.pop(key, None)
+                self._delete_horizons.pop(key, None)
+            self.checkpoint()
+        for path in renamed:
+            shutil.rmtree(path)
+        return [log.directory for log in doomed]
+
+    def config_entries(self, topic: str | None = None) -> list[ConfigEntry]:
+        """Every effective setting and where its value comes from (`seglogfs config show`):
+        without `topic`, the broker's (`log.dirs`, the broker-only settings, then each topic
+        default under its broker name, `log.retention.ms`, …); with `topic`, the topic's, under
+        the topic-level names. Values are the engine's own (the BrokerConfig, `topic_config`);
+        the source is the last layer of the module docstring's order that sets the name, and
+        for a broker default the name Kafka's precedence picks (`log.retention.ms` over
+        `log.retention.hours`). Thread-safe."""
+        defaults = self._topic_default_sources()
+        if topic is None:
+            return self._broker_config_entries(defaults)
+        self._topic_logs(topic)
+        table = self._topic_overrides
+        config, why = self._resolve(topic, table)
+        properties = config.as_properties()
+        internal = internal_topic_overrides(topic, self.config)
+        stored = self._metadata.topic_configs.get(topic, {}) if self._metadata is not None else {}
+        overrides = table.get(topic, {})
+        entries = []
+        for name in TOPIC_SETTINGS:
+            value = properties[name]
+            if name in overrides:
+                entry = ConfigEntry(name, value, SOURCE_TOPIC_OVERRIDE, str(self._topic_configs_path))
+            elif name in stored and _valid_override(name, stored[name]):
+                entry = ConfigEntry(
+                    name, value, SOURCE_METADATA_LOG, f"{self._metadata_dir}: topic config {name}={stored[name]}"
+                )
+            elif name in internal:
+                entry = ConfigEntry(
+                    name, value, SOURCE_INTERNAL_TOPIC, f"Kafka creates {topic} with {name}={internal[name]}"
+                )
+            else:
+                entry = ConfigEntry(name, value, *defaults[name])
+            if name == "cleanup.policy" and (topic == METADATA_TOPIC or why is not None):
+                reason = "Kafka trims its metadata log with snapshots" if topic == METADATA_TOPIC else why
+                set_by = f"{entry.source} {entry.detail}".strip()
+                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, f"{reason} (set: {set_by})")
+            entries.append(entry)
+        return entries
+
+    def _broker_config_entries(self, defaults: Mapping[str, tuple[str, str]]) -> list[ConfigEntry]:
+        raw = self.config.raw
+        entries = [ConfigEntry("log.dirs", ",".join(str(d) for d in self.config.log_dirs), SOURCE_DATADIR)]
+        for key in BROKER_SETTINGS:
+            value = _config_text(getattr(self.config, key.replace(".", "_")))
+            source = _raw_source(key, raw[key]) if key in raw else (SOURCE_DEFAULT, "")
+            entries.append(ConfigEntry(key, value, *source))
+        properties = self._topic_defaults.as_properties()
+        entries += [ConfigEntry(broker_name_for(name), properties[name], *defaults[name]) for name in TOPIC_SETTINGS]
+        return entries
+
+    def _topic_default_sources(self) -> dict[str, tuple[str, str]]:
+        """Topic-level name → (source, detail) of its broker default: the broker name Kafka's
+        precedence picks among server.properties, the metadata log's dynamic broker configs and
+        --override, merged as BrokerConfig.topic_defaults_with merges them."""
+        static: dict[str, tuple[str, str]] = {}
+        overridden: dict[str, tuple[str, str]] = {}
+        for key, (value, where) in self.config.raw.items():
+            (overridden if where.startswith(OVERRIDE_SOURCE) else static)[key] = (value, where)
+        merged = {key: (value, *_raw_source(key, (value, where))) for key, (value, where) in static.items()}
+        if self._metadata is not None:
+            node = _node_id(self.config.log_dirs)
+            dynamic = {
+                key: (value, SOURCE_METADATA_LOG, f"{self._metadata_dir}: dynamic {label} config {key}={value}")
+                for resource, label in (("", "cluster default"), (node, f"broker {node}"))
+                if resource is not None
+                for key, value in self._metadata.broker_configs.get(resource, {}).items()
+                if key in TOPIC_DEFAULT_NAMES
+            }
+            kept = _without_shadowed({key: (value, detail) for key, (value, _, detail) in dynamic.items()}, overridden)
+            merged.update({key: dynamic[key] for key in kept})
+        merged.update({key: (value, *_raw_source(key, (value, where))) for key, (value, where) in overridden.items()})
+        sources: dict[str, tuple[str, str]] = {}
+        for name, setting in TOPIC_SETTINGS.items():
+            # The first broker name set wins, most precise first (config._topic_defaults).
+            winner = next((merged[b] for b, _ in setting.broker_names if b in merged), None)
+            sources[name] = (winner[1], winner[2]) if winner is not None else (SOURCE_DEFAULT, "")
+        return sources
 
     # -- cleanup ------------------------------------------------------------------------------------
     def clean(self, now_ms: int) -> CleanupReport:

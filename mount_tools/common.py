@@ -1,0 +1,103 @@
+"""What every `seglogfs` command shares: exit codes, the common arguments (DATADIR, `-c`,
+`--override`), the clock, `key=value` lists, JSON output and a reader that went away.
+
+Exit codes (the CLI's contract, in `seglogfs --help`):
+    0  success
+    1  the data or the input is bad (corrupt, out of range, malformed, unknown topic, missing dir)
+    2  the command line is wrong
+    3  the data dir is locked by another process (a mount, a broker, another writer)
+    4  `check` found problems (after `--repair`: problems it could not repair)
+    5  the mount point is in use: already mounted, not empty (without -o nonempty), a dead mount
+       of another filesystem; for umount, busy
+    6  umount: no seglogfs mount there (nothing mounted, or another filesystem)
+    70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from seglogfs.engine import BrokerConfig, UnknownTopicOrPartitionError
+
+EXIT_OK = 0
+EXIT_DATA = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+EXIT_CHECK_FAILED = 4
+EXIT_INTERNAL = 70  # EX_SOFTWARE
+EPILOG = (
+    "Exit codes: 0 ok, 1 bad data or input, 2 bad command line, 3 data dir locked, 4 check found problems, "
+    "5 mount point in use, 6 not a seglogfs mount (umount)."
+)
+
+
+class UsageError(Exception):
+    """A command line that parses but does not make sense (exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `seglogfs consume: argument --max-messages: invalid int value:
+    'x' (see seglogfs consume --help)`, exit 2, instead of the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def add_common(parser: argparse.ArgumentParser, *, long_config: bool = True) -> None:
+    """DATADIR, `-c server.properties` and `--override`. Without `long_config` the properties file
+    is `-c` only, for the commands whose `--config` is a topic config, as in kafka-topics."""
+    parser.add_argument("datadir", metavar="DATADIR", help="log dir, or several separated by commas (log.dirs)")
+    names = ("-c", "--config") if long_config else ("-c",)
+    parser.add_argument(*names, dest="config", type=Path, metavar="server.properties", help="broker properties file")
+    parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a broker config setting (repeatable)")
+
+
+def broker_config(args: argparse.Namespace) -> BrokerConfig:
+    dirs = [Path(part) for part in args.datadir.split(",") if part]
+    if not dirs:
+        raise UsageError("DATADIR names no directory")
+    return BrokerConfig.load(args.config, args.override or (), log_dirs=dirs)
+
+
+def require_data_dirs(config: BrokerConfig) -> None:
+    """Refuse a DATADIR that does not exist (exit 1), for the commands that would otherwise create
+    an empty one (a writable open makes missing log dirs, as a broker does)."""
+    for log_dir in config.log_dirs:
+        if not log_dir.is_dir():
+            raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")
+
+
+def key_values(items: Sequence[str] | None, option: str) -> dict[str, str]:
+    """Repeated `key=value` arguments as a dict (the last one of a key wins); UsageError naming
+    `option` for an item without `=` or a key."""
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{option} {item!r}: expected key=value")
+        out[key.strip()] = value
+    return out
+
+
+def print_json(document: Any) -> None:
+    """One JSON document on stdout (indented, keys as given, a final newline)."""
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+
+
+def quiet_broken_pipe() -> None:
+    """The reader went away (`| head`): stop quietly, as a Unix tool does. What is still buffered
+    for stdout goes to /dev/null, so the interpreter's last flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

@@ -1,0 +1,250 @@
+"""`seglogfs consume`: kafka-console-consumer for a data dir.
+
+    seglogfs consume DATADIR --topic T [--partition P]
+        [--from-beginning | --offset N|earliest|latest | --timestamp T]
+        [--max-messages N] [--follow] [--timeout-ms N] [--format text|jsonl] [--property k=v ...]
+
+Without a start point it starts at the log end, as Kafka's console consumer does. It prints each
+partition's records in turn up to its log end offset and ends; with `--follow` it then waits for
+records other processes append (a broker, `seglogfs produce`), polling the log end offsets every
+`POLL_MS`, as a console consumer polls. `--timeout-ms N` ends the wait after N ms without a new
+record (and implies `--follow`, as it means "wait that long" in Kafka's tool); `--max-messages`
+ends it after that many records. Either way, and on Ctrl-C or SIGTERM, the consumer ends with
+status 0 and `Processed a total of N messages` on stderr. A reader that goes away (`| head -1`)
+ends it quietly with status 0, also while it waits: a closed pipe is noticed without a write.
+
+The data dir is opened read-only (no lock: it works beside the writer it follows); each poll, a
+partition takes in what the writer did since the last look (`PartitionLog.refresh`: appends,
+rolls, retention, compaction). Records retention removed before they were printed are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import BinaryIO
+
+from seglogfs.engine import DataDir, PartitionLog
+from seglogfs.engine.console_formats import TextFormat
+from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
+from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.timestamps import parse_timestamp
+from seglogfs.mount_tools.common import (
+    EXIT_OK,
+    UsageError,
+    add_common,
+    broker_config,
+    key_values,
+    now_ms,
+    quiet_broken_pipe,
+)
+
+POLL_MS = 100  # how often a follower looks for new records (a console consumer's poll)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common(parser)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--partition", type=int)
+    parser.add_argument("--from-beginning", action="store_true", help="start at the log start offset")
+    parser.add_argument("--offset", help="offset to start from (needs --partition), earliest or latest")
+    parser.add_argument("--timestamp", help="start at the first record at or after this time (epoch ms or ISO-8601)")
+    parser.add_argument("--max-messages", type=int, metavar="N", help="end after N records")
+    parser.add_argument(
+        "--follow", action="store_true", help="at the log end, wait for new records (Ctrl-C or SIGTERM ends it)"
+    )
+    parser.add_argument(
+        "--timeout-ms", type=int, metavar="N", help="end after N ms without a new record (implies --follow)"
+    )
+    parser.add_argument("--format", choices=("text", "jsonl"), default="text")
+    parser.add_argument(
+        "--property",
+        action="append",
+        metavar="KEY=VALUE",
+        help="print.key, print.offset, print.timestamp, print.partition, print.headers, "
+        "key.separator, line.separator, null.literal",
+    )
+
+
+def _start_offset(args: argparse.Namespace, log: PartitionLog) -> int:
+    if args.from_beginning:
+        return log.log_start_offset
+    if args.offset is not None:
+        if args.offset in ("earliest", "latest"):
+            return log.log_start_offset if args.offset == "earliest" else log.log_end_offset
+        try:
+            offset = int(args.offset)
+        except ValueError:
+            raise UsageError(f"--offset {args.offset!r}: expected a number, earliest or latest") from None
+        if offset < log.log_start_offset or offset > log.log_end_offset:
+            raise OffsetOutOfRangeError(
+                f"--offset of {log.topic}-{log.partition}", offset, log.log_start_offset, log.log_end_offset
+            )
+        return offset
+    if args.timestamp is not None:
+        found = log.offset_for_timestamp(parse_timestamp(args.timestamp))
+        return found.offset if found is not None else log.log_end_offset
+    return log.log_end_offset  # Kafka's default: only records that arrive from now on
+
+
+class _Cursor:
+    """One partition being consumed: its log, its renderer and the next offset to print."""
+
+    def __init__(self, log: PartitionLog, position: int, text_format: TextFormat | None) -> None:
+        self.log = log
+        self.position = position
+        self.renderer = (
+            TextRenderer(text_format, log.partition)
+            if text_format is not None
+            else JsonLinesRenderer(log.topic, log.partition)
+        )
+
+    def rendered(self, room: Callable[[], int | None]) -> Iterator[tuple[bytes, int]]:
+        """The lines of the records from the position to the log end, a batch at a time, with how
+        many records each holds; at most `room()` records each time (None: no limit). Records
+        retention took meanwhile are skipped, as a consumer that finds its offset out of range
+        starts again at the log start."""
+        log = self.log
+        self.position = max(self.position, log.log_start_offset)
+        if self.position >= log.log_end_offset:
+            return
+        for segment, header, batch in log.batches(self.position):
+            left = room()
+            if left is not None and left <= 0:
+                return
+            try:
+                lines, records = self.renderer.render_some(header, batch, self.position, left)
+            except Exception as error:  # a codec or varint error inside a batch whose CRC held
+                raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
+            self.position = header.last_offset + 1  # (cut short by `room` only when the consumer ends)
+            yield lines, records
+
+
+class _Consumer:
+    """The partitions being consumed and how many records have been printed."""
+
+    def __init__(self, cursors: list[_Cursor], out: BinaryIO, max_messages: int | None) -> None:
+        self.cursors = cursors
+        self.out = out
+        self.max_messages = max_messages
+        self.count = 0
+
+    @property
+    def done(self) -> bool:
+        return self.max_messages is not None and self.count >= self.max_messages
+
+    def _room(self) -> int | None:
+        return None if self.max_messages is None else self.max_messages - self.count
+
+    def write_available(self) -> int:
+        """Every partition's records up to its log end offset now, in partition order; how many.
+        Records are counted before they are written: a signal during a write (unbuffered output
+        is on the reader's side then) leaves them counted."""
+        before = self.count
+        for cursor in self.cursors:
+            for lines, records in cursor.rendered(self._room):
+                self.count += records
+                self.out.write(lines)
+        return self.count - before
+
+
+def _partitions(data_dir: DataDir, args: argparse.Namespace) -> list[PartitionLog]:
+    if args.partition is not None:
+        return [data_dir.partition(args.topic, args.partition)]
+    logs = [data_dir.partition(args.topic, p) for p in data_dir.topics().get(args.topic, [])]
+    if not logs:
+        data_dir.partition(args.topic, 0)  # raises the unknown-topic error
+    if args.offset is not None and len(logs) > 1:
+        raise UsageError(f"--offset needs --partition: topic {args.topic!r} has {len(logs)} partitions")
+    return logs
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends the consumer as Ctrl-C does (Kafka's console consumer shuts down on both)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (signal handlers belong to the main thread; an in-process caller's thread keeps its own)
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _Follower:
+    """The wait at the log end: every poll interval each partition takes in what the writer did
+    (`PartitionLog.refresh`: a stat of its dir and last segment) and what is new is printed, until
+    the timeout or the message count ends it. The wait returns at once when stdout's reader goes
+    away, so `| head` ends a follower that has nothing new to write."""
+
+    def __init__(self, consumer: _Consumer, timeout_ms: int | None) -> None:
+        self.consumer = consumer
+        self.timeout_ms = timeout_ms
+        self.poller = select.poll()
+        # POLLERR, POLLHUP: a pipe's reader closed it. (Not a descriptor, an in-process caller's
+        # buffer: a write will tell.)
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            self.poller.register(consumer.out.fileno(), 0)
+
+    def run(self) -> None:
+        consumer = self.consumer
+        last_record = time.monotonic()
+        while not consumer.done:
+            idle_ms = (time.monotonic() - last_record) * 1000
+            if self.timeout_ms is not None and idle_ms >= self.timeout_ms:
+                return
+            wait_ms = POLL_MS if self.timeout_ms is None else min(POLL_MS, self.timeout_ms - idle_ms)
+            if any(event & (select.POLLERR | select.POLLHUP) for _, event in self.poller.poll(max(wait_ms, 0))):
+                raise BrokenPipeError  # `| head` took what it wanted while nothing new came
+            for cursor in consumer.cursors:
+                cursor.log.refresh(now_ms())
+            if consumer.write_available():
+                consumer.out.flush()
+                last_record = time.monotonic()
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    config = broker_config(args)
+    properties = key_values(args.property, "--property")
+    text_format = TextFormat.from_properties(properties) if args.format == "text" else None
+    if sum(x is not None and x is not False for x in (args.from_beginning or None, args.offset, args.timestamp)) > 1:
+        raise UsageError("give one of --from-beginning, --offset and --timestamp")
+    if args.timeout_ms is not None and args.timeout_ms < 0:
+        raise UsageError(f"--timeout-ms {args.timeout_ms}: expected a number of milliseconds, 0 or more")
+    if args.timestamp is not None:
+        parse_timestamp(args.timestamp)  # fail before opening anything
+    follow = args.follow or args.timeout_ms is not None
+    consumer = _Consumer([], sys.stdout.buffer, args.max_messages)
+    try:
+        with _sigterm_interrupts(), DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
+            consumer.cursors = [
+                _Cursor(log, _start_offset(args, log), text_format) for log in _partitions(data_dir, args)
+            ]
+            consumer.write_available()
+            consumer.out.flush()
+            if follow:
+                _Follower(consumer, args.timeout_ms).run()
+    except BrokenPipeError:
+        quiet_broken_pipe()
+        return EXIT_OK
+    except KeyboardInterrupt:
+        try:
+            consumer.out.flush()
+        except BrokenPipeError:
+            quiet_broken_pipe()
+            return EXIT_OK
+    print(f"Processed a total of {consumer.count} messages", file=sys.stderr)
+    return EXIT_OK
