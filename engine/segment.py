@@ -160,8 +160,8 @@ class LogSegment:
         self._rolling_based_timestamp: int | None = None
         self._bytes_since_last_index_entry = 0
         self.deleted = False
-        # Batches below this position passed `checked_batches`' check (each view's first measure
-        # reads the segment: the CRCs are computed once). Cut back with the file.
+        # Batches below this position passed a `checked_batches(once=True)` check (each view's
+        # first measure reads the segment: the CRCs are computed once). Cut back with the file.
         self._verified_to = 0
         # Read-only: where the scan for complete batches another process appended resumes.
         self._complete_to: int | None = None
@@ -431,18 +431,20 @@ class LogSegment:
             self._unlease()
 
     def checked_batches(
-        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False
+        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, once: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """`iter_batches`, each batch checked whole (magic, length, CRC) before it is yielded:
         CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
-        legacy data. For whoever uses every batch it reads (views, the cleaner)."""
+        legacy data. For whoever uses every batch it reads (views, the cleaner). With `once` (a
+        view's first measure: each format reads the whole segment), batches an earlier `once`
+        pass checked are not checked again; every other read checks what it reads."""
         for header, batch in self.iter_batches(start_position, end_position, nowait=nowait):
-            if header.next_position > self._verified_to:  # (the bytes below were checked by an earlier pass)
+            if not once or header.next_position > self._verified_to:
                 reason = check_batch(header, batch)
                 if reason is not None:
                     self.check_not_legacy(header.position)
                     raise CorruptRecordError(self.log_path, header.position, reason)
-                if header.position == self._verified_to:
+                if once and header.position == self._verified_to:
                     self._verified_to = header.next_position
             yield header, batch
 

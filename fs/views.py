@@ -517,7 +517,7 @@ class Layout:
         end = segment.size  # (read-only: as the log's last `refresh` found it; see Tree.follow)
         if end > layout.scanned_to:
             measuring = not self.measured
-            for header, batch in segment.checked_batches(layout.scanned_to, end):
+            for header, batch in segment.checked_batches(layout.scanned_to, end, once=True):
                 if self.stop.is_set():
                     raise MeasureStopped(f"{self.log.topic}-{self.log.partition}: measure stopped")
                 if _MEASURE_DELAY_S:
