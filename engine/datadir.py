@@ -530,6 +530,44 @@ class DataDir:
         return config
 
     # -- topics and partitions ------------------------------------------------------------------
+    def refresh_partitions(self, now_ms: int) -> bool:
+        """Read-only: take in the partitions another process created or deleted since the data
+        dir was opened (a broker, `seglogfs produce`, `topics create|delete`): new partition dirs
+        are opened, those gone are closed; the table changes all at once. Returns whether it
+        changed. (Each partition's own growth is `PartitionLog.refresh`.)"""
+        if self.writable:
+            return False
+        with self._lock:
+            on_disk = {
+                (topic, partition): log_dir / name
+                for log_dir in self.config.log_dirs
+                if log_dir.is_dir()
+                for name, topic, partition in partition_dirs(log_dir)
+            }
+            logs = dict(self._logs)
+            gone = [key for key in logs if key not in on_disk]
+            new = [key for key in on_disk if key not in logs]
+            if not gone and not new:
+                return False
+            for key in gone:
+                with contextlib.suppress(Exception):
+                    logs.pop(key).close()
+            for topic, partition in new:
+                try:
+                    logs[(topic, partition)] = PartitionLog.open(
+                        on_disk[(topic, partition)],
+                        topic,
+                        partition,
+                        self.topic_config(topic),
+                        writable=False,
+                        clean_shutdown=True,
+                        now_ms=now_ms,
+                    )
+                except (OSError, EngineError) as error:  # being made or removed right now: next time
+                    logger.debug("%s-%d not opened yet: %s", topic, partition, error)
+            self._logs = logs
+            return True
+
     def topics(self) -> dict[str, list[int]]:
         """Topic → its partitions, sorted. Thread-safe."""
         out: dict[str, list[int]] = {}
@@ -583,24 +621,7 @@ class DataDir:
                 self._write_topic_overrides(table)
                 self._topic_overrides = table
             config = self._resolve(topic, table)[0]
-            topic_id = new_topic_id()
-            counts = self._partition_counts()
-            created: dict[TopicPartition, PartitionLog] = {}
-            try:
-                for partition in range(count):
-                    log_dir = min(self.config.log_dirs, key=lambda d: counts[d])
-                    counts[log_dir] += 1
-                    directory = log_dir / partition_dir_name(topic, partition)
-                    created[(topic, partition)] = PartitionLog.create(
-                        directory, topic, partition, config, topic_id=topic_id, now_ms=now_ms
-                    )
-                for log_dir in self.config.log_dirs:
-                    fsync_dir(log_dir)
-            except BaseException:
-                for log in created.values():
-                    with contextlib.suppress(Exception):
-                        log.close()
-                raise
+            created = self._create_partitions(topic, range(count), config, new_topic_id(), now_ms)
             self._logs = {**self._logs, **created}
         return list(created.values())
 

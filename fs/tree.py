@@ -277,6 +277,22 @@ class Tree:
         partitions that changed, and `records` files whose start retention removed."""
         changes = Changes()
         now = self.clock()
+        before = self.data_dir.topics()
+        try:
+            refreshed = self.data_dir.refresh_partitions(now)
+        except OSError as error:
+            logger.debug("following the data dir's partitions: %s", error)
+            refreshed = False
+        if refreshed:  # the kernel forgets the names of what was deleted (listings are read afresh)
+            after = self.data_dir.topics()
+            for topic, partitions in before.items():
+                if topic not in after:
+                    changes.entries.append((ROOT_INODE, topic))
+                    continue
+                directory = self.find(("topic", topic))
+                if directory is not None:
+                    gone = set(partitions) - set(after[topic])
+                    changes.entries += [(directory.inode, str(partition)) for partition in sorted(gone)]
         for log in list(self.data_dir.partitions()):
             try:
                 changed = log.refresh(now)

@@ -135,3 +135,32 @@ def test_a_read_only_mount_never_shows_a_batch_being_written(mount, tmp_path: Pa
     m.stop()
     assert m.process.returncode == 0
     check_mount_log(m, [])
+
+
+def test_a_read_only_mount_follows_topics_another_process_creates_and_deletes(mount, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    produce(data, ["k\tv0"])
+    m: Mount = mount(data, "-o", "ro")
+    assert sorted(p.name for p in m.path.iterdir() if not p.name.startswith(".")) == ["t"]
+    subprocess.run(
+        [*SEGLOGFS, "produce", str(data), "--topic", "u", "--override", "num.partitions=2"],
+        input=b"one\ntwo\n",
+        check=True,
+        capture_output=True,
+    )
+    wait_for((m.path / "u").is_dir, "the new topic")
+    assert sorted(p.name for p in (m.path / "u").iterdir() if p.name.isdigit()) == ["0", "1"]
+    wait_for(
+        lambda: (
+            sorted((m.path / "u" / "0" / "records").read_text().splitlines())
+            + sorted((m.path / "u" / "1" / "records").read_text().splitlines())
+            in (["one", "two"], ["two", "one"], ["one", "two"][::-1])
+        ),
+        "the new topic's records",
+    )
+    subprocess.run([*SEGLOGFS, "topics", str(data), "delete", "--topic", "u"], check=True, capture_output=True)
+    wait_for(lambda: not (m.path / "u").exists(), "the deleted topic gone")
+    assert (m.path / "t" / "0" / "records").read_text() == "v0\n"
+    m.stop()
+    assert m.process.returncode == 0
+    check_mount_log(m, [])
