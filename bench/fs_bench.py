@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.engine_bench import drop_caches_of
 from seglogfs.engine import BrokerConfig, DataDir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -218,17 +219,6 @@ def bench_cat(root: Path, total: int) -> dict:
     }
 
 
-def _drop_cache(paths: list[str]) -> None:
-    """Evict the files' pages from the page cache (what a cold look reads comes from the disk)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def bench_first_look(root: Path, total: int) -> dict:
     """`ls -l` of a never-measured partition's directory (a stat of each view: both measured)
     vs `cat` of its `.log` files, page cache warm and cold; and the mount's peak memory while it
@@ -242,11 +232,13 @@ def bench_first_look(root: Path, total: int) -> dict:
         cats, looks, peak_rss = [], [], 0.0
         for _ in range(ROUNDS):  # no view cache, no background measure: each mount measures afresh
             if cache == "cold":
-                _drop_cache(logs)
+                for path in logs:
+                    drop_caches_of(Path(path))
             cats.append(timed(lambda: run(["cat", *logs])))
             with Mounted(data, root / "first-look-mnt", "-o", "view.cache=none,measure=lazy") as m:
                 if cache == "cold":
-                    _drop_cache(logs)
+                    for path in logs:
+                        drop_caches_of(Path(path))
                 looks.append(timed(lambda m=m: run(["ls", "-l", str(m.path / "t" / "0")])))
                 peak_rss = max(peak_rss, _peak_rss_mb(m.process.pid))
         cat, first = min(cats), min(looks)

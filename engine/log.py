@@ -331,16 +331,7 @@ class PartitionLog:
             segment.adopt(path)
             fsync_dir(self.directory)
             self._log_end_offset = headers[-1].next_offset
-            self._unflushed_records += records
-            self._maybe_flush_locked(now_ms)
-            return AppendInfo(
-                first_offset=headers[0].base_offset,
-                last_offset=headers[-1].last_offset,
-                records=records,
-                batches=len(headers),
-                bytes=size,
-                max_timestamp=max(h.max_timestamp for h in headers),
-            )
+            return self._appended_locked(headers, size, now_ms)
 
     def _stamp(self, view: memoryview, headers: list[BatchHeader], now_ms: int, *, assign_offsets: bool) -> None:
         """What the log writes into checked batches before they are appended: offsets from the
@@ -418,6 +409,11 @@ class PartitionLog:
                 with contextlib.suppress(OSError):  # the cut made durable: a failed write never reappears
                     self.active_segment.flush()
             raise
+        return self._appended_locked(headers, sum(len(b) for b in batches), now_ms)
+
+    def _appended_locked(self, headers: list[BatchHeader], size: int, now_ms: int) -> AppendInfo:
+        """After batches were appended: count them towards `flush.messages`, flush if due, and
+        say what was appended."""
         records = sum(h.records_count for h in headers)
         self._unflushed_records += records
         self._maybe_flush_locked(now_ms)
@@ -426,7 +422,7 @@ class PartitionLog:
             last_offset=headers[-1].last_offset,
             records=records,
             batches=len(headers),
-            bytes=sum(len(b) for b in batches),
+            bytes=size,
             max_timestamp=max(h.max_timestamp for h in headers),
         )
 

@@ -14,6 +14,7 @@ import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
+from tests.cli.support import Holder as holder
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid, kafka_fixtures
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
@@ -238,31 +239,6 @@ def test_consume_and_dump_work_on_a_read_only_copy(filled: Path, tmp_path: Path)
         assert sorted(p.name for p in target.rglob("*")) == before
     finally:
         subprocess.run(["umount", str(target)], check=True)
-
-
-class holder:
-    """Another process holding the data dir open for writing."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-
-    def __enter__(self) -> int:
-        code = (
-            "import sys, time\nfrom engine import BrokerConfig, DataDir\n"
-            f"d = DataDir.open(BrokerConfig.load(log_dirs=[{str(self.log_dir)!r}]), now_ms=0)\n"
-            "print('ready', flush=True)\nsys.stdin.read()\nd.close()\n"
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        assert self.process.stdout is not None and self.process.stdout.readline() == b"ready\n"
-        return self.process.pid
-
-    def __exit__(self, *exc: object) -> None:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=30)
-        self.process.stdout.close()
 
 
 # -- bad input: one clear line, a non-zero exit, nothing stored lost ------------------------------------

@@ -15,6 +15,7 @@ from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.cleaner import Cleaner
 from seglogfs.engine.cleaner_manager import log_to_clean
 from tests.conftest import NOW_MS
+from tests.engine.test_partitioner import KAFKA_VECTORS
 from tests.fs.conftest import REFUSED, Mount
 
 
@@ -91,23 +92,12 @@ def test_by_time_matches_the_engine(mount, prepared: Path) -> None:
     assert raised.value.errno == errno.ENOENT
 
 
-# Kafka's own murmur2 vectors (UtilsTest.testMurmur2): key → hash.
-KAFKA_MURMUR2 = {
-    b"21": -973932308,
-    b"foobar": -790332482,
-    b"a-little-bit-long-string": -985981536,
-    b"a-little-bit-longer-string": -1486304829,
-    b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
-    b"abc": 479470107,
-}
-
-
 def test_topic_append_uses_kafkas_partitioner(mount) -> None:
     m: Mount = mount(None, "-o", "num.partitions=3,parse.key,null.marker=NULL")
     os.mkdir(m.path / "t")
-    lines = b"".join(key + b"\t" + key + b"\n" for key in KAFKA_MURMUR2)
+    lines = b"".join(key + b"\t" + key + b"\n" for key in KAFKA_VECTORS)
     (m.path / "t" / "append").write_bytes(lines)
-    for key, hashed in KAFKA_MURMUR2.items():
+    for key, hashed in KAFKA_VECTORS.items():
         partition = (hashed & 0x7FFFFFFF) % 3
         assert key + b"\n" in (m.path / "t" / str(partition) / "records").read_bytes().splitlines(keepends=True)
     # Null keys: every line of one write to one partition, the next write to the next one.
