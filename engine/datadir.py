@@ -103,11 +103,14 @@ from seglogfs.engine.config import (
 )
 from seglogfs.engine.errors import (
     ConfigError,
+    CorruptIndexError,
+    CorruptRecordError,
     EngineError,
     LogDirLockedError,
     ReadOnlyError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
+    UnsupportedFormatError,
 )
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
@@ -263,10 +266,13 @@ class DataDir:
     under them (see the module docstring); each partition's own operations follow
     PartitionLog's rules. Cleanup passes and checkpoints are for one caller at a time."""
 
-    def __init__(self, config: BrokerConfig, *, writable: bool, recover_all: bool = False) -> None:
+    def __init__(
+        self, config: BrokerConfig, *, writable: bool, recover_all: bool = False, serve_the_rest: bool = False
+    ) -> None:
         """Use `DataDir.open`."""
         self.config = config
         self.writable = writable
+        self._serve_the_rest = serve_the_rest
         self._lock_fds: list[tuple[str, int]] = []
         # Guards the writers of the two tables below; both are replaced whole, never changed.
         self._lock = threading.RLock()
@@ -288,12 +294,25 @@ class DataDir:
         self._policy_given = config.cleanup_policy_overridden
 
     @classmethod
-    def open(cls, config: BrokerConfig, *, read_only: bool = False, recover_all: bool = False, now_ms: int) -> DataDir:
+    def open(
+        cls,
+        config: BrokerConfig,
+        *,
+        read_only: bool = False,
+        recover_all: bool = False,
+        serve_the_rest: bool = False,
+        now_ms: int,
+    ) -> DataDir:
         """Open every log dir (creating missing ones when writable) and load its partitions.
         `recover_all` checks and repairs every segment, whatever the last stop was (repair).
+        With `serve_the_rest` (a mount), a partition that cannot be opened (legacy data, damage,
+        the OS refusing it) is kept offline, untouched, with an ERROR line, instead of failing
+        the whole open (`PartitionLog.unreadable`).
         A writable open logs one WARNING when some topics' configs are unknown (see the module
         docstring); a read-only open, which never cleans, does not."""
-        data_dir = cls(config, writable=not read_only, recover_all=recover_all and not read_only)
+        data_dir = cls(
+            config, writable=not read_only, recover_all=recover_all and not read_only, serve_the_rest=serve_the_rest
+        )
         try:
             data_dir._open(now_ms)
         except BaseException:
@@ -367,17 +386,34 @@ class DataDir:
         for name, topic, partition in partition_dirs(log_dir):
             if (topic, partition) in logs:
                 raise EngineError(f"{log_dir / name}: partition {topic}-{partition} is in two log dirs")
-            logs[(topic, partition)] = PartitionLog.open(
-                log_dir / name,
-                topic,
-                partition,
-                self.topic_config(topic),
-                writable=self.writable,
-                clean_shutdown=clean,
-                recovery_point=recovery_points.get((topic, partition), 0),
-                log_start_offset=start_offsets.get((topic, partition), 0),
-                now_ms=now_ms,
-            )
+            recovery_point = recovery_points.get((topic, partition), 0)
+            log_start_offset = start_offsets.get((topic, partition), 0)
+            try:
+                logs[(topic, partition)] = PartitionLog.open(
+                    log_dir / name,
+                    topic,
+                    partition,
+                    self.topic_config(topic),
+                    writable=self.writable,
+                    clean_shutdown=clean,
+                    recovery_point=recovery_point,
+                    log_start_offset=log_start_offset,
+                    now_ms=now_ms,
+                )
+            except (UnsupportedFormatError, CorruptIndexError, CorruptRecordError, OSError) as error:
+                if not self._serve_the_rest:
+                    raise
+                logger.error("%s; %s-%d is offline (EIO), the others are served", error, topic, partition)
+                logs[(topic, partition)] = PartitionLog.unreadable(
+                    log_dir / name,
+                    topic,
+                    partition,
+                    self.topic_config(topic),
+                    str(error),
+                    log_start_offset=log_start_offset,
+                    recovery_point=recovery_point,
+                    now_ms=now_ms,
+                )
         self._logs = logs
         if self.writable and marker.exists():
             # From now on the dir is in use: a crash must not look like a clean stop.
@@ -984,7 +1020,7 @@ class DataDir:
                 {
                     (log.topic, log.partition): log.log_start_offset
                     for log in logs
-                    if log.log_start_offset > log.segments[0].base_offset
+                    if not log.segments or log.log_start_offset > log.segments[0].base_offset
                 },
             )
 

@@ -162,6 +162,38 @@ class PartitionLog:
         )
 
     @classmethod
+    def unreadable(
+        cls,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        reason: str,
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        now_ms: int,
+    ) -> PartitionLog:
+        """A partition dir that could not be opened (legacy data, damage beyond repair, the OS
+        refusing to read it), kept in the data dir as offline: it serves nothing (reads raise
+        LogOfflineError naming `reason`), its files stay untouched, and its checkpoint entries
+        are written back as they were read."""
+        log = cls(
+            directory,
+            topic,
+            partition,
+            config,
+            writable=False,
+            segments=[],
+            log_start_offset=log_start_offset,
+            log_end_offset=log_start_offset,
+            recovery_point=recovery_point,
+            now_ms=now_ms,
+        )
+        log.offline_reason = reason
+        return log
+
+    @classmethod
     def create(
         cls, directory: Path, topic: str, partition: int, config: LogConfig, *, topic_id: str, now_ms: int
     ) -> PartitionLog:

@@ -241,7 +241,7 @@ class Mirror:
             offsets = {
                 (log.topic, log.partition): log.log_start_offset
                 for log in logs
-                if log.log_start_offset > log.segments[0].base_offset
+                if not log.segments or log.log_start_offset > log.segments[0].base_offset
             }
         else:
             if path.exists():

@@ -57,6 +57,7 @@ class ViewFile(PartitionNode):
 
     def attributes(self) -> Attributes:
         log = self.log
+        self.check_online("stat")  # (an offline partition has no segments to measure)
         mtime_ns = max(self.tree.mounted_ns, log.active_segment.max_timestamp_so_far.timestamp * 1_000_000)
         # By-offset and by-time views are told of growth only while open (there can be any
         # number of them): looked up but closed, their size may be a second old.

@@ -130,7 +130,7 @@ def serve(
 ) -> None:
     """Mount the data dir at `mountpoint` and serve it until unmounted; `ready` is called once
     the mount is in place."""
-    data_dir = DataDir.open(config, read_only=options.read_only, now_ms=_now_ms())
+    data_dir = DataDir.open(config, read_only=options.read_only, serve_the_rest=True, now_ms=_now_ms())
     measurer: threading.Thread | None = None
     try:
         tree = Tree(data_dir, options)
