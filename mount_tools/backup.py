@@ -720,7 +720,7 @@ def _backup(args: argparse.Namespace) -> int:
             "complete": False,
         }
         _write_manifest(dest, manifest)
-        with Progress("backing up", total) as progress:
+        with Progress("backing up", total, plain=not args.json) as progress:
             copier = _Copier(source, restoring=False, progress=progress, say=_say(args))
             copier.copy(dest, frozenset({LOCK_FILE, MANIFEST}))
         manifest.update(complete=True, finishedMs=now_ms(), stats=copier.stats.as_json())
@@ -785,7 +785,7 @@ def _restore(args: argparse.Namespace) -> int:
         for slot, target in enumerate(targets):
             root = backup if count == 1 else backup / str(slot)
             tree = _TreeSource(root, hidden=frozenset({MANIFEST, LOCK_FILE}))
-            with Progress("restoring", tree.total_bytes()) as progress:
+            with Progress("restoring", tree.total_bytes(), plain=not getattr(args, "json", False)) as progress:
                 copier = _Copier(tree, restoring=True, progress=progress, say=_say(args))
                 copier.copy(target, _NOT_DATA)
             for field in ("bytes_sent", "files_sent", "files_appended", "files_skipped", "files_deleted"):

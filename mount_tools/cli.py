@@ -9,6 +9,13 @@ create …` or `seglogfs topics create DATADIR …`). `check`, `clean` and `topi
 JSON document on stdout with `--json` (its keys in `_check_document`, `_plan_document`/
 `_clean_document`, topics.describe_document).
 
+Long work shows its progress on stderr (mount_tools.progress): `produce` (of a file or a pipe;
+not of lines typed at a terminal), `check` (and its re-check after `--repair`), `clean` and
+`clean --dry-run`, `backup` and `restore`. On a terminal a line redrawn in place and erased at the
+end; off one, nothing unless the run lasts: then one plain line after 5 s and at most one every
+10 s. With `--json` the terminal's line still shows (stderr only, erased before the document is
+printed: stdout holds the JSON document and nothing else), but no plain lines are written.
+
 Exit codes (mount_tools.common):
     0  success
     1  the data or the input is bad (corrupt, out of range, malformed, too large, unknown topic,
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,12 +63,24 @@ from seglogfs.mount_tools.common import (
     quiet_broken_pipe,
     require_data_dirs,
 )
-from seglogfs.mount_tools.progress import Progress
+from seglogfs.mount_tools.progress import Progress, format_bytes
 
 _PRODUCE_CHUNK_BYTES = 1 << 20
 
 
 # -- produce --------------------------------------------------------------------------------------
+def _input_bytes(fd: int) -> int | None:
+    """The bytes left to read of stdin when it is a regular file (`< big.txt`), from its size and
+    where its offset stands; None for a pipe, a socket, a terminal (the size is not known ahead)."""
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        return max(status.st_size - os.lseek(fd, 0, os.SEEK_CUR), 0)
+    except OSError:
+        return None
+
+
 def cmd_produce(args: argparse.Namespace) -> int:
     config = broker_config(args)
     properties = key_values(args.property, "--property")
@@ -73,19 +93,23 @@ def cmd_produce(args: argparse.Namespace) -> int:
         splitter = LineSplitter(max(log.config.max_message_bytes for log in producer.logs), "stdin")
         line_number = 1
 
-        def send(lines: list[bytes]) -> None:
+        def send(lines: list[bytes]) -> int:
             nonlocal stored, line_number
             # Kafka's console producer has sent the lines before one it cannot parse.
             produced = producer.send(lines, now_ms(), "stdin", first_line=line_number, atomic=False)
             stored += produced.records
             line_number += len(lines)
+            return produced.records
 
-        read = getattr(sys.stdin.buffer, "read1", sys.stdin.buffer.read)  # what is there, up to a chunk
-        while chunk := read(_PRODUCE_CHUNK_BYTES):
-            splitter.feed(chunk, send)
-        send(splitter.finish())
-        for log in producer.logs:
-            log.flush()
+        stdin = sys.stdin.buffer
+        read = getattr(stdin, "read1", stdin.read)  # what is there, up to a chunk
+        # Counted per chunk read (up to 1 MiB), never per record. Lines typed at a terminal get no line.
+        with Progress("produce", _input_bytes(stdin.fileno()), records=True, quiet=stdin.isatty()) as progress:
+            while chunk := read(_PRODUCE_CHUNK_BYTES):
+                progress.advance(len(chunk), splitter.feed(chunk, send))
+            progress.advance(0, send(splitter.finish()))
+            for log in producer.logs:
+                log.flush()
     if args.verbose:
         print(f"seglogfs: stored {stored} records in topic {args.topic}", file=sys.stderr)
     return EXIT_OK
@@ -210,17 +234,29 @@ def _print_cleanup(document: dict[str, Any]) -> None:
         print("nothing to delete or compact")
 
 
+def _extent(data_dir: DataDir) -> str:
+    """`12 partitions, 3.3 GB`: what a cleanup pass goes over, for its progress line."""
+    logs = list(data_dir.partitions())
+    return f"{len(logs)} partitions, {format_bytes(sum(log.size_in_bytes() for log in logs))}"
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     config = broker_config(args)
     require_data_dirs(config)
     now = now_ms() if args.now is None else args.now
-    if args.dry_run:
-        # Read-only: no lock, no recovery, no checkpoint written; not a byte changes.
-        with DataDir.open(config, read_only=True, now_ms=now) as data_dir:
-            document = _plan_document(data_dir, now)
-    else:
-        with DataDir.open(config, now_ms=now) as data_dir:
-            document = _clean_document(data_dir, now)
+    # A pass reports what it did only at its end (DataDir.clean and plan_cleanup take no progress
+    # callback): the line shows the phase and the time so far, redrawn by a ticker.
+    with Progress("clean", phase="opening the data dir", plain=not args.json, tick=True) as progress:
+        if args.dry_run:
+            # Read-only: no lock, no recovery, no checkpoint written; not a byte changes.
+            with DataDir.open(config, read_only=True, now_ms=now) as data_dir:
+                progress.phase = f"planning (dry run) over {_extent(data_dir)}"
+                document = _plan_document(data_dir, now)
+        else:
+            with DataDir.open(config, now_ms=now) as data_dir:
+                progress.phase = f"retention and compaction of {_extent(data_dir)}"
+                document = _clean_document(data_dir, now)
+                progress.phase = "closing the data dir"
     if args.json:
         print_json(document)
     else:
@@ -270,7 +306,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     require_data_dirs(config)
     dirs = list(config.log_dirs)
     total = sum(p.stat().st_size for d in dirs for p in d.glob("*/*.log"))
-    with Progress("checking", total) as progress:
+    with Progress("check", total, plain=not args.json) as progress:
         report = check_log_dirs(dirs, progress.advance)
     text = not args.json
     if text:
@@ -292,11 +328,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                 print_json(_check_document(dirs, report))
             print("seglogfs: not repairing a data dir that another process holds", file=sys.stderr)
             return EXIT_LOCKED
-        with DataDir.open(config, recover_all=True, now_ms=now_ms()):
+        with (
+            Progress("check", phase="repairing: recovering every segment", plain=not args.json, tick=True),
+            DataDir.open(config, recover_all=True, now_ms=now_ms()),
+        ):
             pass
         if text:
             print(f"repaired: recovered every segment ({len(report.problems)} problems found before)")
-        with Progress("re-checking", total) as progress:
+        with Progress("check (after repair)", total, plain=not args.json) as progress:
             report = check_log_dirs(dirs, progress.advance)
         if text:
             for problem in report.problems:
