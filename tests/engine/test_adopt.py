@@ -175,3 +175,26 @@ def test_a_file_on_another_filesystem_is_refused_with_exdev(tmp_path: Path, othe
     assert [p.name for p in log.directory.glob("*.log")] and all(
         os.stat(p).st_size for p in log.directory.glob("*.log")
     )
+
+
+def test_a_crash_between_the_unlink_and_the_rename_loses_nothing_appended_before(tmp_path: Path) -> None:
+    """Adoption unlinks the rolled, empty `.log` before renaming the staged file to its name: a
+    crash in between leaves that segment's index files without a `.log`, which loading removes;
+    the staged file is still in its place for the job's next attempt."""
+    log = make_log(tmp_path / "t-0")
+    log.append_records([b"kept"], now_ms=NOW_MS)
+    staged = tmp_path / "staged.batches"
+    staged.write_bytes(staged_batches(3))
+    segment = log.roll(NOW_MS)  # what adopt_batches does first
+    log.flush()
+    segment.log_path.unlink()  # ... and the crash comes before the rename
+    directory, config = log.directory, log.config
+    for each in log.segments:
+        each.close_handlers()
+    again = PartitionLog.open(directory, "t", 0, config, writable=True, clean_shutdown=False, now_ms=NOW_MS)
+    assert values_of(again) == [b"kept"]
+    assert not list(directory.glob(f"{1:020d}.*"))  # the orphaned index files removed
+    assert staged.exists()
+    again.adopt_batches(staged, now_ms=NOW_MS)  # the next attempt
+    assert values_of(again)[:2] == [b"kept", b"value-0-0"] and again.log_end_offset == 22
+    again.close()
