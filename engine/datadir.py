@@ -144,7 +144,10 @@ def _lock_holder(fd: int) -> int | None:
     return pid or None
 
 
-def _describe_pid(pid: int) -> str:
+def describe_process(pid: int | None) -> str:
+    """`process N (its whole command line)` for lock errors: who holds a data dir."""
+    if not pid:
+        return "another process"
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
@@ -353,7 +356,7 @@ class DataDir:
         except OSError:
             holder = _lock_holder(fd)
             os.close(fd)
-            who = _describe_pid(holder) if holder else "another process"
+            who = describe_process(holder)
             raise LogDirLockedError(f"{log_dir}: data dir is in use by {who} (lock file {path})") from None
         _LOCKED_HERE.add(key)
         self._lock_fds.append((key, fd))

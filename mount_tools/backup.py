@@ -80,7 +80,7 @@ from seglogfs.engine.checkpoint import (
     fsync_dir,
     write_atomically,
 )
-from seglogfs.engine.datadir import LOCK_FILE, META_PROPERTIES
+from seglogfs.engine.datadir import LOCK_FILE, META_PROPERTIES, describe_process
 from seglogfs.engine.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.fs.mirror import Mirror, MirrorFile
 from seglogfs.mount_tools.progress import Progress
@@ -551,14 +551,7 @@ def _write_all(fd: int, data: bytes, position: int) -> None:
 # -- checks and locks -----------------------------------------------------------------------------
 def _holder(directory: Path) -> str:
     """Who holds the data dir's `.lock`: `process N (command line)` when the kernel says."""
-    _in_use, pid = log_dir_in_use(directory)
-    if not pid:
-        return "another process"
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return f"process {pid}"
-    return f"process {pid} ({cmdline[:120]})"
+    return describe_process(log_dir_in_use(directory)[1])
 
 
 def _refuse_live(directory: Path, what: str) -> None:

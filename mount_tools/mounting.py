@@ -37,7 +37,6 @@ import contextlib
 import logging
 import logging.handlers
 import os
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -292,30 +291,7 @@ def _serve(
 ) -> None:
     from seglogfs.mount_tools.serving import serve  # noqa: PLC0415 (imported only for the mount)
 
-    try:
-        serve(broker_config, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
-    except LogDirLockedError as error:
-        raise LogDirLockedError(holder_shown_whole(str(error))) from None
-
-
-def holder_shown_whole(message: str) -> str:
-    """A lock error's holder with its whole command line. The engine names the process holding a
-    data dir with its command line cut short; a mount's command line is long (its data dir, mount
-    point and options), and the part cut is what tells one mount from another."""
-    match = re.search(r"in use by process (\d+) \(", message)
-    if match is None:
-        return message
-    try:
-        raw = Path(f"/proc/{match.group(1)}/cmdline").read_bytes()
-    except OSError:  # gone meanwhile: what the engine saw is all there is
-        return message
-    cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-    rest = message[match.end() :]
-    # The engine showed the first `shown` characters: those that agree with the whole.
-    shown = next((i for i, (a, b) in enumerate(zip(rest, cmdline, strict=False)) if a != b), len(cmdline))
-    if shown == 0 or shown == len(cmdline) or not rest[shown:].startswith(")"):
-        return message
-    return message[: match.end()] + cmdline + rest[shown:]
+    serve(broker_config, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
 
 
 def _one_line(error: BaseException) -> str:

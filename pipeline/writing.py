@@ -74,6 +74,7 @@ from seglogfs.engine import (
     UnknownTopicOrPartitionError,
 )
 from seglogfs.engine.check import log_dir_in_use
+from seglogfs.engine.datadir import describe_process
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import validate_topic
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES
@@ -191,16 +192,6 @@ def staging_root_of(options: WriteOptions) -> Path:
     location = options.location
     first = (location.mount_point if location.mount_point is not None else location.log_dirs[0]).resolve()
     return first.parent / f".{first.name}{STAGING_SUFFIX}"
-
-
-def _holder(pid: int | None) -> str:
-    if pid is None:
-        return "another process"
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return f"process {pid}"
-    return f"process {pid} ({command[:120]})"
 
 
 def _codec(name: str) -> CompressionType:
@@ -333,7 +324,7 @@ def _wait_for_other_commits(options: WriteOptions, staging_root: Path) -> None:
                 time.sleep(0.1)
                 continue
             raise LogDirLockedError(
-                f"{log_dir}: data dir is in use by {_holder(pid)}; a Spark write needs it free at commit "
+                f"{log_dir}: data dir is in use by {describe_process(pid)}; a Spark write needs it free at commit "
                 "(a mount or a broker holds it: write through the mount's directory instead)"
             )
 
