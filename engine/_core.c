@@ -400,17 +400,20 @@ static int64_t json_text_size(const uint8_t *data, int64_t length) {
                                ((backslash - ones) & ~backslash & highs);
             if (!special) { size += 8; i += 8; continue; }
         }
-        uint8_t c = data[i];
-        if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) { size++; i++; continue; }
-        if (c < 0x80) {
-            size += (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') ? 2 : 6;
-            i++;
-            continue;
+        /* A flagged word (or the tail): a byte at a time up to its end, then words again. */
+        for (Py_ssize_t stop = length - i >= 8 ? i + 8 : length; i < stop;) {
+            uint8_t c = data[i];
+            if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) { size++; i++; continue; }
+            if (c < 0x80) {
+                size += (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t') ? 2 : 6;
+                i++;
+                continue;
+            }
+            Py_ssize_t n = utf8_sequence(data + i, length - i);
+            if (n == 0) return 13 + 4 * ((length + 2) / 3); /* {"base64":"..."} */
+            size += n;
+            i += n;
         }
-        Py_ssize_t n = utf8_sequence(data + i, length - i);
-        if (n == 0) return 13 + 4 * ((length + 2) / 3); /* {"base64":"..."} */
-        size += n;
-        i += n;
     }
     return size;
 }
@@ -418,6 +421,11 @@ static int64_t json_text_size(const uint8_t *data, int64_t length) {
 static int utf8_valid(const uint8_t *data, int64_t length) {
     Py_ssize_t i = 0;
     while (i < length) {
+        if (length - i >= 8) { /* eight ASCII bytes at a time */
+            uint64_t w;
+            memcpy(&w, data + i, 8);
+            if (!(w & 0x8080808080808080ULL)) { i += 8; continue; }
+        }
         if (data[i] < 0x80) { i++; continue; }
         Py_ssize_t n = utf8_sequence(data + i, length - i);
         if (n == 0) return 0;
@@ -451,9 +459,26 @@ static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length) 
         return at + 2;
     }
     *at++ = '"';
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     for (int64_t i = 0; i < length; i++) {
+        /* A run of bytes copied as they are (none below 0x20, '"' or '\\'), found eight at a
+         * time (a word the test flags, rightly or not, is finished a byte at a time). */
+        int64_t run = i;
+        while (length - run >= 8) {
+            uint64_t w, quote, backslash;
+            memcpy(&w, data + run, 8);
+            quote = w ^ (ones * '"');
+            backslash = w ^ (ones * '\\');
+            if (((w - ones * 0x20) & ~w & highs) | ((quote - ones) & ~quote & highs) | ((backslash - ones) & ~backslash & highs))
+                break;
+            run += 8;
+        }
+        while (run < length && data[run] >= 0x20 && data[run] != '"' && data[run] != '\\') run++;
+        memcpy(at, data + i, (size_t)(run - i));
+        at += run - i;
+        i = run;
+        if (i == length) break;
         uint8_t c = data[i];
-        if (c >= 0x20 && c != '"' && c != '\\') { *at++ = c; continue; }
         *at++ = '\\';
         switch (c) {
             case '"': *at++ = '"'; break;
