@@ -430,9 +430,15 @@ class _Copier:
                 ):
                     self._skip(target, item)
                     return True, None
-                grown = kind == LOG_SUFFIX and current is not None and 0 < current.st_size < item.size
-                if grown and current is not None and self._same_prefix(target, item, current.st_size):
-                    self._append(target, item, current.st_size, where)
+                # A segment's copy that is the start of it (or all of it, the mtime having moved
+                # since the copy was made: a write the size had not yet shown) is appended to, or
+                # left as it is: never sent whole again.
+                held = kind == LOG_SUFFIX and current is not None and 0 < current.st_size <= item.size
+                if held and current is not None and self._same_prefix(target, item, current.st_size):
+                    if current.st_size == item.size:
+                        self._skip(target, item)
+                    else:
+                        self._append(target, item, current.st_size, where)
                     return True, None
                 tmp = self._write_whole(target, item.chunks(), item, where)
             else:
