@@ -272,17 +272,22 @@ static Py_ssize_t record_size(const column_t *keys, const column_t *values, Py_s
     return varint_size(body) + body;
 }
 
+/* Whether any of `n` blobs (starts[i], lengths[i]) lies outside `size` bytes of data; a length of
+ * -1 is a null, allowed where `nulls` says so. */
+static int blobs_outside(const int64_t *s, const int64_t *l, Py_ssize_t n, Py_ssize_t size, int nulls) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (l[i] < (nulls ? -1 : 0) || (l[i] > 0 && (s[i] < 0 || s[i] > size - l[i]))) return 1;
+    return 0;
+}
+
 static int check_column(Py_buffer *starts, Py_buffer *lengths, Py_ssize_t n, Py_ssize_t data_length, const char *what) {
     if (starts->len < n * 8 || lengths->len < n * 8) {
         PyErr_Format(PyExc_ValueError, "encode_columns: fewer than %zd %s starts or lengths", n, what);
         return -1;
     }
-    const int64_t *s = (const int64_t *)starts->buf, *l = (const int64_t *)lengths->buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (l[i] < -1 || (l[i] > 0 && (s[i] < 0 || s[i] > data_length - l[i]))) {
-            PyErr_Format(PyExc_ValueError, "encode_columns: %s %zd lies outside its data", what, i);
-            return -1;
-        }
+    if (blobs_outside((const int64_t *)starts->buf, (const int64_t *)lengths->buf, n, data_length, 1)) {
+        PyErr_Format(PyExc_ValueError, "encode_columns: a %s lies outside its data", what);
+        return -1;
     }
     return 0;
 }
@@ -560,10 +565,8 @@ static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
     Py_buffer section, starts, lengths, out;
     if (!PyArg_ParseTuple(args, "y*y*y*w*", &section, &starts, &lengths, &out)) return NULL;
     Py_ssize_t n = starts.len / 8;
-    int failed = lengths.len < n * 8 || out.len < n * 8;
     const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
-    for (Py_ssize_t i = 0; !failed && i < n; i++)
-        failed = l[i] > 0 && (s[i] < 0 || s[i] > section.len - l[i]);
+    int failed = lengths.len < n * 8 || out.len < n * 8 || blobs_outside(s, l, n, section.len, 1);
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++)
@@ -588,12 +591,10 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     Py_ssize_t n = starts.len / 8;
     const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
     int32_t *o = (int32_t *)offsets.buf;
-    int failed = lengths.len < n * 8 || offsets.len < (n + 1) * 4 || o[0] < 0;
+    int failed = lengths.len < n * 8 || offsets.len < (n + 1) * 4 || o[0] < 0 ||
+                 blobs_outside(s, l, n, section.len, 1);
     int64_t total = failed ? 0 : o[0];
-    for (Py_ssize_t i = 0; !failed && i < n; i++) {
-        failed = l[i] > 0 && (s[i] < 0 || s[i] > section.len - l[i]);
-        total += l[i] > 0 ? l[i] : 0;
-    }
+    for (Py_ssize_t i = 0; !failed && i < n; i++) total += l[i] > 0 ? l[i] : 0;
     failed = failed || total > out.len || total > INT32_MAX;
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
@@ -650,10 +651,8 @@ static PyObject *murmur2(PyObject *self, PyObject *args) {
     Py_buffer data, starts, lengths, out;
     if (!PyArg_ParseTuple(args, "y*y*y*w*", &data, &starts, &lengths, &out)) return NULL;
     Py_ssize_t n = starts.len / 8;
-    int failed = lengths.len < n * 8 || out.len < n * 8;
     const int64_t *s = (const int64_t *)starts.buf, *l = (const int64_t *)lengths.buf;
-    for (Py_ssize_t i = 0; !failed && i < n; i++)
-        failed = l[i] < 0 || s[i] < 0 || s[i] > data.len - l[i];
+    int failed = lengths.len < n * 8 || out.len < n * 8 || blobs_outside(s, l, n, data.len, 0);
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++)
