@@ -655,12 +655,17 @@ def _open_read_only(config: BrokerConfig) -> DataDir:
     raise AssertionError("unreachable")
 
 
-def cmd_backup(args: argparse.Namespace) -> int:
-    try:
-        return _backup(args)
-    except Refused as error:
-        print(f"seglogfs: {error}", file=sys.stderr)
-        return error.exit_code
+def _refusals_answered(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A command whose `Refused` is one line on stderr and its exit code."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except Refused as error:
+            print(f"seglogfs: {error}", file=sys.stderr)
+            return error.exit_code
+
+    return run
 
 
 def _backup(args: argparse.Namespace) -> int:
@@ -746,14 +751,6 @@ def _backup_log_dirs(backup: Path, manifest: dict[str, object] | None) -> int:
     raise Refused(f"{backup}: BACKUP is no seglogfs backup nor a copy of a log dir", EXIT_USAGE)
 
 
-def cmd_restore(args: argparse.Namespace) -> int:
-    try:
-        return _restore(args)
-    except Refused as error:
-        print(f"seglogfs: {error}", file=sys.stderr)
-        return error.exit_code
-
-
 def _restore(args: argparse.Namespace) -> int:
     backup = Path(args.backup)
     if not backup.is_dir():
@@ -794,6 +791,10 @@ def _restore(args: argparse.Namespace) -> int:
 
 
 # -- command line ---------------------------------------------------------------------------------
+cmd_backup = _refusals_answered(_backup)
+cmd_restore = _refusals_answered(_restore)
+
+
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Register `backup` and `restore` with the `seglogfs` parser's subcommands."""
     backup = commands.add_parser(
