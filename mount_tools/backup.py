@@ -447,6 +447,10 @@ class _Copier:
                     self._skip(target, item)
                     return True, None
                 tmp = self._write_whole(target, iter((data,)), item, where)
+        except OSError as error:
+            if error.filename is None and error.errno:  # (pwrite, fsync: name the file they failed on)
+                raise OSError(error.errno, f"{target}: {error.strerror}") from None
+            raise
         finally:
             item.close()
             self.progress.advance(item.size)

@@ -429,3 +429,26 @@ def test_a_segment_whose_mtime_moved_but_not_its_bytes_is_not_sent_again(writer:
     assert stats(again)["bytes sent"] == 0
     for log in (data / "t-0").glob("*.log"):
         assert (dest / "t-0" / log.name).stat().st_mtime_ns == log.stat().st_mtime_ns
+
+
+def test_a_backup_onto_a_full_disk_names_the_file_and_leaves_an_incomplete_backup(tmp_path: Path) -> None:
+    data, small = tmp_path / "data", tmp_path / "small"
+    subprocess.run(
+        [sys.executable, "-m", "seglogfs.mount_tools.cli", "produce", str(data), "--topic", "t"],
+        input="".join(f"record-{i}\n" for i in range(40_000)).encode(),
+        check=True,
+        capture_output=True,
+    )
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
+    try:
+        done = backup(data, small / "b", expect=1)
+        assert done.stderr.splitlines() == [
+            f"seglogfs: {small / 'b' / 't-0' / '00000000000000000000.log'}: No space left on device"
+        ]
+        assert not list((small / "b").rglob("*.seglogfs-tmp"))  # no half-written copy left
+        assert json.loads((small / "b" / MANIFEST).read_text())["complete"] is False
+        restore(small / "b", tmp_path / "restored", expect=1)  # an incomplete backup is refused
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    check(data)
