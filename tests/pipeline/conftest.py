@@ -61,6 +61,9 @@ def spark(metrics: ReadMetrics) -> Iterator[object]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config(f"spark.executorEnv.{METRICS_ENV}", str(metrics.directory))
+        # Python workers on a Unix socket (the README's advice for short queries); the cluster
+        # test keeps Spark's default, TCP on loopback.
+        .config("spark.python.unix.domain.socket.enabled", "true")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
