@@ -55,10 +55,10 @@ class Attributes:
     otherwise (the adapter invalidates); 0: look again on every stat.
 
     The preferred I/O size (`block_bytes`) tells cat and cp how much to move at once: each write
-    to an append file becomes one record batch and each read of a mirror file one request, so
-    large is cheap there (FUSE passes up to 1 MiB a request). Views stay at a page: stdio and
-    Python size their buffers by it, and a view renders what is asked for (a first record from
-    by-offset/N should not render a megabyte)."""
+    to an append file becomes one record batch and each read of a mirror file or a view one
+    request, so large is cheap there (FUSE passes up to 1 MiB a request; a view renders a
+    megabyte in about half a millisecond, and `cat` of a view ran half again as fast with 1 MiB
+    requests as with its own 128 KiB)."""
 
     mode: int
     size: int = 0

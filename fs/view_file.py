@@ -9,7 +9,7 @@ import stat
 import threading
 from typing import TYPE_CHECKING
 
-from seglogfs.fs.node import Attributes, Changes, Handle, PartitionNode, Refused
+from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, PartitionNode, Refused
 from seglogfs.fs.views import View
 
 if TYPE_CHECKING:
@@ -62,14 +62,15 @@ class ViewFile(PartitionNode):
         # By-offset and by-time views are told of growth only while open (there can be any
         # number of them): looked up but closed, their size may be a second old.
         valid_s = UNWATCHED_VIEW_VALID_S if self.forgettable() else None
-        return Attributes(stat.S_IFREG | 0o444, self.ensure_view().size(), mtime_ns, valid_s=valid_s)
+        size = self.ensure_view().size()
+        return Attributes(stat.S_IFREG | 0o444, size, mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=valid_s)
 
     def listed_attributes(self) -> Attributes:
         """Not measured yet: size 0 for now, valid for no time, so that the kernel asks again
         (`stat`; a read past the size it knows): listing a directory never measures."""
         if self.ensure_view().layout.measured:
             return self.attributes()
-        return Attributes(stat.S_IFREG | 0o444, 0, self.tree.mounted_ns, valid_s=0)
+        return Attributes(stat.S_IFREG | 0o444, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
 
     def open_now(self, flags: int) -> Handle | None:
         # Looked up already (the usual case): its view is there, nothing to do off the loop.

@@ -79,10 +79,12 @@ class MeasureProgress:
     measured: bool  # the first measure is complete: sizes are known without rendering
 
 
-# A read may render pages on the event loop, this many bytes of them at most, when their bytes
-# are in the OS page cache (about a millisecond and a half here): handing that to a worker thread
-# costs more than rendering it, and a sequential reader (`cat`, `grep`) ran at half speed that way.
-INLINE_RENDER_BYTES = 256 * 1024
+# A read may render pages on the event loop, this many segment bytes of them at most, when their
+# bytes are in the OS page cache: a request's worth (views advertise 1 MiB as their I/O size) and
+# the pages it starts and ends in. That is 0.4-0.5 ms as text and about 1.3 ms as JSON Lines here;
+# handing it to a worker thread costs more than rendering it, and a sequential reader (`cat`,
+# `grep`) ran at two thirds of the speed that way.
+INLINE_RENDER_BYTES = 1280 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
 

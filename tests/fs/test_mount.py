@@ -354,3 +354,29 @@ def test_a_background_mount_logs_to_a_file(tmp_path: Path) -> None:
     assert f"{mountpoint}: WARNING" in said and "t/0/by-offset/abc: not an offset" in said
     bad = subprocess.run([*command, "-o", "log=/proc/nope/x.log"], cwd=REPO, capture_output=True, check=False)
     assert bad.returncode == 1 and b"cannot write the mount's log there" in bad.stderr
+
+
+def test_cat_moves_a_megabyte_a_request(mount, tmp_path: Path) -> None:
+    """Views and `.logdir` files advertise 1 MiB as their I/O size, so `cat` asks for a megabyte
+    a request, and a view's pages come from the OS page cache on the event loop."""
+    data = tmp_path / "data"
+    records = [b"record-%06d " % i + b"x" * 90 for i in range(60_000)]  # about 6 MiB as text
+    produce = [sys.executable, "-m", "seglogfs.mount_tools.cli", "produce", str(data), "--topic", "t"]
+    subprocess.run(produce, input=b"\n".join(records) + b"\n", cwd=REPO, check=True, capture_output=True, timeout=60)
+    m: Mount = mount(data)
+    view = m.path / "t" / "0" / "records"
+    segment = next((m.path / ".logdir" / "t-0").glob("*.log"))
+    for path in (view, segment):
+        assert os.stat(path).st_blksize == 1 << 20, path
+    before = m.requests()
+    assert sh(f"cat {view}").stdout == b"\n".join(records) + b"\n"
+    after = m.requests()
+    reads = after["read"] - before.get("read", 0)
+    assert reads <= os.stat(view).st_size // (1 << 20) + 2, f"{reads} read requests"
+    # All but the last two on the loop: the one that crosses the end and the one at it go to a
+    # worker thread, which looks for records appended since.
+    assert after["read_now"] - before.get("read_now", 0) >= reads - 2, "reads went to a worker thread"
+    before = after
+    sh(f"cat {segment} > /dev/null")
+    reads = m.requests()["read"] - before["read"]
+    assert reads <= os.stat(segment).st_size // (1 << 20) + 2, f"{reads} read requests"
