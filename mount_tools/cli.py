@@ -44,7 +44,7 @@ from seglogfs.engine.check import CheckReport, check_log_dirs
 from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
 from seglogfs.engine.producer import LineSplitter, Producer
-from seglogfs.mount_tools import backup, configs, consume, dump, mounting, topics
+from seglogfs.mount_tools import backup, configs, consume, dump, groups, mounting, topics
 from seglogfs.mount_tools.common import (
     EPILOG,
     EXIT_CHECK_FAILED,
@@ -360,6 +360,7 @@ _COMMANDS = (
     "produce",
     "consume",
     "topics",
+    "groups",
     "config",
     "dump",
     "clean",
@@ -369,7 +370,7 @@ _COMMANDS = (
     "check",
     *backup.COMMANDS,
 )
-_ACTIONS = {"topics": topics.ACTIONS, "config": configs.ACTIONS}
+_ACTIONS = {"topics": topics.ACTIONS, "groups": groups.ACTIONS, "config": configs.ACTIONS}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume_parser.set_defaults(handler=consume.cmd_consume)
 
     topics.add_parser(commands)
+    groups.add_parser(commands)
     configs.add_parser(commands)
 
     dump_parser = commands.add_parser(

@@ -1,27 +1,80 @@
-"""`seglogfs dump`: kafka-dump-log's output for `.log`, `.index` and `.timeindex` files.
+"""`seglogfs dump`: kafka-dump-log's output for `.log`, `.index`, `.timeindex`, `.snapshot`,
+`.txnindex` and KRaft snapshot (`.checkpoint`) files.
 
-Same flags and lines as Kafka's DumpLogSegments: a `Dumping <file>` line, then per batch
-`baseOffset: … isvalid: …`, per record (`--deep-iteration`, implied by `--print-data-log`)
-`| offset: … headerKeys: [...]` with ` key: … payload: …` when printing data; index entries as
-`offset: X position: Y` and `timestamp: T offset: O`; mismatches and trailing garbage reported as
-Kafka reports them. Files are opened read-only and never changed.
+Same flags and lines as Kafka's DumpLogSegments (as of Kafka 4.0): a `Dumping <file>` line, then
+
+* `.log` (and `.checkpoint`, headed `Snapshot end offset: N, epoch: E`): per batch `baseOffset: …
+  isvalid: …`; per record (`--deep-iteration`, implied by `--print-data-log` and the decoders)
+  `| offset: … sequence: … headerKeys: [...]`, then for a control record what it holds
+  (` endTxnMarker: COMMIT coordinatorEpoch: N`, ` LeaderChange: {json}`, ` SnapshotHeader {json}`,
+  …), and when printing data ` key: … payload: …`. The decoders print keys and values as Kafka's
+  do: `--offsets-decoder` `{"type":"1","data":{…}}` / `{"version":"3","data":{…}}` (`<DELETE>`
+  for a tombstone), `--transaction-log-decoder` the same for `__transaction_state`,
+  `--cluster-metadata-decoder` `{"type":"TOPIC_RECORD","version":0,"data":{…}}`; a record a decoder
+  cannot read prints Kafka's `Error at offset N, skipping. …` or `Unknown record type N at offset
+  O, skipping.` in its place. `--skip-record-metadata` leaves out the record metadata (lines start
+  `| key: …`), `--max-bytes N` reads only the batches within the first N bytes.
+* `.index` / `.timeindex`: `offset: X position: Y` / `timestamp: T offset: O`; mismatches on stderr.
+* `.snapshot` (producer state): per producer `producerId: … producerEpoch: … coordinatorEpoch: …
+  currentTxnFirstOffset: OptionalLong… lastTimestamp: … firstSequence: … lastSequence: …
+  lastOffset: … offsetDelta: … timestamp: …`; a corrupt snapshot is one stderr line.
+* `.txnindex`: per aborted transaction `version: … producerId: … firstOffset: … lastOffset: …
+  lastStableOffset: …`.
+
+Files are opened read-only and never changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import struct
+import re
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from seglogfs.engine.consumer_offsets import (
+    CONSUMER_PROTOCOL_ASSIGNMENT,
+    CONSUMER_PROTOCOL_SUBSCRIPTION,
+    CONSUMER_PROTOCOL_TYPE,
+    GROUP_METADATA_KEY,
+    GROUP_METADATA_KEY_TYPE,
+    GROUP_METADATA_VALUE,
+    OFFSET_COMMIT_KEY,
+    OFFSET_COMMIT_VALUE,
+    decode_consumer_protocol,
+    decode_key,
+    decode_value,
+    key_type,
+)
+from seglogfs.engine.control_records import describe_control_record
 from seglogfs.engine.errors import CorruptIndexError
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex, entries_in_use
-from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from seglogfs.engine.records import BatchHeader, Record, check_batch, control_type, decode_records
+from seglogfs.engine.messages import json_ready, to_json
+from seglogfs.engine.metadata_records import describe_metadata_record
+from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from seglogfs.engine.producer_snapshot import CorruptSnapshotError, read_producer_snapshot
+from seglogfs.engine.records import BatchHeader, Record, check_batch, decode_records, iter_batch_headers
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.transaction_index import read_transaction_index
+from seglogfs.engine.transaction_log import (
+    TRANSACTION_LOG_KEY,
+    TRANSACTION_LOG_VALUE,
+    decode_transaction_log_key,
+    decode_transaction_log_value,
+)
+
+KRAFT_SNAPSHOT_SUFFIX = ".checkpoint"  # Kafka's Snapshots.SUFFIX
+BOOTSTRAP_SNAPSHOT_NAME = "bootstrap.checkpoint"
+_KRAFT_SNAPSHOT_NAME = re.compile(r"(\d{20})-(\d{10})\.checkpoint")
+MAX_BYTES_DEFAULT = 2**31 - 1  # Integer.MAX_VALUE: the whole file, and trailing bytes reported
+RECORD_INDENT = "|"
+
+# (key text or None, payload text or None) of a record, as a kafka-dump-log MessageParser gives it.
+MessageParser = Callable[[Record], tuple[str | None, str | None]]
 
 
 class DumpFailed(Exception):
@@ -29,12 +82,38 @@ class DumpFailed(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="*", metavar="FILE", help=".log, .index or .timeindex files")
+    parser.add_argument(
+        "files", nargs="*", metavar="FILE", help=".log, .index, .timeindex, .snapshot, .txnindex or .checkpoint files"
+    )
     parser.add_argument("--files", dest="files_option", metavar="F1,F2", help="comma-separated files (Kafka's form)")
     parser.add_argument("--print-data-log", action="store_true", help="print keys and values (implies deep iteration)")
     parser.add_argument("--deep-iteration", action="store_true", help="print every record, not only batches")
     parser.add_argument("--verify-index-only", action="store_true", help="check index entries, print only mismatches")
     parser.add_argument("--index-sanity-check", action="store_true", help="only run the index sanity check")
+    decoders = parser.add_mutually_exclusive_group()
+    decoders.add_argument(
+        "--offsets-decoder", action="store_true", help="decode records as __consumer_offsets data (implies printing)"
+    )
+    decoders.add_argument(
+        "--transaction-log-decoder",
+        action="store_true",
+        help="decode records as __transaction_state data (implies printing)",
+    )
+    decoders.add_argument(
+        "--cluster-metadata-decoder",
+        action="store_true",
+        help="decode records as KRaft cluster metadata records (implies printing)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=MAX_BYTES_DEFAULT,
+        metavar="N",
+        help="read only the batches within the first N bytes of a .log file",
+    )
+    parser.add_argument(
+        "--skip-record-metadata", action="store_true", help="print records without their metadata (nor control records)"
+    )
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
@@ -42,18 +121,36 @@ def cmd_dump(args: argparse.Namespace) -> int:
     if not files:
         print("seglogfs: dump needs at least one FILE", file=sys.stderr)
         return 2
+    if args.max_bytes < 0:
+        print(f"seglogfs: dump: --max-bytes {args.max_bytes} is negative", file=sys.stderr)
+        return 2
+    parser = _message_parser(args)
+    print_data = args.print_data_log or parser is not _default_parser
+    deep = args.deep_iteration or print_data
     out = sys.stdout
     failed = False
     for name in files:
         path = Path(name)
         out.write(f"Dumping {name}\n")
         try:
-            if path.name.endswith(LOG_SUFFIX):
-                _dump_log(path, args.deep_iteration or args.print_data_log, args.print_data_log, out)
+            if path.name.endswith(LOG_SUFFIX) or path.name.endswith(KRAFT_SNAPSHOT_SUFFIX):
+                _dump_log(
+                    path,
+                    deep=deep,
+                    print_data=print_data,
+                    skip_metadata=args.skip_record_metadata,
+                    max_bytes=args.max_bytes,
+                    parser=parser,
+                    out=out,
+                )
             elif path.name.endswith(INDEX_SUFFIX):
                 failed |= not _dump_offset_index(path, name, args.verify_index_only, args.index_sanity_check, out)
             elif path.name.endswith(TIME_INDEX_SUFFIX):
                 failed |= not _dump_time_index(path, name, args.verify_index_only, args.index_sanity_check, out)
+            elif path.name.endswith(SNAPSHOT_SUFFIX):
+                failed |= not _dump_producer_snapshot(path, out)
+            elif path.name.endswith(TXN_INDEX_SUFFIX):
+                _dump_transaction_index(path, out)
             else:
                 print(f"Ignoring unknown file {name}", file=sys.stderr)
         except FileNotFoundError:
@@ -105,40 +202,184 @@ def _batch_line(header: BatchHeader, valid: bool) -> str:
     )
 
 
-def _record_line(header: BatchHeader, record: Record, print_data: bool) -> str:
-    sequence = header.base_sequence + (record.offset - header.base_offset) if header.base_sequence >= 0 else -1
-    line = (
-        f"| offset: {record.offset} {record.timestamp_type.display_name}: {record.timestamp} "
-        f"keySize: {-1 if record.key is None else len(record.key)} "
-        f"valueSize: {-1 if record.value is None else len(record.value)}"
+# -- message parsers (kafka-dump-log's MessageParser implementations) -----------------------------
+def _default_parser(record: Record) -> tuple[str | None, str | None]:
+    """Kafka's StringDecoder for keys and values."""
+    key = None if record.key is None else bytes(record.key).decode("utf-8", "replace")
+    value = None if record.value is None else bytes(record.value).decode("utf-8", "replace")
+    return key, value
+
+
+def _coordinator_record(
+    record: Record,
+    decode_key_fields: Callable[[bytes], tuple[int, dict[str, Any]] | None],
+    key_schema: Callable[[int], Any],
+    decode_value_fields: Callable[[int, bytes], tuple[int, dict[str, Any]]],
+    value_json: Callable[[int, int, dict[str, Any]], Any],
+) -> tuple[str | None, str | None]:
+    """Kafka's CoordinatorRecordMessageParser: `{"type":"<record type>","data":{key}}` and
+    `{"version":"<version>","data":{value}}`, `<DELETE>` for a tombstone, Kafka's skip lines for
+    what it cannot read."""
+    if record.key is None:
+        raise ValueError(
+            f"Failed to decode message at offset {record.offset} using the specified decoder "
+            "(message had a missing key)"
+        )
+    key = bytes(record.key)
+    try:
+        decoded = decode_key_fields(key)
+        if decoded is None:
+            return f"Unknown record type {key_type(key)} at offset {record.offset}, skipping.", None
+        kind, fields = decoded
+        key_text = to_json({"type": str(kind), "data": json_ready(fields, key_schema(kind))})
+        if record.value is None:
+            return key_text, "<DELETE>"
+        version, value_fields = decode_value_fields(kind, bytes(record.value))
+        value_text = to_json({"version": str(version), "data": value_json(kind, version, value_fields)})
+    except (ValueError, UnicodeDecodeError) as error:
+        return f"Error at offset {record.offset}, skipping. {error}", None
+    return key_text, value_text
+
+
+def _consumer_protocol_json(raw: bytes | None, schema: Any) -> Any:
+    """A member's subscription or assignment as its consumer protocol JSON; the raw bytes
+    (base64) when they do not decode, as Kafka keeps them."""
+    try:
+        _version, fields = decode_consumer_protocol(raw or b"", schema)
+    except ValueError:
+        return json_ready({"raw": raw}, GROUP_METADATA_VALUE)["raw"]
+    return json_ready(fields, schema)
+
+
+def _offsets_value_json(kind: int, _version: int, fields: dict[str, Any]) -> Any:
+    if kind != GROUP_METADATA_KEY_TYPE:
+        return json_ready(fields, OFFSET_COMMIT_VALUE)
+    data = json_ready(fields, GROUP_METADATA_VALUE)
+    if fields.get("protocolType") == CONSUMER_PROTOCOL_TYPE:
+        for member, raw in zip(data.get("members") or (), fields.get("members") or (), strict=True):
+            member["subscription"] = _consumer_protocol_json(raw["subscription"], CONSUMER_PROTOCOL_SUBSCRIPTION)
+            member["assignment"] = _consumer_protocol_json(raw["assignment"], CONSUMER_PROTOCOL_ASSIGNMENT)
+    return data
+
+
+def _offsets_parser(record: Record) -> tuple[str | None, str | None]:
+    return _coordinator_record(
+        record,
+        decode_key,
+        lambda kind: GROUP_METADATA_KEY if kind == GROUP_METADATA_KEY_TYPE else OFFSET_COMMIT_KEY,
+        decode_value,
+        _offsets_value_json,
     )
-    if header.is_control:
-        kind = control_type(record)
-        if kind is not None and record.value is not None and len(record.value) >= 6:
-            _version, coordinator_epoch = struct.unpack_from(">hi", record.value)
-            line += f" endTxnMarker: {kind.name} coordinatorEpoch: {coordinator_epoch}"
-        elif record.key is not None and len(record.key) >= 4:
-            code = struct.unpack_from(">h", record.key, 2)[0]
-            line += f" controlType: UNKNOWN({code})"
-        return line
-    line += f" sequence: {sequence} headerKeys: [{','.join(key for key, _ in record.headers)}]"
-    if print_data:
-        if record.key is not None:
-            line += f" key: {record.key.decode('utf-8', 'replace')}"
-        if record.value is not None:
-            line += f" payload: {record.value.decode('utf-8', 'replace')}"
+
+
+def _transaction_log_parser(record: Record) -> tuple[str | None, str | None]:
+    return _coordinator_record(
+        record,
+        decode_transaction_log_key,
+        lambda _kind: TRANSACTION_LOG_KEY,
+        lambda _kind, value: decode_transaction_log_value(value),
+        lambda _kind, _version, fields: json_ready(fields, TRANSACTION_LOG_VALUE),
+    )
+
+
+def _cluster_metadata_parser(record: Record) -> tuple[str | None, str | None]:
+    """No key; the value as its metadata record JSON, or Kafka's `Error at N, skipping. …`."""
+    try:
+        return None, describe_metadata_record(bytes(record.value or b""))
+    except (ValueError, UnicodeDecodeError) as error:
+        return None, f"Error at {record.offset}, skipping. {error}"
+
+
+def _message_parser(args: argparse.Namespace) -> MessageParser:
+    if args.offsets_decoder:
+        return _offsets_parser
+    if args.transaction_log_decoder:
+        return _transaction_log_parser
+    if args.cluster_metadata_decoder:
+        return _cluster_metadata_parser
+    return _default_parser
+
+
+def _record_line(
+    path: Path, header: BatchHeader, record: Record, *, print_data: bool, skip_metadata: bool, parser: MessageParser
+) -> str:
+    """One record as DumpLogSegments prints it: its metadata (unless skipped), what a control
+    record holds, and the key and payload when printing data (never for control records)."""
+    line = ""
+    if not skip_metadata:
+        sequence = header.base_sequence + (record.offset - header.base_offset) if header.base_sequence >= 0 else -1
+        line = (
+            f"{RECORD_INDENT} offset: {record.offset} {record.timestamp_type.display_name}: {record.timestamp} "
+            f"keySize: {-1 if record.key is None else len(record.key)} "
+            f"valueSize: {-1 if record.value is None else len(record.value)} "
+            f"sequence: {sequence} headerKeys: [{','.join(key for key, _ in record.headers)}]"
+        )
+        if header.is_control:
+            try:
+                line += describe_control_record(record.key, record.value)
+            except ValueError as error:
+                print(f"seglogfs: {path}: control record at offset {record.offset}: {error}", file=sys.stderr)
+                raise DumpFailed from None
+    if print_data and not header.is_control:
+        try:
+            key, payload = parser(record)
+        except ValueError as error:
+            print(f"seglogfs: {path}: {error}", file=sys.stderr)
+            raise DumpFailed from None
+        prefix = f"{RECORD_INDENT} " if skip_metadata else " "
+        if key is not None:
+            line += f"{prefix}key: {key}"
+            prefix = " "
+        if payload is not None:
+            line += f"{prefix}payload: {payload}"
     return line
 
 
-def _dump_log(path: Path, deep: bool, print_data: bool, out: object) -> None:
-    write = out.write  # type: ignore[attr-defined]
-    segment = _segment(path)
-    try:
+def _file_batches(path: Path, max_bytes: int) -> tuple[Iterator[tuple[BatchHeader, bytes]], int]:
+    """The whole batches of a file that is not a segment (a KRaft snapshot) within `max_bytes`,
+    and how many bytes were read."""
+    with open(path, "rb") as handle:
+        data = handle.read(max_bytes)
+
+    def batches() -> Iterator[tuple[BatchHeader, bytes]]:
+        for header in iter_batch_headers(data):
+            yield header, data[header.position : header.next_position]
+
+    return batches(), len(data)
+
+
+def _dump_log(
+    path: Path,
+    *,
+    deep: bool,
+    print_data: bool,
+    skip_metadata: bool,
+    max_bytes: int,
+    parser: MessageParser,
+    out: Any,
+) -> None:
+    write = out.write
+    segment = None
+    if path.name.endswith(LOG_SUFFIX):
+        segment = _segment(path)
         write(f"Log starting offset: {segment.base_offset}\n")
+        size = min(segment.size, max_bytes)
+        batches: Iterable[tuple[BatchHeader, Any]] = segment.iter_batches(0, size)
+    else:
+        if path.name == BOOTSTRAP_SNAPSHOT_NAME:
+            write("KRaft bootstrap snapshot\n")
+        else:
+            match = _KRAFT_SNAPSHOT_NAME.fullmatch(path.name)
+            if match is None:
+                print(f"seglogfs: {path}: not a KRaft snapshot name (<offset>-<epoch>.checkpoint)", file=sys.stderr)
+                raise DumpFailed
+            write(f"Snapshot end offset: {int(match.group(1))}, epoch: {int(match.group(2))}\n")
+        batches, size = _file_batches(path, max_bytes)
+    try:
         valid_bytes = 0
         previous_offset: int | None = None
         gaps: list[tuple[int, int]] = []
-        for header, batch in segment.iter_batches(0):
+        for header, batch in batches:
             reason = check_batch(header, batch)
             write(_batch_line(header, reason is None) + "\n")
             if reason is not None:
@@ -157,16 +398,59 @@ def _dump_log(path: Path, deep: bool, print_data: bool, out: object) -> None:
                     if previous_offset is not None and record.offset != previous_offset + 1:
                         gaps.append((previous_offset, record.offset))
                     previous_offset = record.offset
-                    write(_record_line(header, record, print_data) + "\n")
-        invalid = segment.size - valid_bytes
-        if invalid > 0:
+                    write(
+                        _record_line(
+                            path, header, record, print_data=print_data, skip_metadata=skip_metadata, parser=parser
+                        )
+                        + "\n"
+                    )
+        invalid = size - valid_bytes
+        if invalid > 0 and max_bytes == MAX_BYTES_DEFAULT:
             write(f"Found {invalid} invalid bytes at the end of {path.name}\n")
         if gaps:
             print(f"Non-consecutive offsets in {path.resolve()}", file=sys.stderr)
             for before, after in gaps:
                 print(f"  {before} is followed by {after}", file=sys.stderr)
     finally:
-        segment.close_handlers()
+        if segment is not None:
+            segment.close_handlers()
+
+
+def _dump_producer_snapshot(path: Path, out: Any) -> bool:
+    """Kafka's dumpProducerIdSnapshot: a line per producer; a corrupt snapshot is one stderr
+    line (and exit 1 here, where Kafka goes on with status 0)."""
+    try:
+        entries = read_producer_snapshot(path)
+    except CorruptSnapshotError as error:
+        print(error, file=sys.stderr)
+        return False
+    for entry in entries:
+        first = (
+            "OptionalLong.empty"
+            if entry.current_txn_first_offset < 0
+            else f"OptionalLong[{entry.current_txn_first_offset}]"
+        )
+        line = (
+            f"producerId: {entry.producer_id} producerEpoch: {entry.producer_epoch} "
+            f"coordinatorEpoch: {entry.coordinator_epoch} currentTxnFirstOffset: {first} "
+            f"lastTimestamp: {entry.timestamp if entry.last_offset >= 0 else -1} "
+        )
+        if entry.last_offset >= 0:
+            line += (
+                f"firstSequence: {entry.first_sequence} lastSequence: {entry.last_sequence} "
+                f"lastOffset: {entry.last_offset} offsetDelta: {entry.offset_delta} timestamp: {entry.timestamp}"
+            )
+        out.write(line + "\n")
+    return True
+
+
+def _dump_transaction_index(path: Path, out: Any) -> None:
+    """Kafka's dumpTxnIndex: a line per aborted transaction."""
+    for txn in read_transaction_index(path):
+        out.write(
+            f"version: {txn.version} producerId: {txn.producer_id} firstOffset: {txn.first_offset} "
+            f"lastOffset: {txn.last_offset} lastStableOffset: {txn.last_stable_offset}\n"
+        )
 
 
 def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
@@ -178,8 +462,8 @@ def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
     return entries_in_use(np.frombuffer(raw, dtype=dtype))
 
 
-def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bool, out: object) -> bool:
-    write = out.write  # type: ignore[attr-defined]
+def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bool, out: Any) -> bool:
+    write = out.write
     base = _base_offset(path)
     if sanity_only:
         index = OffsetIndex(path, base, max(os.path.getsize(path), 8), writable=False)
@@ -217,8 +501,8 @@ def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bo
     return True  # like kafka-dump-log: mismatches are reported, the exit status stays 0
 
 
-def _dump_time_index(path: Path, name: str, verify_only: bool, sanity_only: bool, out: object) -> bool:
-    write = out.write  # type: ignore[attr-defined]
+def _dump_time_index(path: Path, name: str, verify_only: bool, sanity_only: bool, out: Any) -> bool:
+    write = out.write
     base = _base_offset(path)
     if sanity_only:
         index = TimeIndex(path, base, max(os.path.getsize(path), 12), writable=False)

@@ -1,0 +1,255 @@
+"""`seglogfs groups`: kafka-consumer-groups for a data dir, read from its `__consumer_offsets`.
+
+    seglogfs groups list DATADIR...
+    seglogfs groups describe DATADIR... [--group G] [--json]
+
+DATADIR is one log dir or several (as arguments, or separated by commas like `log.dirs`); every
+`__consumer_offsets-N` partition in them is replayed (engine.consumer_offsets): nothing is
+changed and no lock is taken, so it works beside a running broker or a mount.
+
+`list` prints group ids, one a line, sorted (kafka-consumer-groups --list). `describe` prints,
+per group, kafka-consumer-groups --describe's table after an empty line:
+
+    GROUP  TOPIC  PARTITION  CURRENT-OFFSET  LOG-END-OFFSET  LAG  CONSUMER-ID  HOST  CLIENT-ID
+
+one row per partition with a committed offset or assigned to a member, sorted by topic and
+partition, columns padded as that tool pads them. LOG-END-OFFSET is the data dir's own
+partition's when it holds that topic-partition, else `-` (and LAG `-`); CONSUMER-ID, HOST and
+CLIENT-ID are the member the partition is assigned to (protocol type `consumer`), else `-`. A
+group without members gets kafka-consumer-groups' note on stderr ("Consumer group 'G' has no
+active members."). `--json` prints one document (keys in `describe_document`).
+
+Bad data: a record of a type not read here (KIP-848 and share group records) is skipped with a
+warning line on stderr naming the file and offset, as the broker's loader skips it; a record
+that does not decode, or a corrupt batch, stops the command with one line naming the file and
+offset (exit 1). A data dir without `__consumer_offsets` partitions is exit 1 with one line; an
+unknown `--group` too. Exit codes are the CLI's (`seglogfs --help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
+from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC
+from seglogfs.engine.consumer_offsets import (
+    ConsumerGroup,
+    GroupCoordinatorState,
+    GroupIdNotFoundError,
+    GroupMember,
+    read_consumer_groups,
+)
+from seglogfs.mount_tools.common import EPILOG, EXIT_OK, broker_config, now_ms, print_json
+
+ACTIONS = ("list", "describe")
+_HEADERS = (
+    "GROUP",
+    "TOPIC",
+    "PARTITION",
+    "CURRENT-OFFSET",
+    "LOG-END-OFFSET",
+    "LAG",
+    "CONSUMER-ID",
+    "HOST",
+    "CLIENT-ID",
+)
+_MISSING = "-"
+
+
+def add_parser(commands: Any) -> None:
+    """`groups` and its actions, on the CLI's subcommands."""
+    groups = commands.add_parser(
+        "groups", help="list and describe consumer groups (kafka-consumer-groups)", epilog=EPILOG
+    )
+    actions = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    listing = actions.add_parser("list", help="print group ids, one a line", epilog=EPILOG)
+    _add_common(listing)
+    listing.set_defaults(handler=cmd_list)
+
+    describe = actions.add_parser(
+        "describe", help="print groups' offsets, lag and members (kafka-consumer-groups --describe)", epilog=EPILOG
+    )
+    _add_common(describe)
+    describe.add_argument("--group", metavar="G", help="only this group (default: all)")
+    describe.add_argument("--json", action="store_true", help="one JSON document")
+    describe.set_defaults(handler=cmd_describe)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("datadirs", nargs="+", metavar="DATADIR", help="log dir(s), also comma-separated (log.dirs)")
+    parser.add_argument("-c", dest="config", type=Path, metavar="server.properties", help="broker properties file")
+    parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a broker config setting (repeatable)")
+
+
+def _state(args: argparse.Namespace) -> tuple[list[Path], GroupCoordinatorState]:
+    """The log dirs named, and the groups their offsets topic holds; warnings to stderr. An
+    error when no dir holds `__consumer_offsets`."""
+    args.datadir = ",".join(args.datadirs)
+    log_dirs = list(broker_config(args).log_dirs)
+    for log_dir in log_dirs:
+        if not log_dir.is_dir():
+            raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")
+    state = read_consumer_groups(log_dirs)
+    if not state.partition_dirs:
+        where = ", ".join(str(d) for d in log_dirs)
+        raise UnknownTopicOrPartitionError(
+            f"{where}: no {CONSUMER_OFFSETS_TOPIC} partitions (no consumer group has committed offsets here)"
+        )
+    for warning in state.warnings:
+        print(f"seglogfs: warning: {warning}", file=sys.stderr)
+    return log_dirs, state
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    _log_dirs, state = _state(args)
+    sys.stdout.write("".join(f"{group_id}\n" for group_id in state.groups))
+    return EXIT_OK
+
+
+def _log_end_offsets(args: argparse.Namespace, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The log end offsets of the wanted topic-partitions the data dir holds."""
+    topics = {topic for topic, _ in wanted}
+    out = {}
+    with DataDir.open(broker_config(args), read_only=True, now_ms=now_ms()) as data_dir:
+        held = data_dir.topics()
+        for topic in topics & set(held):
+            for partition in held[topic]:
+                if (topic, partition) in wanted:
+                    out[(topic, partition)] = data_dir.partition(topic, partition).log_end_offset
+    return out
+
+
+def _rows(group: ConsumerGroup, log_end_offsets: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    owners: dict[tuple[str, int], GroupMember] = {}
+    if group.metadata is not None:
+        for assigned in group.metadata.members:
+            for topic_partition in assigned.assigned_partitions:
+                owners[topic_partition] = assigned
+    rows = []
+    for topic, partition in sorted(set(group.offsets) | set(owners)):
+        commit = group.offsets.get((topic, partition))
+        member = owners.get((topic, partition))
+        current = None if commit is None else commit.offset
+        end = log_end_offsets.get((topic, partition))
+        rows.append(
+            {
+                "topic": topic,
+                "partition": partition,
+                "currentOffset": current,
+                "logEndOffset": end,
+                "lag": None if current is None or end is None else end - current,
+                "leaderEpoch": None if commit is None else commit.leader_epoch,
+                "metadata": None if commit is None else commit.metadata,
+                "commitTimestamp": None if commit is None else commit.commit_timestamp,
+                "expireTimestamp": None if commit is None else commit.expire_timestamp,
+                "consumerId": None if member is None else member.member_id,
+                "host": None if member is None else member.client_host,
+                "clientId": None if member is None else member.client_id,
+            }
+        )
+    return rows
+
+
+def describe_document(
+    state: GroupCoordinatorState, groups: list[str], log_end_offsets: dict[tuple[str, int], int]
+) -> dict[str, Any]:
+    """`describe --json`: `{"groups": [{"group", "state" (Stable or Empty), "protocolType",
+    "protocol", "generation", "leader", "currentStateTimestamp" (null without group metadata),
+    "members": [{"memberId", "groupInstanceId", "clientId", "clientHost", "rebalanceTimeoutMs",
+    "sessionTimeoutMs", "assignment": [{"topic", "partition"}]}], "offsets": [{"topic",
+    "partition", "currentOffset", "logEndOffset", "lag", "leaderEpoch", "metadata",
+    "commitTimestamp", "expireTimestamp", "consumerId", "host", "clientId"}]}]}`; null where
+    the table shows `-`."""
+    described = []
+    for group_id in groups:
+        group = state.groups[group_id]
+        metadata = group.metadata
+        described.append(
+            {
+                "group": group_id,
+                "state": group.state,
+                "protocolType": None if metadata is None else metadata.protocol_type,
+                "protocol": None if metadata is None else metadata.protocol,
+                "generation": None if metadata is None else metadata.generation,
+                "leader": None if metadata is None else metadata.leader,
+                "currentStateTimestamp": None if metadata is None else metadata.current_state_timestamp,
+                "members": [
+                    {
+                        "memberId": m.member_id,
+                        "groupInstanceId": m.group_instance_id,
+                        "clientId": m.client_id,
+                        "clientHost": m.client_host,
+                        "rebalanceTimeoutMs": m.rebalance_timeout_ms,
+                        "sessionTimeoutMs": m.session_timeout_ms,
+                        "assignment": [{"topic": t, "partition": p} for t, p in m.assigned_partitions],
+                    }
+                    for m in (() if metadata is None else metadata.members)
+                ],
+                "offsets": _rows(group, log_end_offsets),
+            }
+        )
+    return {"groups": described}
+
+
+def _cell(value: object) -> str:
+    return _MISSING if value is None else str(value)
+
+
+def _table(group_id: str, rows: list[dict[str, Any]]) -> list[str]:
+    """kafka-consumer-groups' table: GROUP, TOPIC, CONSUMER-ID and HOST as wide as their
+    longest value, PARTITION 10 and the offsets 15 characters, one space between columns."""
+    cells = [
+        (
+            group_id,
+            r["topic"],
+            _cell(r["partition"]),
+            _cell(r["currentOffset"]),
+            _cell(r["logEndOffset"]),
+            _cell(r["lag"]),
+            _cell(r["consumerId"]),
+            _cell(r["host"]),
+            _cell(r["clientId"]),
+        )
+        for r in rows
+    ]
+    widths = [max(len(_HEADERS[i]), *(len(c[i]) for c in cells)) for i in (0, 1, 6, 7)]
+    group_w, topic_w, consumer_w, host_w = widths
+
+    def line(c: tuple[str, ...]) -> str:
+        return (
+            f"{c[0]:<{group_w}} {c[1]:<{topic_w}} {c[2]:<10} {c[3]:<15} {c[4]:<15} {c[5]:<15} "
+            f"{c[6]:<{consumer_w}} {c[7]:<{host_w}} {c[8]}"
+        )
+
+    return [line(_HEADERS), *(line(c) for c in cells)]
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    _log_dirs, state = _state(args)
+    if args.group is not None:
+        if args.group not in state.groups:
+            raise GroupIdNotFoundError(f"Consumer group '{args.group}' does not exist.")
+        groups = [args.group]
+    else:
+        groups = list(state.groups)
+    wanted = {partition for group_id in groups for partition in state.groups[group_id].offsets}
+    for group_id in groups:
+        metadata = state.groups[group_id].metadata
+        for member in () if metadata is None else metadata.members:
+            wanted.update(member.assigned_partitions)
+    document = describe_document(state, groups, _log_end_offsets(args, wanted) if wanted else {})
+    if args.json:
+        print_json(document)
+        return EXIT_OK
+    for group in document["groups"]:
+        if not group["members"]:
+            sys.stdout.flush()  # the note comes before its table, as the tool prints it
+            print(f"\nConsumer group '{group['group']}' has no active members.", file=sys.stderr)
+        if not group["offsets"]:
+            continue
+        sys.stdout.write("\n" + "".join(f"{line}\n" for line in _table(group["group"], group["offsets"])))
+    return EXIT_OK
