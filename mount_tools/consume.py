@@ -3,6 +3,7 @@
     seglogfs consume DATADIR --topic T [--partition P]
         [--from-beginning | --offset N|earliest|latest | --timestamp T]
         [--max-messages N] [--follow] [--timeout-ms N] [--format text|jsonl] [--property k=v ...]
+        [--isolation-level read_uncommitted|read_committed]
 
 Without a start point it starts at the log end, as Kafka's console consumer does. It prints each
 partition's records in turn up to its log end offset and ends; with `--follow` it then waits for
@@ -16,6 +17,10 @@ ends it quietly with status 0, also while it waits: a closed pipe is noticed wit
 The data dir is opened read-only (no lock: it works beside the writer it follows); each poll, a
 partition takes in what the writer did since the last look (`PartitionLog.refresh`: appends,
 rolls, retention, compaction). Records retention removed before they were printed are skipped.
+
+`--isolation-level read_committed` reads as Kafka's read_committed consumers do: records of
+aborted transactions are left out, and nothing is printed at or past the last stable offset (the
+first offset of a transaction still open); the default, as in Kafka, is read_uncommitted.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.timestamps import parse_timestamp
+from seglogfs.engine.transactions import TransactionTracker
 from seglogfs.mount_tools.common import (
     EXIT_OK,
     UsageError,
@@ -48,6 +54,9 @@ from seglogfs.mount_tools.common import (
 )
 
 POLL_MS = 100  # how often a follower looks for new records (a console consumer's poll)
+
+
+READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout-ms", type=int, metavar="N", help="end after N ms without a new record (implies --follow)"
     )
     parser.add_argument("--format", choices=("text", "jsonl"), default="text")
+    parser.add_argument(
+        "--isolation-level",
+        choices=(READ_UNCOMMITTED, READ_COMMITTED),
+        default=READ_UNCOMMITTED,
+        help="read_committed: leave out aborted transactions and stop at the last stable offset",
+    )
     parser.add_argument(
         "--property",
         action="append",
@@ -96,16 +111,30 @@ def _start_offset(args: argparse.Namespace, log: PartitionLog) -> int:
 
 
 class _Cursor:
-    """One partition being consumed: its log, its renderer and the next offset to print."""
+    """One partition being consumed: its log, its renderer and the next offset to print. With
+    `read_committed`, the partition's transactions are tracked (engine.transactions): aborted
+    ones are left out and nothing at or past the last stable offset is printed, as Kafka's
+    read_committed consumers see it; a start at the log end starts at the last stable offset."""
 
-    def __init__(self, log: PartitionLog, position: int, text_format: TextFormat | None) -> None:
+    def __init__(self, log: PartitionLog, position: int, text_format: TextFormat | None, read_committed: bool) -> None:
         self.log = log
-        self.position = position
         self.renderer = (
             TextRenderer(text_format, log.partition)
             if text_format is not None
             else JsonLinesRenderer(log.topic, log.partition)
         )
+        self.transactions = TransactionTracker() if read_committed else None
+        if self.transactions is not None and position == log.log_end_offset:
+            position = self._last_stable_offset(self.transactions)
+        self.position = position
+
+    def _last_stable_offset(self, transactions: TransactionTracker) -> int:
+        """Take in the batches appended since the last look; the last stable offset of what was
+        read (not of the log end now: a writer may be appending)."""
+        log = self.log
+        start = max(transactions.next_offset, log.log_start_offset)
+        transactions.add_all((header, batch) for _, header, batch in log.batches(start))
+        return transactions.last_stable_offset(max(transactions.next_offset, log.log_start_offset))
 
     def rendered(self, room: Callable[[], int | None]) -> Iterator[tuple[bytes, int]]:
         """The lines of the records from the position to the log end, a batch at a time, with how
@@ -114,12 +143,17 @@ class _Cursor:
         starts again at the log start."""
         log = self.log
         self.position = max(self.position, log.log_start_offset)
-        if self.position >= log.log_end_offset:
+        transactions = self.transactions
+        stop = log.log_end_offset if transactions is None else self._last_stable_offset(transactions)
+        if self.position >= stop:
             return
-        for segment, header, batch in log.batches(self.position):
+        for segment, header, batch in log.batches(self.position, stop):
             left = room()
             if left is not None and left <= 0:
                 return
+            if transactions is not None and transactions.is_aborted(header):
+                self.position = header.last_offset + 1
+                continue
             try:
                 lines, records = self.renderer.render_some(header, batch, self.position, left)
             except Exception as error:  # a codec or varint error inside a batch whose CRC held
@@ -231,7 +265,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
     try:
         with _sigterm_interrupts(), DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
             consumer.cursors = [
-                _Cursor(log, _start_offset(args, log), text_format) for log in _partitions(data_dir, args)
+                _Cursor(log, _start_offset(args, log), text_format, args.isolation_level == READ_COMMITTED)
+                for log in _partitions(data_dir, args)
             ]
             consumer.write_available()
             consumer.out.flush()

@@ -1,0 +1,96 @@
+"""A partition's transactions as a read_committed reader needs them (Kafka's producer state and
+transaction index, rebuilt from the log): which transactional batches belong to aborted
+transactions, and the last stable offset, below which every transaction has ended.
+
+What the log holds (Kafka's transactional producer):
+
+- A transactional data batch (attribute bit 4) of producer P. The first one after P's last
+  marker opens P's transaction at its base offset; later ones join it.
+- A control batch (attributes bits 4 and 5) of P ends P's transaction. Its one record's key is
+  int16 version, int16 type: 0 ABORT, 1 COMMIT (the value, an EndTxnMarker, is not needed here).
+- A transaction is aborted when its marker is ABORT: every batch of P from its first offset to
+  the marker's offset is hidden from read_committed readers. An ABORT with no open transaction
+  (its data was removed by retention or compaction) hides nothing.
+- The last stable offset (LSO) is the first offset of the earliest transaction still open, or
+  the log end offset when none is. read_committed readers read only below it, as Kafka's
+  fetches do: a non-transactional record after an open transaction waits for it too.
+
+Kafka keeps this state across restarts in producer snapshots and `.txnindex` files; here it is
+built by one pass over the batch headers (and the few control records) from the log start, and
+brought up to date from where that pass ended.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from seglogfs.engine.records import BatchHeader, ControlType, control_type, decode_records
+
+
+@dataclass(frozen=True)
+class AbortedTransaction:
+    """An aborted transaction: producer `producer_id`'s batches at offsets first..last (the
+    ABORT marker's offset) are not shown to read_committed readers."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
+class TransactionTracker:
+    """The transactions of one partition read so far (`add`, in offset order); what a
+    read_committed reader may see (`is_aborted`, `last_stable_offset`). Not thread-safe: one
+    reader's."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, int] = {}  # producer id → first offset of its open transaction
+        self._aborted: dict[int, tuple[list[int], list[int]]] = {}  # producer id → (firsts, lasts)
+        self.aborted: list[AbortedTransaction] = []  # in the order their markers came
+        self.next_offset = 0  # batches below this offset have been added
+
+    def add(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> None:
+        """Take in the next batch of the log (CRC checked by the caller)."""
+        if header.last_offset < self.next_offset:
+            return  # seen already
+        self.next_offset = header.last_offset + 1
+        if not header.is_transactional:
+            return
+        producer_id = header.producer_id
+        if not header.is_control:
+            self._open.setdefault(producer_id, header.base_offset)
+            return
+        records = decode_records(header, batch, include_control=True)
+        kind = control_type(records[0]) if records else None
+        first = self._open.pop(producer_id, None)
+        if kind is ControlType.ABORT and first is not None:
+            self.aborted.append(AbortedTransaction(producer_id, first, header.base_offset))
+            firsts, lasts = self._aborted.setdefault(producer_id, ([], []))
+            firsts.append(first)  # (a producer's transactions come one after another: sorted)
+            lasts.append(header.base_offset)
+
+    def add_all(self, batches: Iterable[tuple[BatchHeader, bytes | bytearray | memoryview]]) -> None:
+        for header, batch in batches:
+            self.add(header, batch)
+
+    def is_aborted(self, header: BatchHeader) -> bool:
+        """Whether a data batch belongs to an aborted transaction (control batches are never
+        user records, whatever this says)."""
+        if not header.is_transactional or header.is_control:
+            return False
+        ranges = self._aborted.get(header.producer_id)
+        if ranges is None:
+            return False
+        firsts, lasts = ranges
+        slot = bisect.bisect_right(firsts, header.base_offset) - 1
+        return slot >= 0 and header.base_offset <= lasts[slot]
+
+    def last_stable_offset(self, log_end_offset: int) -> int:
+        """The first offset of the earliest open transaction, else `log_end_offset`."""
+        return min(self._open.values(), default=log_end_offset)
+
+    @property
+    def open_transactions(self) -> dict[int, int]:
+        """Producer id → first offset, of the transactions not ended yet."""
+        return dict(self._open)
