@@ -1,6 +1,7 @@
 """Checking a data dir without changing it: every batch, every index entry, every checkpoint.
 
-What is checked, per partition: each batch's length, magic, CRC-32C and records; offsets
+What is checked, per partition: each batch's length, magic, CRC-32C and records (a legacy message,
+magic 0 or 1: its size, CRC-32 and records); offsets
 increasing within and across segments; nothing after the last whole batch (a torn tail); every
 offset-index entry is (a batch's last offset, that batch's position); time-index entries have
 increasing timestamps, non-decreasing offsets inside the segment, and timestamps that the batches
@@ -190,8 +191,8 @@ def _check_segment(
             except Exception as error:
                 reason = f"undecodable records: {error}"
         if reason is not None:
-            if segment.legacy_message_at(header.position):
-                reason = "legacy message format (magic 0 or 1), not supported yet"
+            if segment.legacy_message_at(header.position) and header.magic != 2:
+                reason = f"legacy message (magic 0 or 1) that cannot be read: {reason}"
             report.problems.append(Problem(path, f"invalid batch at position {header.position}: {reason}"))
             break
         batches.append(header)
@@ -200,12 +201,7 @@ def _check_segment(
         next_offset = header.next_offset
     tail = segment.size - valid_bytes
     if tail > 0 and not tolerate_tail and not any(p.path == path for p in report.problems):
-        what = (
-            "of legacy messages (magic 0 or 1), not supported yet"
-            if segment.legacy_message_at(valid_bytes)
-            else "after the last whole batch"
-        )
-        report.problems.append(Problem(path, f"{tail} bytes {what} (position {valid_bytes})"))
+        report.problems.append(Problem(path, f"{tail} bytes after the last whole batch (position {valid_bytes})"))
     _check_offset_index(segment, batches, preallocated_ok, report)
     _check_time_index(segment, batches, preallocated_ok, report)
     return next_offset if batches else previous_end

@@ -42,8 +42,9 @@ class CorruptRecordError(EngineError):
 
 
 class UnsupportedFormatError(EngineError):
-    """Valid data in a format this engine does not handle yet (legacy messages, magic 0 and 1).
-    Never treated as damage: nothing is cut or rewritten."""
+    """Intact data this engine cannot read: a legacy message (magic 0 or 1) whose CRC-32 holds
+    but whose content does not decode (an unknown codec, a wrapper in a framing no reader
+    knows). Never treated as damage: nothing is cut or rewritten."""
 
 
 class CorruptIndexError(EngineError):

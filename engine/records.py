@@ -29,11 +29,21 @@ A record inside the records section (varints are zig-zag, see `engine.varint`):
 Batch-level work (offsets, lengths, CRC) reads only the 61-byte header; record-level work decodes
 the records section. Control batches carry transaction markers, never user records: readers of
 user records skip them.
+
+Legacy messages (magic 0 and 1, `engine.legacy`) are read, never written. Their magic byte sits
+where a batch's does, so `BatchHeader.parse` tells them apart and gives each top-level message a
+`LegacyBatchHeader`: the message seen as a batch (a plain message holds one record, a compressed
+wrapper its inner messages), its records decoded once, when it is parsed. Readers then use it as
+any batch: `check_batch` checks its CRC-32, `decode_records` returns its records, and
+`records_section` re-encodes them as a v2 records section, so that the column-wise readers
+(`engine.columns`) and the compiled core take them unchanged. Segments that mix legacy messages
+and v2 batches (a broker upgraded in place) read in order.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -43,7 +53,7 @@ from typing import NamedTuple
 import crc32c
 import numpy as np
 
-from seglogfs.engine import _core, varint
+from seglogfs.engine import _core, legacy, varint
 from seglogfs.engine.compression import CompressionType, compress, decompress
 from seglogfs.engine.errors import RecordTooLargeError
 
@@ -152,8 +162,12 @@ class BatchHeader:
 
     @classmethod
     def parse(cls, buf: bytes | bytearray | memoryview, offset: int = 0, position: int | None = None) -> BatchHeader:
-        """Parse the header at `offset` of `buf`, which must hold at least 61 bytes there.
-        `position` is the batch's place in its file (default: `offset`)."""
+        """Parse the header at `offset` of `buf`, which must hold at least 61 bytes there (26
+        for a legacy message). `position` is the batch's place in its file (default: `offset`).
+        A legacy message (magic 0 or 1) gives a `LegacyBatchHeader`, decoded when `buf` holds
+        all of it."""
+        if buf[offset + MAGIC_OFFSET] < CURRENT_MAGIC:
+            return LegacyBatchHeader.parse_message(buf, offset, offset if position is None else position)
         return cls(offset if position is None else position, *_HEADER.unpack_from(buf, offset))
 
     @property
@@ -178,6 +192,8 @@ class BatchHeader:
 
     @property
     def timestamp_type(self) -> TimestampType:
+        if self.magic == 0:  # a legacy message without timestamps
+            return TimestampType.NO_TIMESTAMP_TYPE
         if self.attributes & _TIMESTAMP_TYPE_BIT:
             return TimestampType.LOG_APPEND_TIME
         return TimestampType.CREATE_TIME
@@ -205,6 +221,76 @@ class BatchHeader:
         return (self.base_sequence + self.last_offset_delta) & 0x7FFF_FFFF
 
 
+@dataclass(frozen=True, slots=True)
+class LegacyBatchHeader(BatchHeader):
+    """A legacy message (magic 0 or 1) seen as a batch, as Kafka's AbstractLegacyRecordBatch
+    sees it: `base_offset` is its first record's offset and `last_offset` the message's own
+    (a wrapper's last inner offset); `batch_length` is the message size; `crc` its CRC-32;
+    `attributes` its codec and timestamp-type bits; `base_timestamp` the first record's
+    timestamp and `max_timestamp` the largest (magic 0: -1); no producer, no leader epoch.
+    `records` are its records as consumers see them. `problem` says why it cannot be read (a
+    CRC-32 mismatch, a malformed or undecodable wrapper), None when it can; `records_count` is
+    -1 when the message was parsed from its first bytes only (`whole` false)."""
+
+    records: tuple[Record, ...] = ()
+    problem: str | None = None
+    whole: bool = True
+
+    @classmethod
+    def parse_message(cls, buf: bytes | bytearray | memoryview, offset: int, position: int) -> LegacyBatchHeader:
+        """The header of the legacy message at `offset` of `buf` (at least 26 bytes there).
+        Never raises for bad bytes: they make `problem`."""
+        view = memoryview(buf)[offset:]
+        message_offset, size, crc = struct.unpack_from(">qiI", view)
+        magic = view[MAGIC_OFFSET]
+        mask = _CODEC_MASK | (legacy.TIMESTAMP_TYPE_BIT if magic == 1 else 0)
+        attributes = view[MAGIC_OFFSET + 1] & mask
+        timestamp = struct.unpack_from(">q", view, 18)[0] if magic == 1 else NO_TIMESTAMP
+        shallow = (message_offset, size, NO_PARTITION_LEADER_EPOCH, magic, crc, attributes, 0, timestamp, timestamp)
+        no_producer = (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE)
+        if not 0 <= size <= len(view) - LOG_OVERHEAD_BYTES:
+            return cls(position, *shallow, *no_producer, -1, problem="message cut short", whole=False)
+        entry = view[: LOG_OVERHEAD_BYTES + size]
+        try:
+            problem = legacy.crc_problem(entry)
+            if problem is not None:
+                return cls(position, *shallow, *no_producer, 0, problem=problem)
+            message = legacy.parse_message(entry)
+            messages = legacy.inner_messages(message) if message.codec else [message]
+        except Exception as error:  # a codec's or a parser's error: the message cannot be read
+            return cls(position, *shallow, *no_producer, 0, problem=f"undecodable legacy message: {error}")
+        kind = TimestampType.NO_TIMESTAMP_TYPE if magic == 0 else TimestampType(attributes >> 3)
+        records = tuple(Record(m.offset, m.timestamp, kind, m.key, m.value, ()) for m in messages)
+        base_offset = records[0].offset
+        problem = None
+        if message_offset < records[-1].offset or any(a.offset >= b.offset for a, b in itertools.pairwise(records)):
+            problem = f"inner offsets {base_offset}..{records[-1].offset} do not rise to the wrapper's {message_offset}"
+        return cls(
+            position,
+            base_offset,
+            size,
+            NO_PARTITION_LEADER_EPOCH,
+            magic,
+            crc,
+            attributes,
+            message_offset - base_offset,
+            records[0].timestamp,
+            max(timestamp, *(record.timestamp for record in records)),
+            *no_producer,
+            len(records),
+            records=records,
+            problem=problem,
+        )
+
+
+def legacy_header(header: BatchHeader, batch: bytes | bytearray | memoryview) -> LegacyBatchHeader:
+    """`header` when it is a whole message's `LegacyBatchHeader`, else the message parsed again
+    from `batch` (its whole bytes)."""
+    if isinstance(header, LegacyBatchHeader) and header.whole:
+        return header
+    return LegacyBatchHeader.parse_message(batch, 0, header.position)
+
+
 def compute_crc(batch: bytes | bytearray | memoryview) -> int:
     """CRC-32C of a whole batch's covered bytes (attributes to end)."""
     return int(crc32c.crc32c(memoryview(batch)[CRC_START:]))
@@ -223,9 +309,18 @@ def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview) -> s
     """Validate one whole batch (the header already parsed from `batch`'s first bytes).
 
     Returns None when valid, else the reason, worded for an error message. Checks what Kafka's
-    `ensureValid` and the log loader check: magic, length, record count, CRC."""
+    `ensureValid` and the log loader check: magic, length, record count, CRC. A legacy
+    message's `LegacyBatchHeader` is checked as Kafka checks one: its size and its CRC-32 (and
+    that its records decode); a legacy message parsed as a v2 header (`iter_batch_headers`, the
+    input of an append) is refused: seglogfs writes v2 only."""
     if header.magic != CURRENT_MAGIC:
-        return f"unsupported magic {header.magic}"
+        if header.magic not in (0, 1):
+            return f"unsupported magic {header.magic}"
+        if not isinstance(header, LegacyBatchHeader):
+            return f"legacy message format (magic {header.magic}) is read, never written: v2 batches only"
+        if header.batch_length < legacy.message_overhead(header.magic) or len(batch) != header.size_in_bytes:
+            return f"legacy message of {header.size_in_bytes} bytes does not fit its {len(batch)} bytes"
+        return legacy_header(header, batch).problem
     if header.batch_length < BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES:
         return f"batch length {header.batch_length} is shorter than a batch header"
     if len(batch) != header.size_in_bytes:
@@ -264,7 +359,19 @@ _varint_at = varint.decode_at
 
 
 def records_section(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes:
-    """The uncompressed records section of a whole batch."""
+    """The uncompressed records section of a whole batch. For a legacy message: its records
+    encoded as a v2 records section (offset deltas from `base_offset`, timestamp deltas from
+    `base_timestamp`), what the column-wise readers walk."""
+    if header.magic != CURRENT_MAGIC:
+        legacy_batch = legacy_header(header, batch)
+        records = legacy_batch.records
+        return _core.encode_records(
+            [record.value for record in records],
+            [record.key for record in records],
+            None,
+            [record.timestamp - legacy_batch.base_timestamp for record in records],
+            [record.offset - legacy_batch.base_offset for record in records],
+        )
     return decompress(header.compression, memoryview(batch)[BATCH_OVERHEAD_BYTES:])
 
 
@@ -278,6 +385,11 @@ def decode_records(
     ValueError (or a codec error) when the records section is malformed."""
     if header.is_control and not include_control:
         return []
+    if header.magic != CURRENT_MAGIC:
+        legacy_batch = legacy_header(header, batch)
+        if legacy_batch.problem is not None:
+            raise ValueError(legacy_batch.problem)
+        return list(legacy_batch.records)
     buf = records_section(header, batch)
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
@@ -565,11 +677,12 @@ def set_log_append_time(batch: bytearray, timestamp_ms: int) -> None:
 
 def iter_batch_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> Iterator[BatchHeader]:
     """Headers of the complete batches in `buf` from `start`, stopping at the first incomplete
-    one. Validates nothing but the length fields; callers decide what to check."""
+    one. Validates nothing but the length fields; callers decide what to check. The input of
+    appends: every header is parsed as v2, so a legacy message there fails `check_batch`."""
     end = len(buf)
     position = start
     while position + BATCH_OVERHEAD_BYTES <= end:
-        header = BatchHeader.parse(buf, position)
+        header = BatchHeader(position, *_HEADER.unpack_from(buf, position))
         if header.batch_length < 0 or header.next_position > end:
             return
         yield header

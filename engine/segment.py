@@ -1,7 +1,10 @@
 """One log segment: a `.log` file of record batches and its two sparse indexes.
 
 The `.log` file is a plain sequence of v2 batches (see `engine.records`), the base offset in the
-file name. The segment appends whole batches and keeps Kafka's index rules:
+file name; a segment a broker wrote before Kafka 0.11 holds legacy messages (magic 0 or 1, see
+`engine.legacy`) instead, or first, which read as batches of their own (`LegacyBatchHeader`) and
+may be shorter than a v2 header. Appends are v2, after whatever the segment holds. The segment
+appends whole batches and keeps Kafka's index rules:
 
 * an offset-index entry (batch last offset, batch start position) and a time-index entry
   (max timestamp so far, the offset that holds it: see `offset_of_max_timestamp`) are added for a
@@ -62,11 +65,15 @@ from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
 from seglogfs.engine.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
+from seglogfs.engine.legacy import MIN_ENTRY_BYTES, message_overhead
 from seglogfs.engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
 from seglogfs.engine.records import (
     BATCH_OVERHEAD_BYTES,
+    CURRENT_MAGIC,
     LOG_OVERHEAD_BYTES,
+    MAGIC_OFFSET,
     BatchHeader,
+    LegacyBatchHeader,
     check_batch,
     is_legacy_message,
     offset_of_max_timestamp,
@@ -75,6 +82,23 @@ from seglogfs.engine.records import (
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
 _MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
 _INT32_MAX = 2**31 - 1
+
+
+def _impossible_length(header: BatchHeader) -> bool:
+    """A length field no batch (or legacy message) of this magic can have: the end of what a
+    scan can read (a torn tail, preallocated zeros)."""
+    if header.magic == CURRENT_MAGIC:
+        return header.batch_length < _MIN_BATCH_LENGTH
+    return header.magic not in (0, 1) or header.batch_length < message_overhead(header.magic)
+
+
+def _header_fits(view: memoryview | bytes, offset: int) -> bool:
+    """Whether `view` holds enough bytes at `offset` to parse the header there: 61 for a batch,
+    26 for a legacy message (which may be shorter than a batch header)."""
+    left = len(view) - offset
+    if left >= BATCH_OVERHEAD_BYTES:
+        return True
+    return left >= MIN_ENTRY_BYTES and view[offset + MAGIC_OFFSET] < CURRENT_MAGIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,36 +418,40 @@ class LogSegment:
         The segment is leased from the first batch read until the iterator ends or is closed."""
         end = self._size if end_position is None else end_position
         position = start_position
-        if position + BATCH_OVERHEAD_BYTES > end:
+        if position + MIN_ENTRY_BYTES > end:
             return
         handle = self._lease()
         try:
             if not nowait and end - position > _READ_CHUNK_BYTES:
                 # A long scan: the kernel reads ahead of it from the disk while it works.
                 os.posix_fadvise(handle, position, end - position, os.POSIX_FADV_WILLNEED)
-            while position + BATCH_OVERHEAD_BYTES <= end:
+            while position + MIN_ENTRY_BYTES <= end:
                 if nowait:
                     view = memoryview(read_cached(handle, position, end - position))
                 else:
                     view = memoryview(os.pread(handle, min(_READ_CHUNK_BYTES, end - position), position))
-                if len(view) < BATCH_OVERHEAD_BYTES:
+                if not _header_fits(view, 0):
                     return
                 offset = 0
-                while offset + BATCH_OVERHEAD_BYTES <= len(view):
+                while _header_fits(view, offset):
+                    # (a legacy message the chunk cuts parses from its first bytes: read again below)
                     header = BatchHeader.parse(view, offset, position + offset)
                     size = header.size_in_bytes
-                    if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+                    if _impossible_length(header) or header.next_position > end:
                         return
                     if offset + size > len(view):
                         break
                     yield header, view[offset : offset + size]
                     offset += size
                 if offset == 0:
-                    # A single batch larger than the chunk: read it whole.
+                    # A single batch larger than the chunk: read it whole (and a legacy message
+                    # parsed again from all of its bytes).
                     header = BatchHeader.parse(view, 0, position)
                     whole = memoryview(os.pread(handle, header.size_in_bytes, position))
                     if len(whole) < header.size_in_bytes:
                         return
+                    if isinstance(header, LegacyBatchHeader):
+                        header = BatchHeader.parse(whole, 0, position)
                     yield header, whole
                     offset = header.size_in_bytes
                 position += offset
@@ -456,7 +484,7 @@ class LogSegment:
         (before the log is shared), `_open_indexes` gets here when a writable segment's index
         files prove unusable, on whichever thread first touches the index — a reader
         (`PartitionLog.batches`, `offset_for_timestamp`, the cleaner) holds no lock."""
-        if self._size < BATCH_OVERHEAD_BYTES:
+        if self._size < MIN_ENTRY_BYTES:
             return
         handle = self._lease()
         try:
@@ -467,9 +495,9 @@ class LogSegment:
         view = memoryview(mapping)
         position = 0
         try:
-            while position + BATCH_OVERHEAD_BYTES <= self._size:
+            while _header_fits(view, position):
                 header = BatchHeader.parse(view, position)
-                if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > self._size:
+                if _impossible_length(header) or header.next_position > self._size:
                     return
                 batch = view[position : header.next_position]
                 yield header, batch
@@ -484,7 +512,8 @@ class LogSegment:
             self._unlease()
 
     def legacy_message_at(self, position: int) -> bool:
-        """Whether an intact legacy message (magic 0/1) starts at `position`: old data, not damage."""
+        """Whether a legacy message (magic 0/1) whose CRC-32 holds starts at `position`: old
+        data, not damage, even where it cannot be read."""
         handle = self._lease()
         try:
             head = os.pread(handle, LOG_OVERHEAD_BYTES, position)
@@ -498,12 +527,22 @@ class LogSegment:
             self._unlease()
 
     def check_not_legacy(self, position: int) -> None:
-        """Raise UnsupportedFormatError when legacy messages start at `position`, so that they are
-        never mistaken for a torn tail and cut."""
+        """Where a batch failed its check (or a scan stopped): raise UnsupportedFormatError when
+        a legacy message whose CRC-32 holds starts at `position` all the same (a wrapper whose
+        content cannot be decoded), so that intact old data is never taken for a torn tail and
+        cut. Legacy messages that decode are read as any batch and never get here."""
         if self.legacy_message_at(position):
+            handle = self._lease()
+            try:
+                head = os.pread(handle, LOG_OVERHEAD_BYTES, position)
+                size = int.from_bytes(head[8:12], "big", signed=True)
+                entry = os.pread(handle, LOG_OVERHEAD_BYTES + size, position)
+            finally:
+                self._unlease()
+            problem = LegacyBatchHeader.parse_message(entry, 0, position).problem
             raise UnsupportedFormatError(
-                f"{self.log_path}: legacy message format (magic 0 or 1) at position {position} is not "
-                "supported yet; the data is left untouched"
+                f"{self.log_path}: legacy message (magic 0 or 1) at position {position} cannot be read: "
+                f"{problem or 'not a message set'}; the data is left untouched"
             )
 
     def translate_offset(self, offset: int, start_position: int = 0) -> BatchHeader | None:
@@ -523,17 +562,23 @@ class LogSegment:
         """Batch headers from `position`, reading 61 bytes per batch rather than whole batches:
         what a seek through a segment needs."""
         end = self._size if end_position is None else end_position
-        if position + BATCH_OVERHEAD_BYTES > end:
+        if position + MIN_ENTRY_BYTES > end:
             return
         handle = self._lease()
         try:
-            while position + BATCH_OVERHEAD_BYTES <= end:
-                raw = os.pread(handle, BATCH_OVERHEAD_BYTES, position)
-                if len(raw) < BATCH_OVERHEAD_BYTES:
+            while position + MIN_ENTRY_BYTES <= end:
+                raw = os.pread(handle, min(BATCH_OVERHEAD_BYTES, end - position), position)
+                if not _header_fits(raw, 0):
                     return
                 header = BatchHeader.parse(raw, 0, position)
-                if header.batch_length < _MIN_BATCH_LENGTH or header.next_position > end:
+                if _impossible_length(header) or header.next_position > end:
                     return
+                if isinstance(header, LegacyBatchHeader) and header.size_in_bytes > len(raw):
+                    # A legacy wrapper's first offset and records need all of its bytes.
+                    whole = os.pread(handle, header.size_in_bytes, position)
+                    if len(whole) < header.size_in_bytes:
+                        return
+                    header = BatchHeader.parse(whole, 0, position)
                 yield header
                 position = header.next_position
         finally:

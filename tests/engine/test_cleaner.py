@@ -19,7 +19,6 @@ from seglogfs.engine.cleaner import Cleaner, CleanerStats, batch_records, group_
 from seglogfs.engine.cleaner_manager import LogToClean, filthiest, first_uncleanable_offset, log_to_clean
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.config import apply_topic_overrides
-from seglogfs.engine.errors import UnsupportedFormatError
 from seglogfs.engine.loader import segment_for
 from seglogfs.engine.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records
@@ -649,10 +648,10 @@ def test_preallocated_compacted_topic_is_trimmed(log_dir: Path) -> None:
     assert cleaned.log_path.stat().st_size == cleaned.size < 1024
 
 
-def test_legacy_message_data_is_not_cleaned(tmp_path: Path) -> None:
-    # Case 107 concerns rewriting legacy (magic 0/1) message sets; this engine does not read them
-    # yet: a writable open (which the cleaner needs) refuses such a log with a clear error and
-    # leaves every byte as it was.
+def test_legacy_message_data_opens_for_cleaning_and_is_left_as_it_was(tmp_path: Path) -> None:
+    # Case 107 concerns rewriting legacy (magic 0/1) message sets. A writable open (which the
+    # cleaner needs) of a compacted topic holding them reads them as any batch (recovery checks
+    # each message's CRC-32 and cuts nothing): the segment's bytes stay as they were.
     from tests.conftest import kafka_fixtures
 
     copy = tmp_path / "legacy"
@@ -661,10 +660,13 @@ def test_legacy_message_data_is_not_cleaned(tmp_path: Path) -> None:
     (copy / ".seglogfs-topic-configs.json").write_text(
         '{"version": 1, "topics": {"numbers": {"cleanup.policy": "compact"}}}'
     )
-    before = {p: p.read_bytes() for p in (copy / "numbers-0").iterdir()}
-    with pytest.raises(UnsupportedFormatError, match="legacy message format"):
-        DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS)
-    assert {p: p.read_bytes() for p in (copy / "numbers-0").iterdir()} == before
+    segment = copy / "numbers-0" / "00000000000000000000.log"
+    before = segment.read_bytes()
+    with DataDir.open(BrokerConfig.load(log_dirs=[copy]), now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition("numbers", 0)
+        assert log.log_end_offset == 11394
+        assert [r.value for r in log.records(11390)] == [b"11389", b"11390", b"11391", b"11392"]
+    assert segment.read_bytes() == before
 
 
 def test_a_swap_failing_after_the_map_changed_keeps_the_cleaned_segment(log_dir: Path) -> None:

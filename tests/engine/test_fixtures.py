@@ -31,7 +31,7 @@ from tests.conftest import NOW_MS, kafka_fixtures
 
 FIXTURES = kafka_fixtures()
 EXCLUDED_DIRS = {
-    "kafkalite-magic0",  # legacy magic 0 message sets: the engine does not read them (not supported yet)
+    "kafkalite-magic0",  # legacy magic 0 message sets: tests/engine/test_legacy.py (golden values)
     "kafka-go-fetch-fixtures",  # record sets captured from fetch responses, not a broker log dir
 }
 EXPECTED_DATA_DIRS = {

@@ -1,5 +1,6 @@
-"""One partition a mount cannot open (legacy magic 0/1 data here; damage or the OS refusing it
-alike) does not stop the mount: that partition answers EIO, says why in its `status` and the
+"""One partition a mount cannot open (here legacy magic 0 data ending in a message whose CRC-32
+holds but whose content no reader can decode; damage or the OS refusing it alike) does not stop
+the mount: that partition answers EIO, says why in its `status` and the
 mount's log, and its files are left exactly as they were; every other partition is served."""
 
 from __future__ import annotations
@@ -8,8 +9,10 @@ import errno
 import hashlib
 import json
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,13 @@ import pytest
 from tests.conftest import kafka_fixtures
 from tests.fs.conftest import Mount
 
-LEGACY = "legacy message format"
+LEGACY = "cannot be read: undecodable legacy message"
+
+
+def undecodable_wrapper(offset: int) -> bytes:
+    """A magic 0 wrapper message, CRC-32 intact, compressed with codec id 4 (no legacy codec)."""
+    body = bytes([0, 4]) + struct.pack(">ii", -1, 9) + b"not zstd!"
+    return struct.pack(">qiI", offset, len(body) + 4, zlib.crc32(body)) + body
 
 
 def digests(directory: Path) -> dict[str, str]:
@@ -26,7 +35,9 @@ def digests(directory: Path) -> dict[str, str]:
 
 @pytest.mark.expect_warnings(LEGACY)
 @pytest.mark.parametrize("options", [["-o", "ro"], []], ids=["read-only", "writable"])
-def test_a_legacy_partition_answers_eio_and_the_rest_is_served(mount, tmp_path: Path, options: list[str]) -> None:
+def test_an_unreadable_legacy_partition_answers_eio_and_the_rest_is_served(
+    mount, tmp_path: Path, options: list[str]
+) -> None:
     data = tmp_path / "data"
     subprocess.run(
         [sys.executable, "-m", "seglogfs.mount_tools.cli", "produce", str(data), "--topic", "good"],
@@ -35,6 +46,10 @@ def test_a_legacy_partition_answers_eio_and_the_rest_is_served(mount, tmp_path: 
         capture_output=True,
     )
     shutil.copytree(kafka_fixtures() / "kafkalite-magic0" / "numbers-0", data / "numbers-0")
+    segment = data / "numbers-0" / "00000000000000000000.log"
+    segment.chmod(0o644)
+    with open(segment, "ab") as file:
+        file.write(undecodable_wrapper(11394))
     before = digests(data / "numbers-0")
     m: Mount = mount(data, *options)
     assert sorted(p.name for p in m.path.iterdir() if not p.name.startswith(".")) == ["good", "numbers"]

@@ -3,9 +3,10 @@
 The oracle is kafka-python's `DefaultRecordBatch`, decoding the same `.log` files batch by batch:
 every partition's rows (key, value, topic, partition, offset, timestamp, timestampType, headers)
 must be what it decodes, from the log start offset on, control batches left out. Every folder of
-the fixtures is accounted for: the broker data dirs are read, the legacy (magic 0) dir must be
-refused with the engine's clear error, and the one folder that is not a log dir is checked to be
-one (it holds record sets captured from fetch responses).
+the fixtures is accounted for: the broker data dirs are read, the legacy (magic 0) dir reads as
+its `golden/` values (tests/pipeline/test_legacy_read.py reads more legacy data), and the one
+folder that is not a log dir is checked to be one (it holds record sets captured from fetch
+responses).
 """
 
 from __future__ import annotations
@@ -156,9 +157,24 @@ def test_broker_data_dir_without_headers_has_the_kafka_schema(spark) -> None:
     assert table.num_rows == sum(1 for row in oracle_rows(data_dir) if row[0] == "orders")
 
 
-def test_legacy_message_format_dir_is_refused_with_the_engines_error(spark) -> None:
-    with pytest.raises(Exception, match=r"legacy message format \(magic 0 or 1\) at position 0 is not supported"):
-        read_table(spark, FIXTURES / "kafkalite-magic0", subscribePattern=".*")
+def test_legacy_message_format_dir_reads_as_its_golden_values(spark) -> None:
+    table = read_table(spark, FIXTURES / "kafkalite-magic0", subscribePattern=".*")
+    rows = sorted(
+        zip(
+            table.column("topic").to_pylist(),
+            table.column("offset").to_pylist(),
+            table.column("value").to_pylist(),
+            strict=True,
+        )
+    )
+    expected = []
+    for path in sorted((FIXTURES / "kafkalite-magic0" / "golden").iterdir()):
+        topic = path.name.rsplit("-", 1)[0]
+        for line in path.read_text().splitlines():
+            offset, quoted = line.split(": ", 1)
+            expected.append((topic, int(offset), json.loads(quoted).encode()))
+    assert rows == sorted(expected)
+    assert set(table.column("timestampType").to_pylist()) == {-1}
 
 
 def test_a_folder_that_is_not_a_log_dir_has_no_topics(spark) -> None:
