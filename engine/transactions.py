@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from seglogfs.engine.records import BatchHeader, ControlType, control_type, decode_records
 
+READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level values
+
 
 @dataclass(frozen=True)
 class AbortedTransaction:
@@ -39,14 +41,44 @@ class AbortedTransaction:
     last_offset: int
 
 
+class AbortedIndex:
+    """Aborted transactions by producer: whether a data batch belongs to one. Transactions are
+    added in the order their markers came (a producer's one after another, so each producer's
+    ranges are sorted)."""
+
+    def __init__(self, aborted: Iterable[AbortedTransaction] = ()) -> None:
+        self._ranges: dict[int, tuple[list[int], list[int]]] = {}  # producer id → (firsts, lasts)
+        for transaction in aborted:
+            self.add(transaction)
+
+    def add(self, transaction: AbortedTransaction) -> None:
+        firsts, lasts = self._ranges.setdefault(transaction.producer_id, ([], []))
+        firsts.append(transaction.first_offset)
+        lasts.append(transaction.last_offset)
+
+    def covers(self, header: BatchHeader) -> bool:
+        """Whether a data batch belongs to an aborted transaction (never a control batch, nor a
+        batch outside transactions)."""
+        if not header.is_transactional or header.is_control:
+            return False
+        ranges = self._ranges.get(header.producer_id)
+        if ranges is None:
+            return False
+        firsts, lasts = ranges
+        slot = bisect.bisect_right(firsts, header.base_offset) - 1
+        return slot >= 0 and header.base_offset <= lasts[slot]
+
+
 class TransactionTracker:
     """The transactions of one partition read so far (`add`, in offset order); what a
     read_committed reader may see (`is_aborted`, `last_stable_offset`). Not thread-safe: one
-    reader's."""
+    reader's; except that `is_aborted` may be asked from other threads while `add` runs, of a
+    batch below a last stable offset returned before: every transaction below it has ended, so
+    its answer is final, and `add` only appends ranges that start at or above it."""
 
     def __init__(self) -> None:
         self._open: dict[int, int] = {}  # producer id → first offset of its open transaction
-        self._aborted: dict[int, tuple[list[int], list[int]]] = {}  # producer id → (firsts, lasts)
+        self._aborted_index = AbortedIndex()
         self.aborted: list[AbortedTransaction] = []  # in the order their markers came
         self.next_offset = 0  # batches below this offset have been added
 
@@ -65,10 +97,9 @@ class TransactionTracker:
         kind = control_type(records[0]) if records else None
         first = self._open.pop(producer_id, None)
         if kind is ControlType.ABORT and first is not None:
-            self.aborted.append(AbortedTransaction(producer_id, first, header.base_offset))
-            firsts, lasts = self._aborted.setdefault(producer_id, ([], []))
-            firsts.append(first)  # (a producer's transactions come one after another: sorted)
-            lasts.append(header.base_offset)
+            aborted = AbortedTransaction(producer_id, first, header.base_offset)
+            self.aborted.append(aborted)
+            self._aborted_index.add(aborted)
 
     def add_all(self, batches: Iterable[tuple[BatchHeader, bytes | bytearray | memoryview]]) -> None:
         for header, batch in batches:
@@ -77,14 +108,7 @@ class TransactionTracker:
     def is_aborted(self, header: BatchHeader) -> bool:
         """Whether a data batch belongs to an aborted transaction (control batches are never
         user records, whatever this says)."""
-        if not header.is_transactional or header.is_control:
-            return False
-        ranges = self._aborted.get(header.producer_id)
-        if ranges is None:
-            return False
-        firsts, lasts = ranges
-        slot = bisect.bisect_right(firsts, header.base_offset) - 1
-        return slot >= 0 and header.base_offset <= lasts[slot]
+        return self._aborted_index.covers(header)
 
     def last_stable_offset(self, log_end_offset: int) -> int:
         """The first offset of the earliest open transaction, else `log_end_offset`."""

@@ -42,7 +42,7 @@ from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.timestamps import parse_timestamp
-from seglogfs.engine.transactions import TransactionTracker
+from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED, TransactionTracker
 from seglogfs.mount_tools.common import (
     EXIT_OK,
     UsageError,
@@ -54,9 +54,6 @@ from seglogfs.mount_tools.common import (
 )
 
 POLL_MS = 100  # how often a follower looks for new records (a console consumer's poll)
-
-
-READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

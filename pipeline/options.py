@@ -7,8 +7,10 @@ start chosen by `startingTimestamp` > `startingOffsetsByTimestamp` > `startingOf
 `earliest`) and an end by `endingTimestamp` > `endingOffsetsByTimestamp` > `endingOffsets`
 (default `latest`); in offset JSON -2 is earliest and -1 latest; `startingOffsetsByTimestampStrategy`
 (`error`, `latest`) for a start time no record reaches; `failOnDataLoss` (default true);
-`minPartitions`; `includeHeaders`. A batch query refuses a `latest` start and an `earliest` end,
-as Spark's KafkaSourceProvider.validateBatchOptions does.
+`minPartitions`; `includeHeaders`; `kafka.isolation.level` (`read_uncommitted`, the default, or
+`read_committed`: a Kafka consumer config, which Spark passes with the `kafka.` prefix). A batch
+query refuses a `latest` start and an `earliest` end, as Spark's
+KafkaSourceProvider.validateBatchOptions does.
 
 seglogfs's own: `path` (a data dir, several comma-separated like `log.dirs`, or a seglogfs mount
 point, whose `.logdir/` mirror is read), `config` (a server.properties file, as `-c`) and
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from seglogfs.engine import BrokerConfig
+from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 
 TopicPartition = tuple[str, int]
 
@@ -147,6 +150,7 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     include_headers: bool = False
+    read_committed: bool = False  # kafka.isolation.level=read_committed
     ignored: tuple[str, ...] = field(default=())  # given, but meaningless for a batch query
 
 
@@ -164,6 +168,17 @@ def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     if value not in ("true", "false"):
         raise OptionError(f"{name} must be true or false, not {text!r}")
     return value == "true"
+
+
+def parse_read_committed(options: Mapping[str, str]) -> bool:
+    """`kafka.isolation.level`: whether reads are read_committed (default read_uncommitted)."""
+    text = options.get("kafka.isolation.level")
+    if text is None:
+        return False
+    value = text.strip().lower()
+    if value not in (READ_UNCOMMITTED, READ_COMMITTED):
+        raise OptionError(f"kafka.isolation.level must be {READ_UNCOMMITTED} or {READ_COMMITTED}, not {text!r}")
+    return value == READ_COMMITTED
 
 
 def parse_positive(options: Mapping[str, str], name: str) -> int | None:
@@ -332,5 +347,6 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
         min_partitions=min_partitions,
         include_headers=parse_bool(options, "includeHeaders", False),
+        read_committed=parse_read_committed(options),
         ignored=ignored,
     )

@@ -18,6 +18,11 @@ micro-batch):
    the whole batches to read; with `minPartitions` larger slices are cut at offset-index entries
    (Spark's KafkaOffsetRangeCalculator share, counted in bytes rather than offsets).
 
+With `kafka.isolation.level=read_committed` (`StableOffsets`), "the log end" is the last
+stable offset (the first offset of a transaction still open), as for Kafka's read_committed
+consumers, and each slice carries the aborted transactions its offsets overlap, whose batches
+the task leaves out.
+
 Nothing here imports pyspark.
 """
 
@@ -32,6 +37,7 @@ from typing import TypeVar
 from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.index import OffsetIndex
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.transactions import AbortedTransaction, TransactionTracker
 from seglogfs.pipeline.options import (
     EARLIEST,
     LATEST,
@@ -152,6 +158,7 @@ class SegmentSlice:
     end_position: int
     from_offset: int
     until_offset: int
+    aborted: tuple[AbortedTransaction, ...] = ()  # read_committed: aborted transactions in the offsets
 
     @property
     def size_bytes(self) -> int:
@@ -162,6 +169,40 @@ class SegmentSlice:
 def open_read_only(location: Location, settings: EngineSettings, now_ms: int) -> DataDir:
     """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written."""
     return DataDir.open(settings.broker_config(location.log_dirs), read_only=True, now_ms=now_ms)
+
+
+class StableOffsets:
+    """What read_committed reads may see of each partition: its transactions, read from the log
+    start the first time (every batch: there are no producer snapshots to start from) and from
+    where the last look ended after that; a streaming reader keeps one for its whole run."""
+
+    def __init__(self) -> None:
+        self._trackers: dict[TopicPartition, TransactionTracker] = {}
+
+    def _tracker(self, log: PartitionLog) -> TransactionTracker:
+        tracker = self._trackers.setdefault((log.topic, log.partition), TransactionTracker())
+        start = max(tracker.next_offset, log.log_start_offset)
+        tracker.add_all((header, batch) for _, header, batch in log.batches(start))
+        return tracker
+
+    def last_stable_offset(self, log: PartitionLog) -> int:
+        """The partition's last stable offset now (of what was read: not past a batch appended
+        after the look)."""
+        tracker = self._tracker(log)
+        return tracker.last_stable_offset(max(tracker.next_offset, log.log_start_offset))
+
+    def with_aborted(self, slices: Iterable[SegmentSlice]) -> list[SegmentSlice]:
+        """`slices`, each with the aborted transactions that overlap its offsets."""
+        out = []
+        for piece in slices:
+            tracker = self._trackers.get((piece.topic, piece.partition))
+            aborted = tuple(
+                transaction
+                for transaction in (tracker.aborted if tracker is not None else ())
+                if transaction.first_offset < piece.until_offset and transaction.last_offset >= piece.from_offset
+            )
+            out.append(replace(piece, aborted=aborted) if aborted else piece)
+        return out
 
 
 def _offset_for_timestamp(log: PartitionLog, timestamp: int, log_end: int) -> int | None:
@@ -229,10 +270,12 @@ def resolve_ranges(
     *,
     strategy: str = "error",
     fail_on_data_loss: bool = True,
+    stable: StableOffsets | None = None,
 ) -> list[OffsetRange]:
     """The offset range of each partition (see the module docstring). Raises OptionError for
     limits that do not fit the partitions, DataLossError for missing offsets when
-    `fail_on_data_loss`."""
+    `fail_on_data_loss`. With `stable` (read_committed), the last stable offset stands for the
+    log end."""
     for limit, what in ((starting, "starting"), (ending, "ending")):
         if isinstance(limit, SpecificOffsets):
             _check_named(f"{what}Offsets", limit.offsets, partitions)
@@ -241,7 +284,8 @@ def resolve_ranges(
     ranges = []
     for topic, partition in partitions:
         log = data_dir.partition(topic, partition)
-        log_start, log_end = log.log_start_offset, log.log_end_offset
+        log_start = log.log_start_offset
+        log_end = log.log_end_offset if stable is None else stable.last_stable_offset(log)
         start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end)
         until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end)
         if start > until:
@@ -253,7 +297,8 @@ def resolve_ranges(
             if fail_on_data_loss:
                 raise DataLossError(
                     f"{topic}-{partition}: offsets [{start}, {until}) were asked for, but the log holds "
-                    f"[{log_start}, {log_end}). {_DATA_LOSS_HINT}"
+                    f"[{log_start}, {log_end}){'' if stable is None else ' below its last stable offset'}. "
+                    f"{_DATA_LOSS_HINT}"
                 )
             start, until = max(start, log_start), min(until, log_end)
             until = max(until, start)
@@ -493,6 +538,11 @@ def group_slices(
     return tasks
 
 
-def latest_offsets(data_dir: DataDir, partitions: Iterable[TopicPartition]) -> Mapping[TopicPartition, int]:
-    """Each partition's log end offset now (what a streaming reader's `latestOffset` reports)."""
-    return {(t, p): data_dir.partition(t, p).log_end_offset for t, p in partitions}
+def latest_offsets(
+    data_dir: DataDir, partitions: Iterable[TopicPartition], stable: StableOffsets | None = None
+) -> Mapping[TopicPartition, int]:
+    """Each partition's log end offset now (what a streaming reader's `latestOffset` reports);
+    with `stable` (read_committed) its last stable offset."""
+    if stable is None:
+        return {(t, p): data_dir.partition(t, p).log_end_offset for t, p in partitions}
+    return {(t, p): stable.last_stable_offset(data_dir.partition(t, p)) for t, p in partitions}

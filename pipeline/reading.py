@@ -40,6 +40,7 @@ from seglogfs.engine.records import (
     decode_records,
 )
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.transactions import AbortedIndex
 from seglogfs.pipeline.options import EngineSettings, Location
 from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice
 
@@ -326,9 +327,12 @@ def read_slice(piece: SegmentSlice, spec: ReadSpec) -> Iterator[pa.RecordBatch]:
         batches = _batches_in_slice(piece, stats)
     else:
         batches = _batches_through_log(piece, spec, stats)
+    aborted = AbortedIndex(piece.aborted) if piece.aborted else None  # read_committed
     try:
         for header, batch in batches:
             if header.is_control or header.last_offset < lo:
+                continue
+            if aborted is not None and aborted.covers(header):
                 continue
             minimum = spec.row_filter.min_timestamp_ms
             if minimum is not None and header.max_timestamp < minimum:

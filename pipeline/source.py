@@ -44,6 +44,7 @@ from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_b
 from seglogfs.pipeline.planning import (
     Constraints,
     SegmentSlice,
+    StableOffsets,
     group_slices,
     latest_offsets,
     narrow_ranges,
@@ -137,6 +138,7 @@ class SeglogReader(DataSourceReader):
         options = self.options
         with open_read_only(options.location, options.engine, int(time.time() * 1000)) as data_dir:
             assigned = options.subscription.partitions(data_dir.topics())
+            stable = StableOffsets() if options.read_committed else None
             ranges = resolve_ranges(
                 data_dir,
                 assigned,
@@ -144,6 +146,7 @@ class SeglogReader(DataSourceReader):
                 options.ending,
                 strategy=options.starting_strategy,
                 fail_on_data_loss=options.fail_on_data_loss,
+                stable=stable,
             )
             ranges = narrow_ranges(data_dir, ranges, self.constraints)
             slices = plan_slices(
@@ -152,6 +155,8 @@ class SeglogReader(DataSourceReader):
                 min_timestamp_ms=self.constraints.timestamp_lo_ms,
                 min_partitions=options.min_partitions,
             )
+            if stable is not None:
+                slices = stable.with_aborted(slices)
         return [SlicePartition(task) for task in group_slices(slices, options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -202,13 +207,16 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fail_on_data_loss=options.fail_on_data_loss,
         )
         self.target: dict[tuple[str, int], int] | None = None
+        # read_committed: each partition's transactions, followed for the query's run (this
+        # object lives in one driver worker as long as the query).
+        self.stable = StableOffsets() if options.read_committed else None
 
     def _open(self) -> DataDir:
         return open_read_only(self.options.location, self.options.engine, _now_ms())
 
     def initialOffset(self) -> StreamOffset:
         with self._open() as data_dir:
-            return to_json(initial_offsets(self.options, data_dir))
+            return to_json(initial_offsets(self.options, data_dir, self.stable))
 
     def getDefaultReadLimit(self) -> Any:  # a ReadLimit where pyspark has admission control
         if ADMISSION_CONTROL and self.options.max_offsets_per_trigger is not None:
@@ -217,7 +225,8 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         with self._open() as data_dir:
-            self.target = dict(latest_offsets(data_dir, current_partitions(self.options.subscription, data_dir)))
+            partitions = current_partitions(self.options.subscription, data_dir)
+            self.target = dict(latest_offsets(data_dir, partitions, self.stable))
 
     def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
         max_rows = limit.max_rows if ADMISSION_CONTROL and isinstance(limit, ReadMaxRows) else None
@@ -225,7 +234,9 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_rows = None
         with self._open() as data_dir:
             return to_json(
-                next_offsets(self.options, data_dir, from_json(start), max_rows=max_rows, target=self.target)
+                next_offsets(
+                    self.options, data_dir, from_json(start), max_rows=max_rows, target=self.target, stable=self.stable
+                )
             )
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
@@ -234,6 +245,10 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 data_dir, from_json(start), from_json(end), fail_on_data_loss=self.options.fail_on_data_loss
             )
             slices = plan_slices(data_dir, ranges, min_partitions=self.options.min_partitions)
+            if self.stable is not None:
+                for topic, partition in {(piece.topic, piece.partition) for piece in slices}:
+                    self.stable.last_stable_offset(data_dir.partition(topic, partition))  # read up to the end
+                slices = self.stable.with_aborted(slices)
         return [SlicePartition(task) for task in group_slices(slices, self.options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -34,12 +34,14 @@ from seglogfs.pipeline.options import (
     parse_limit,
     parse_location,
     parse_positive,
+    parse_read_committed,
     parse_subscription,
 )
 from seglogfs.pipeline.planning import (
     _DATA_LOSS_HINT,
     DataLossError,
     OffsetRange,
+    StableOffsets,
     latest_offsets,
     resolve_limit,
 )
@@ -61,6 +63,7 @@ class StreamOptions:
     min_partitions: int | None = None
     include_headers: bool = False
     max_offsets_per_trigger: int | None = None
+    read_committed: bool = False  # kafka.isolation.level=read_committed
 
 
 def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
@@ -86,6 +89,7 @@ def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
         min_partitions=parse_positive(options, "minPartitions"),
         include_headers=parse_bool(options, "includeHeaders", False),
         max_offsets_per_trigger=parse_positive(options, "maxOffsetsPerTrigger"),
+        read_committed=parse_read_committed(options),
     )
 
 
@@ -114,14 +118,19 @@ def current_partitions(subscription: Subscription, data_dir: DataDir) -> list[To
     return subscription.partitions(available)
 
 
-def initial_offsets(options: StreamOptions, data_dir: DataDir) -> dict[TopicPartition, int]:
-    """Where a new query starts: its starting options resolved on each partition."""
-    return {
-        (topic, partition): resolve_limit(
-            data_dir.partition(topic, partition), options.starting, starting=True, strategy=options.starting_strategy
+def initial_offsets(
+    options: StreamOptions, data_dir: DataDir, stable: StableOffsets | None = None
+) -> dict[TopicPartition, int]:
+    """Where a new query starts: its starting options resolved on each partition (with `stable`,
+    read_committed: `latest` is the last stable offset)."""
+    offsets = {}
+    for topic, partition in current_partitions(options.subscription, data_dir):
+        log = data_dir.partition(topic, partition)
+        log_end = None if stable is None else stable.last_stable_offset(log)
+        offsets[(topic, partition)] = resolve_limit(
+            log, options.starting, starting=True, strategy=options.starting_strategy, log_end=log_end
         )
-        for topic, partition in current_partitions(options.subscription, data_dir)
-    }
+    return offsets
 
 
 def rate_limit(begin: Offsets, latest: Offsets, max_rows: int) -> dict[TopicPartition, int]:
@@ -149,13 +158,14 @@ def next_offsets(
     *,
     max_rows: int | None,
     target: Offsets | None = None,
+    stable: StableOffsets | None = None,
 ) -> dict[TopicPartition, int]:
     """The end of the next micro-batch: the log ends now (within `target` under AvailableNow),
     at most `max_rows` records past `start` (shared as Spark shares them)."""
     partitions = current_partitions(options.subscription, data_dir)
     if target is not None:
         partitions = [tp for tp in partitions if tp in target]
-    latest = dict(latest_offsets(data_dir, partitions))
+    latest = dict(latest_offsets(data_dir, partitions, stable))
     if target is not None:
         latest = {tp: min(end, target[tp]) for tp, end in latest.items()}
     begin: dict[TopicPartition, int] = {}
