@@ -1,10 +1,12 @@
 /* The engine's compiled core: the per-record loops of Kafka's v2 records.
  *
  * record_fields(section, count, out)
- *     Walk the `count` records of an uncompressed records section and write, per record, eight
- *     int64 fields into `out` (a writable buffer of count * 8 int64): the record's start (at its
- *     length prefix), timestamp delta, offset delta, key start, key length (-1: null), value
- *     start, value length (-1: null) and header count. Raises ValueError naming the record when
+ *     Walk the `count` records of an uncompressed records section and write eight int64 fields
+ *     per record into `out` (a writable buffer of 8 * count int64), field by field: row k of
+ *     `out` seen as an (8, count) array holds field k of every record, so each field is a
+ *     contiguous column. The fields: the record's start (at its length prefix), timestamp
+ *     delta, offset delta, key start, key length (-1: null), value start, value length (-1:
+ *     null) and header count. Raises ValueError naming the record when
  *     the section is malformed (a field past the record, a varint over ten bytes, bytes after
  *     the last record). The GIL is released while it walks.
  *
@@ -75,7 +77,7 @@ typedef struct {
 } reader_t;
 
 /* A zig-zag varint at the reader's position; 0 on success, -1 past the end, -2 over ten bytes. */
-static int read_varint(reader_t *r, int64_t *value) {
+static int read_long_varint(reader_t *r, int64_t *value) {
     uint64_t result = 0;
     int shift = 0;
     for (int i = 0; i < MAX_VARINT; i++) {
@@ -91,37 +93,53 @@ static int read_varint(reader_t *r, int64_t *value) {
     return -2;
 }
 
-/* Walk the records; on failure, `*bad` is the record and `*why` a reason. */
+/* `read_long_varint`, with the one-byte case (nearly every field of a record) inline. */
+static inline int read_varint(reader_t *r, int64_t *value) {
+    if (r->position < r->end) {
+        uint8_t byte = r->data[r->position];
+        if (byte < 0x80) {
+            r->position++;
+            *value = (int64_t)(byte >> 1) ^ -(int64_t)(byte & 1);
+            return 0;
+        }
+    }
+    return read_long_varint(r, value);
+}
+
+/* Walk the records into `out`, column by column (field k of record i at out[k * count + i]); on
+   failure, `*bad` is the record and `*why` a reason. */
 static int walk(const uint8_t *data, Py_ssize_t size, Py_ssize_t count, int64_t *out, Py_ssize_t *bad,
                 const char **why) {
     reader_t r = {data, size, 0};
+    int64_t *starts = out, *timestamp_deltas = out + count, *offset_deltas = out + 2 * count;
+    int64_t *key_starts = out + 3 * count, *key_lengths = out + 4 * count, *value_starts = out + 5 * count;
+    int64_t *value_lengths = out + 6 * count, *header_counts = out + 7 * count;
     for (Py_ssize_t i = 0; i < count; i++) {
-        int64_t *f = out + i * FIELDS;
         int64_t length, skip, value;
         *bad = i;
-        f[0] = r.position;
+        starts[i] = r.position;
         if (read_varint(&r, &length) != 0) { *why = "its length is not a varint"; return -1; }
         if (length < 0 || length > size - r.position) { *why = "its length runs past the records section"; return -1; }
         reader_t body = {data, r.position + length, r.position};
         r.position += length;
         if (body.position >= body.end) { *why = "it has no attributes"; return -1; }
         body.position++; /* attributes: unused in v2 records */
-        if (read_varint(&body, &f[1]) != 0) { *why = "its timestamp delta runs past it"; return -1; }
-        if (read_varint(&body, &f[2]) != 0) { *why = "its offset delta runs past it"; return -1; }
+        if (read_varint(&body, &timestamp_deltas[i]) != 0) { *why = "its timestamp delta runs past it"; return -1; }
+        if (read_varint(&body, &offset_deltas[i]) != 0) { *why = "its offset delta runs past it"; return -1; }
         if (read_varint(&body, &value) != 0 || value < -1) { *why = "its key length is bad"; return -1; }
-        f[4] = value;
-        f[3] = body.position;
+        key_lengths[i] = value;
+        key_starts[i] = body.position;
         skip = value > 0 ? value : 0;
         if (skip > body.end - body.position) { *why = "its key runs past it"; return -1; }
         body.position += skip;
         if (read_varint(&body, &value) != 0 || value < -1) { *why = "its value length is bad"; return -1; }
-        f[6] = value;
-        f[5] = body.position;
+        value_lengths[i] = value;
+        value_starts[i] = body.position;
         skip = value > 0 ? value : 0;
         if (skip > body.end - body.position) { *why = "its value runs past it"; return -1; }
         body.position += skip;
         if (read_varint(&body, &value) != 0 || value < 0) { *why = "its header count is bad"; return -1; }
-        f[7] = value;
+        header_counts[i] = value;
     }
     if (r.position != size) { *bad = count; *why = "bytes follow the last record"; return -1; }
     return 0;
@@ -134,7 +152,7 @@ static PyObject *record_fields(PyObject *self, PyObject *args) {
     if (count < 0 || out.len < count * FIELDS * (Py_ssize_t)sizeof(int64_t)) {
         PyBuffer_Release(&section);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "record_fields: the output holds fewer than count * 8 int64");
+        PyErr_SetString(PyExc_ValueError, "record_fields: the output holds fewer than 8 * count int64");
         return NULL;
     }
     Py_ssize_t bad = 0;
@@ -810,7 +828,7 @@ static PyMethodDef methods[] = {
     {"murmur2", murmur2, METH_VARARGS,
      "murmur2(data, starts, lengths, out): Kafka's murmur2 of each blob, signed, into out (int64)."},
     {"record_fields", record_fields, METH_VARARGS,
-     "record_fields(section, count, out): eight int64 fields per record into out (see the module)."},
+     "record_fields(section, count, out): eight int64 columns of count records into out (see the module)."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas) -> bytes."},
     {NULL, NULL, 0, NULL},

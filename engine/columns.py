@@ -99,14 +99,13 @@ def record_columns(
     if section is None:
         section = records_section(header, batch)
     count = header.records_count
-    fields = np.empty((count, 8), np.int64)
+    fields = np.empty((8, count), np.int64)  # a field a row: each a contiguous column
     _core.record_fields(section, count, fields)  # ValueError naming the record when malformed
     bounds = np.empty(count + 1, np.int64)
-    bounds[:-1] = fields[:, 0]
+    bounds[:-1] = fields[0]
     bounds[-1] = len(section)
-    by_field = np.ascontiguousarray(fields.T)  # each column contiguous (the core takes them as buffers)
-    timestamp_deltas, offset_deltas = by_field[1], by_field[2]
-    key_starts, key_lengths, value_starts, value_lengths, header_counts = by_field[3:8]
+    timestamp_deltas, offset_deltas = fields[1], fields[2]
+    key_starts, key_lengths, value_starts, value_lengths, header_counts = fields[3:8]
     return RecordColumns(
         section=section,
         bounds=bounds,
