@@ -22,21 +22,26 @@ Tags the schema does not name are skipped, as Kafka skips them.
 
 `decode` returns the fields present in the version as a dict, in the schema's order, with the
 JSON names Kafka's JsonConverter writes (the field name with its first letter lower-cased);
-`to_json` writes that dict as Jackson does (compact, no spaces, bytes as standard base64, a
-uuid as URL-safe base64 without padding, non-ASCII text as is). Every failure is ValueError
-(a field running past the end, a string that is not UTF-8, a length below -1).
+`json_ready` and `to_json` write that dict as Jackson does (compact, no spaces, bytes as standard
+base64, a uuid as URL-safe base64 without padding, a float64 as Java's Double.toString, non-ASCII
+text as is). A tagged field given a `default` is left out of the JSON while it holds that value,
+as Kafka's generated JsonConverters leave it out. Every failure is ValueError (a field running
+past the end, a string that is not UTF-8, a length below -1).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 NO_LIMIT = 0x7FFF  # "N+": no upper version
+ALWAYS_SHOWN: Any = object()  # a tagged field without a `default`: shown whenever its bytes hold it
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,8 @@ class Field:
     """One schema field. `kind` is a primitive name (`int32`, `string`, …), `[]kind` for an
     array of primitives, or a nested `Schema` (`array` says whether it is `[]Struct`).
     `versions` and `nullable` are inclusive (low, high) ranges; `tag` is set for tagged
-    fields."""
+    fields, and `default` is a tagged field's default in Kafka's schema (its `"default"`, else
+    the type's: 0, false, "", an empty array), the value its JsonConverter does not print."""
 
     name: str
     kind: str | Schema
@@ -52,6 +58,7 @@ class Field:
     nullable: tuple[int, int] | None = None
     array: bool = False
     tag: int | None = None
+    default: Any = ALWAYS_SHOWN
 
     @property
     def json_name(self) -> str:
@@ -219,6 +226,8 @@ def json_ready(data: Mapping[str, Any], schema: Schema) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in data.items():
         spec = specs.get(name)
+        if spec is not None and spec.tag is not None and spec.default is not ALWAYS_SHOWN and value == spec.default:
+            continue
         if spec is not None and isinstance(spec.kind, Schema) and value is not None:
             nested = spec.kind
             out[name] = (
@@ -234,7 +243,49 @@ def json_ready(data: Mapping[str, Any], schema: Schema) -> dict[str, Any]:
 
 def to_json(document: Any) -> str:
     """Compact JSON as Jackson's ObjectNode.toString writes it."""
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+    if not _holds_float(document):
+        return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(document, dict):
+        return "{" + ",".join(f"{to_json(str(name))}:{to_json(value)}" for name, value in document.items()) + "}"
+    if isinstance(document, list):
+        return "[" + ",".join(to_json(item) for item in document) + "]"
+    text = java_double_text(document)
+    return text if math.isfinite(document) else f'"{text}"'  # Jackson's QUOTE_NON_NUMERIC_NUMBERS
+
+
+def _holds_float(document: Any) -> bool:
+    if isinstance(document, float):
+        return True
+    if isinstance(document, dict):
+        return any(_holds_float(value) for value in document.values())
+    if isinstance(document, list):
+        return any(_holds_float(item) for item in document)
+    return False
+
+
+def java_double_text(value: float) -> str:
+    """A double as Java's Double.toString writes it (which Jackson uses for a DoubleNode): the
+    shortest digits that read back as the same double; plain (`1048576.0`, `0.25`) from 10^-3
+    up to below 10^7, else `1.0E7`, `2.5E-4`; `NaN`, `Infinity`, `-Infinity`, `-0.0`."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    magnitude = abs(value)
+    if magnitude == 0:
+        return sign + "0.0"
+    # repr gives the shortest digits that round-trip, as Java does; Decimal splits them into the
+    # significant digits and the power of ten of the first one.
+    shortest = Decimal(repr(magnitude)).normalize()
+    digits = "".join(map(str, shortest.as_tuple().digits))
+    exponent = shortest.adjusted()
+    if 1e-3 <= magnitude < 1e7:
+        if exponent >= 0:
+            integer = digits[: exponent + 1].ljust(exponent + 1, "0")
+            return f"{sign}{integer}.{digits[exponent + 1 :] or '0'}"
+        return f"{sign}0.{'0' * (-exponent - 1)}{digits}"
+    return f"{sign}{digits[0]}.{digits[1:] or '0'}E{exponent}"
 
 
 def uuid_text(raw: bytes) -> str:

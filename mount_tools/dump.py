@@ -10,10 +10,16 @@ Same flags and lines as Kafka's DumpLogSegments (as of Kafka 4.0): a `Dumping <f
   …), and when printing data ` key: … payload: …`. The decoders print keys and values as Kafka's
   do: `--offsets-decoder` `{"type":"1","data":{…}}` / `{"version":"3","data":{…}}` (`<DELETE>`
   for a tombstone), `--transaction-log-decoder` the same for `__transaction_state`,
-  `--cluster-metadata-decoder` `{"type":"TOPIC_RECORD","version":0,"data":{…}}`; a record a decoder
-  cannot read prints Kafka's `Error at offset N, skipping. …` or `Unknown record type N at offset
-  O, skipping.` in its place. `--skip-record-metadata` leaves out the record metadata (lines start
-  `| key: …`), `--max-bytes N` reads only the batches within the first N bytes.
+  `--cluster-metadata-decoder` `{"type":"TOPIC_RECORD","version":0,"data":{…}}` (every KRaft
+  metadata record type); a record a decoder cannot read prints Kafka's `Error at offset N,
+  skipping. …` or `Unknown record type N at offset O, skipping.` in its place.
+  `--skip-record-metadata` leaves out the record metadata (lines start `| key: …`), `--max-bytes N`
+  reads only the batches within the first N bytes.
+  A legacy message (magic 0 or 1) is a batch of its own, printed as Kafka prints one: `offset:
+  <its offset> position: … NoTimestampType|CreateTime|LogAppendTime: … size: … magic: …
+  compresscodec: … crc: … isvalid: …`; its records (a compressed wrapper's inner messages) as
+  `| offset: … keySize: … valueSize: … isValid: true crc: N}` (Kafka's line, closing brace
+  included), then key and payload as for any record.
 * `.index` / `.timeindex`: `offset: X position: Y` / `timestamp: T offset: O`; mismatches on stderr.
 * `.snapshot` (producer state): per producer `producerId: … producerEpoch: … coordinatorEpoch: …
   currentTxnFirstOffset: OptionalLong… lastTimestamp: … firstSequence: … lastSequence: …
@@ -29,13 +35,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import struct
 import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from seglogfs.engine import legacy
+from seglogfs.engine.compression import CompressionType, decompress
 from seglogfs.engine.consumer_offsets import (
     CONSUMER_PROTOCOL_ASSIGNMENT,
     CONSUMER_PROTOCOL_SUBSCRIPTION,
@@ -57,7 +67,15 @@ from seglogfs.engine.messages import json_ready, to_json
 from seglogfs.engine.metadata_records import describe_metadata_record
 from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from seglogfs.engine.producer_snapshot import CorruptSnapshotError, read_producer_snapshot
-from seglogfs.engine.records import BatchHeader, Record, check_batch, decode_records, iter_batch_headers
+from seglogfs.engine.records import (
+    CURRENT_MAGIC,
+    BatchHeader,
+    LegacyBatchHeader,
+    Record,
+    check_batch,
+    decode_records,
+    iter_batch_headers,
+)
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.transaction_index import read_transaction_index
 from seglogfs.engine.transaction_log import (
@@ -188,6 +206,7 @@ def _bool(value: bool) -> str:
 
 
 def _batch_line(header: BatchHeader, valid: bool) -> str:
+    """A v2 batch as DumpLogSegments' printBatchLevel prints it."""
     horizon = header.delete_horizon_ms
     horizon_text = "OptionalLong.empty" if horizon is None else f"OptionalLong[{horizon}]"
     return (
@@ -200,6 +219,48 @@ def _batch_line(header: BatchHeader, valid: bool) -> str:
         f"magic: {header.magic} compresscodec: {header.compression.config_name} crc: {header.crc} "
         f"isvalid: {_bool(valid)}"
     )
+
+
+def _legacy_batch_line(header: LegacyBatchHeader, batch: bytes | memoryview) -> str:
+    """A legacy message as printBatchLevel prints one (magic < 2): its own offset (a wrapper's is
+    its last inner offset), its timestamp (the wrapper's own, -1 for magic 0), and `isvalid`
+    for its CRC-32 alone."""
+    timestamp = struct.unpack_from(">q", batch, 18)[0] if header.magic == 1 else legacy.NO_TIMESTAMP
+    return (
+        f"offset: {header.last_offset} position: {header.position} {header.timestamp_type.display_name}: "
+        f"{timestamp} size: {header.size_in_bytes} magic: {header.magic} "
+        f"compresscodec: {header.compression.config_name} crc: {header.crc} "
+        f"isvalid: {_bool(legacy.crc_problem(batch) is None)}"
+    )
+
+
+def _legacy_checksums(header: LegacyBatchHeader, batch: bytes | memoryview) -> list[int]:
+    """The stored CRC-32 of each of a legacy message's records, in order: the message's own for
+    a plain message, each inner message's for a wrapper (whose inner CRCs the engine checked
+    when it read the records)."""
+    if header.compression is CompressionType.NONE:
+        return [header.crc]
+    if header.magic == 0 and header.compression is CompressionType.LZ4:
+        # Kafka 0.8's LZ4 frames carry a wrong descriptor checksum that only engine.legacy reads
+        # past; a magic 0 inner message holds no timestamp, so its bytes follow from its record.
+        return [_magic0_checksum(record) for record in header.records]
+    data = decompress(header.compression, legacy.parse_message(batch).value or b"")
+    checksums = []
+    position = 0
+    while position < len(data):
+        size, checksum = struct.unpack_from(">iI", data, position + 8)
+        checksums.append(checksum)
+        position += legacy.LOG_OVERHEAD_BYTES + size
+    return checksums
+
+
+def _magic0_checksum(record: Record) -> int:
+    """CRC-32 of an uncompressed magic 0 message holding `record`: magic, attributes (0), key and
+    value with their int32 lengths (-1 for null)."""
+    body = bytearray(b"\x00\x00")
+    for field in (record.key, record.value):
+        body += struct.pack(">i", -1 if field is None else len(field)) + (field or b"")
+    return zlib.crc32(body)
 
 
 # -- message parsers (kafka-dump-log's MessageParser implementations) -----------------------------
@@ -301,19 +362,32 @@ def _message_parser(args: argparse.Namespace) -> MessageParser:
 
 
 def _record_line(
-    path: Path, header: BatchHeader, record: Record, *, print_data: bool, skip_metadata: bool, parser: MessageParser
+    path: Path,
+    header: BatchHeader,
+    record: Record,
+    *,
+    print_data: bool,
+    skip_metadata: bool,
+    parser: MessageParser,
+    legacy_checksum: int | None = None,
 ) -> str:
-    """One record as DumpLogSegments prints it: its metadata (unless skipped), what a control
-    record holds, and the key and payload when printing data (never for control records)."""
+    """One record as DumpLogSegments prints it: its metadata (unless skipped; for a v2 record its
+    sequence and header keys, for a legacy one, whose CRC-32 is `legacy_checksum`, Kafka's
+    `isValid: true crc: N}`), what a control record holds, and the key and payload when
+    printing data (never for control records)."""
     line = ""
     if not skip_metadata:
-        sequence = header.base_sequence + (record.offset - header.base_offset) if header.base_sequence >= 0 else -1
         line = (
-            f"{RECORD_INDENT} offset: {record.offset} {record.timestamp_type.display_name}: {record.timestamp} "
+            f"{RECORD_INDENT} offset: {record.offset} {header.timestamp_type.display_name}: {record.timestamp} "
             f"keySize: {-1 if record.key is None else len(record.key)} "
-            f"valueSize: {-1 if record.value is None else len(record.value)} "
-            f"sequence: {sequence} headerKeys: [{','.join(key for key, _ in record.headers)}]"
+            f"valueSize: {-1 if record.value is None else len(record.value)}"
         )
+        if header.magic >= CURRENT_MAGIC:
+            first = header.base_sequence
+            sequence = first + (record.offset - header.base_offset) if first >= 0 else -1
+            line += f" sequence: {sequence} headerKeys: [{','.join(key for key, _ in record.headers)}]"
+        else:
+            line += f" isValid: true crc: {legacy_checksum}}}"
         if header.is_control:
             try:
                 line += describe_control_record(record.key, record.value)
@@ -381,29 +455,43 @@ def _dump_log(
         gaps: list[tuple[int, int]] = []
         for header, batch in batches:
             reason = check_batch(header, batch)
-            write(_batch_line(header, reason is None) + "\n")
+            if isinstance(header, LegacyBatchHeader):
+                write(_legacy_batch_line(header, batch) + "\n")
+            else:
+                write(_batch_line(header, reason is None) + "\n")
             if reason is not None:
+                if isinstance(header, LegacyBatchHeader) and legacy.crc_problem(batch) is None:
+                    print(f"seglogfs: {path}: message at position {header.position}: {reason}", file=sys.stderr)
                 break
             valid_bytes = header.next_position
             if deep:
+                checksums: list[int | None]
                 try:
                     records = decode_records(header, batch, include_control=True)
+                    if isinstance(header, LegacyBatchHeader):
+                        checksums = list(_legacy_checksums(header, batch))
+                    else:
+                        checksums = [None] * len(records)
                 except Exception as error:  # a codec or varint error inside a batch whose CRC held
                     print(
                         f"seglogfs: {path}: batch at position {header.position} has undecodable records: {error}",
                         file=sys.stderr,
                     )
                     raise DumpFailed from None
-                for record in records:
+                for record, checksum in zip(records, checksums, strict=True):
                     if previous_offset is not None and record.offset != previous_offset + 1:
                         gaps.append((previous_offset, record.offset))
                     previous_offset = record.offset
-                    write(
-                        _record_line(
-                            path, header, record, print_data=print_data, skip_metadata=skip_metadata, parser=parser
-                        )
-                        + "\n"
+                    line = _record_line(
+                        path,
+                        header,
+                        record,
+                        print_data=print_data,
+                        skip_metadata=skip_metadata,
+                        parser=parser,
+                        legacy_checksum=checksum,
                     )
+                    write(line + "\n")
         invalid = size - valid_bytes
         if invalid > 0 and max_bytes == MAX_BYTES_DEFAULT:
             write(f"Found {invalid} invalid bytes at the end of {path.name}\n")

@@ -5,14 +5,19 @@ field, on real broker files: `__consumer_offsets` with --offsets-decoder, `__clu
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import struct
+import zlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import cramjam
 import crc32c
 
-from seglogfs.engine.records import ProducerState, build_batch
+from seglogfs.engine.records import ProducerState, build_batch, decode_records, iter_batch_headers
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures
 
@@ -97,9 +102,8 @@ def test_cluster_metadata_decoder_and_control_records() -> None:
         r' payload: \{"type":"TOPIC_RECORD","version":0,"data":\{"name":"[^"]+","topicId":"[A-Za-z0-9_-]{22}"\}\}',
         topic,
     )
-    # Records not decoded here print Kafka's skip line in place of the payload.
-    assert all(p.startswith((' payload: {"type":"', " payload: Error at ")) or "LeaderChange" in p
-               for p in payloads)  # fmt: skip
+    # Every record type decodes: no `Error at N, skipping.` line.
+    assert all(p.startswith(' payload: {"type":"') or "LeaderChange" in p for p in payloads)
 
 
 def test_kraft_snapshot_header_footer_and_skip_record_metadata() -> None:
@@ -203,3 +207,405 @@ def test_transaction_index(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:40])
     result = run("dump", str(path), code=1)
     assert "not a multiple of the 34-byte entry size" in result.stderr
+
+
+# -- KRaft metadata records: every type, against decodings written here -------------------------
+class Wire:
+    """Kafka's flexible-versions primitives, read by hand: unsigned varints, compact strings and
+    arrays (length + 1, 0 = null), big-endian fixed-size integers, 16-byte uuids."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def uvarint(self) -> int:
+        value = shift = 0
+        while True:
+            byte = self.data[self.pos]
+            self.pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value
+            shift += 7
+
+    def fixed(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str | None:
+        size = self.uvarint() - 1
+        if size < 0:
+            return None
+        self.pos += size
+        return self.data[self.pos - size : self.pos].decode()
+
+    def uuid(self) -> str:  # Kafka's Uuid.toString: URL-safe base64, no padding
+        self.pos += 16
+        return base64.urlsafe_b64encode(self.data[self.pos - 16 : self.pos]).rstrip(b"=").decode()
+
+    def array(self, item: Callable[[], Any]) -> list[Any] | None:
+        count = self.uvarint() - 1
+        return None if count < 0 else [item() for _ in range(count)]
+
+    def tagged(self) -> dict[int, Wire]:
+        fields = {}
+        for _ in range(self.uvarint()):
+            tag, size = self.uvarint(), self.uvarint()
+            fields[tag] = Wire(self.data[self.pos : self.pos + size])
+            self.pos += size
+        return fields
+
+
+def _int32s(wire: Wire) -> list[int] | None:
+    return wire.array(lambda: wire.fixed(">i"))
+
+
+def _endpoints_and_features(wire: Wire, out: dict[str, Any]) -> None:
+    def endpoint() -> dict[str, Any]:
+        item = {"name": wire.string(), "host": wire.string(), "port": wire.fixed(">H"),
+                "securityProtocol": wire.fixed(">h")}  # fmt: skip
+        assert wire.tagged() == {}
+        return item
+
+    def feature() -> dict[str, Any]:
+        item = {"name": wire.string(), "minSupportedVersion": wire.fixed(">h"), "maxSupportedVersion": wire.fixed(">h")}
+        assert wire.tagged() == {}
+        return item
+
+    out["endPoints"] = wire.array(endpoint)
+    out["features"] = wire.array(feature)
+
+
+def expected_metadata_json(value: bytes) -> tuple[int, dict[str, Any]]:
+    """(api key, what MetadataJsonConverters print) for the record types of the broker fixtures,
+    decoded field by field as Kafka's `common/metadata/*.json` lays them out. A tagged field is
+    printed only when it differs from its default (JsonConverter's non-default check)."""
+    wire = Wire(value)
+    assert wire.uvarint() == 1  # frame version
+    api_key, version = wire.uvarint(), wire.uvarint()
+    names = {0: "REGISTER_BROKER_RECORD", 2: "TOPIC_RECORD", 3: "PARTITION_RECORD", 4: "CONFIG_RECORD",
+             5: "PARTITION_CHANGE_RECORD", 12: "FEATURE_LEVEL_RECORD", 15: "PRODUCER_IDS_RECORD",
+             17: "BROKER_REGISTRATION_CHANGE_RECORD", 20: "NO_OP_RECORD", 21: "ZK_MIGRATION_STATE_RECORD",
+             23: "BEGIN_TRANSACTION_RECORD", 24: "END_TRANSACTION_RECORD",
+             27: "REGISTER_CONTROLLER_RECORD"}  # fmt: skip
+    data: dict[str, Any] = {}
+    tagged: dict[int, Wire]
+    if api_key == 0:  # RegisterBrokerRecord v0-3
+        data["brokerId"] = wire.fixed(">i")
+        if version >= 2:
+            data["isMigratingZkBroker"] = wire.fixed(">?")
+        data["incarnationId"], data["brokerEpoch"] = wire.uuid(), wire.fixed(">q")
+        _endpoints_and_features(wire, data)
+        data["rack"], data["fenced"] = wire.string(), wire.fixed(">?")
+        if version >= 1:
+            data["inControlledShutdown"] = wire.fixed(">?")
+        tagged = wire.tagged()
+        if 0 in tagged:
+            log_dirs = tagged[0].array(tagged[0].uuid)
+            if log_dirs:  # default: empty
+                data["logDirs"] = log_dirs
+    elif api_key == 2:  # TopicRecord
+        data = {"name": wire.string(), "topicId": wire.uuid()}
+        tagged = wire.tagged()
+    elif api_key == 3:  # PartitionRecord v0-2
+        data = {"partitionId": wire.fixed(">i"), "topicId": wire.uuid()}
+        for name in ("replicas", "isr", "removingReplicas", "addingReplicas"):
+            data[name] = _int32s(wire)
+        data["leader"] = wire.fixed(">i")
+        leader_epoch, partition_epoch = wire.fixed(">i"), wire.fixed(">i")
+        directories = wire.array(wire.uuid) if version >= 1 else None
+        tagged = wire.tagged()
+        if 0 in tagged and (state := tagged[0].fixed(">b")) != 0:
+            data["leaderRecoveryState"] = state
+        data["leaderEpoch"], data["partitionEpoch"] = leader_epoch, partition_epoch
+        if version >= 1:
+            data["directories"] = directories
+    elif api_key == 4:  # ConfigRecord
+        data = {"resourceType": wire.fixed(">b"), "resourceName": wire.string(), "name": wire.string(),
+                "value": wire.string()}  # fmt: skip
+        tagged = wire.tagged()
+    elif api_key == 5:  # PartitionChangeRecord v0-2: everything but the ids is tagged
+        data = {"partitionId": wire.fixed(">i"), "topicId": wire.uuid()}
+        tagged = wire.tagged()
+        for tag, name, read, default in (
+            (0, "isr", _int32s, None), (1, "leader", lambda w: w.fixed(">i"), -2), (2, "replicas", _int32s, None),
+            (3, "removingReplicas", _int32s, None), (4, "addingReplicas", _int32s, None),
+            (5, "leaderRecoveryState", lambda w: w.fixed(">b"), -1),
+            (8, "directories", lambda w: w.array(w.uuid), None),
+        ):  # fmt: skip
+            if tag in tagged and (field := read(tagged[tag])) != default:
+                data[name] = field
+    elif api_key == 12:  # FeatureLevelRecord
+        data = {"name": wire.string(), "featureLevel": wire.fixed(">h")}
+        tagged = wire.tagged()
+    elif api_key == 15:  # ProducerIdsRecord
+        data = {"brokerId": wire.fixed(">i"), "brokerEpoch": wire.fixed(">q"), "nextProducerId": wire.fixed(">q")}
+        tagged = wire.tagged()
+    elif api_key == 17:  # BrokerRegistrationChangeRecord v0-2: Fenced (tag 0), InControlledShutdown (tag 1)
+        data = {"brokerId": wire.fixed(">i"), "brokerEpoch": wire.fixed(">q")}
+        tagged = wire.tagged()
+        for tag, name in ((0, "fenced"), (1, "inControlledShutdown")):
+            if tag in tagged and (field := tagged[tag].fixed(">b")) != 0:
+                data[name] = field
+    elif api_key == 21:  # ZkMigrationStateRecord
+        data = {"zkMigrationState": wire.fixed(">b")}
+        tagged = wire.tagged()
+    elif api_key == 23:  # BeginTransactionRecord: Name, tag 0, null by default
+        tagged = wire.tagged()
+        if 0 in tagged and (name := tagged[0].string()) is not None:
+            data["name"] = name
+    elif api_key == 27:  # RegisterControllerRecord
+        data = {"controllerId": wire.fixed(">i"), "incarnationId": wire.uuid(), "zkMigrationReady": wire.fixed(">?")}
+        _endpoints_and_features(wire, data)
+        tagged = wire.tagged()
+    else:  # NoOpRecord (20), EndTransactionRecord (24): no fields
+        assert api_key in (20, 24)
+        tagged = wire.tagged()
+    assert wire.pos == len(value)
+    return api_key, {"type": names[api_key], "version": version, "data": data}
+
+
+def metadata_files() -> list[Path]:
+    root = kafka_fixtures()
+    return sorted(root.glob("*/__cluster_metadata-0/*.log")) + sorted(root.glob("*/__cluster_metadata-0/*.checkpoint"))
+
+
+def raw_values(path: Path) -> dict[int, bytes]:
+    """Offset → value of every record of a metadata log or snapshot's data batches."""
+    data = path.read_bytes()
+    return {
+        record.offset: bytes(record.value or b"")
+        for header in iter_batch_headers(data)
+        if not header.is_control
+        for record in decode_records(header, data[header.position : header.next_position])
+    }
+
+
+def test_every_cluster_metadata_record_decodes_as_kafka_prints_it() -> None:
+    # ClusterMetadataLogMessageParser: `payload: {"type":"<MetadataRecordType>","version":N,"data":{…}}`,
+    # compact (Jackson's ObjectNode.toString), camelCase field names in schema order, uuids as
+    # Uuid.toString, tagged fields only when not their default. Every record of every fixture's
+    # metadata log and KRaft snapshot: none prints `Error at N, skipping.`, and each payload is
+    # exactly the JSON of the decoding above.
+    files = metadata_files()
+    assert {path.suffix for path in files} == {".log", ".checkpoint"}
+    seen: dict[int, set[int]] = {}
+    for path in files:
+        values = raw_values(path)
+        lines = dump("--cluster-metadata-decoder", str(path))
+        assert not [line for line in lines if "Error at" in line]
+        printed = {}
+        for line in lines:
+            match = RECORD.fullmatch(line)
+            if match is not None and match.group(8).startswith(" payload: "):
+                printed[int(match.group(1))] = match.group(8).removeprefix(" payload: ")
+        assert printed.keys() == values.keys()
+        for offset, value in values.items():
+            api_key, expected = expected_metadata_json(value)
+            assert printed[offset] == json.dumps(expected, separators=(",", ":")), (path, offset)
+            seen.setdefault(api_key, set()).add(expected["version"])
+    # The fixtures hold these types and versions (brokers from Kafka 3.3 to 3.7 and Confluent 7.6).
+    assert seen == {0: {2, 3}, 2: {0}, 3: {0, 1}, 4: {0}, 5: {0, 1}, 12: {0}, 15: {0}, 17: {0, 1}, 20: {0},
+                    21: {0}, 23: {0}, 24: {0}, 27: {0}}  # fmt: skip
+
+
+def _compact(text: str | None) -> bytes:
+    raw = None if text is None else text.encode()
+    return bytes([0]) if raw is None else _uvarint(len(raw) + 1) + raw
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _tags(*fields: tuple[int, bytes]) -> bytes:
+    return _uvarint(len(fields)) + b"".join(_uvarint(tag) + _uvarint(len(body)) + body for tag, body in fields)
+
+
+def test_metadata_record_types_the_fixtures_lack(tmp_path: Path) -> None:
+    # The other record types of Kafka's common/metadata, built here byte by byte (frame version 1,
+    # api key, version, fields, tagged fields) and printed as MetadataJsonConverters print them:
+    # int64 as numbers, bytes as standard base64 (Jackson's BinaryNode), float64 as Java's
+    # Double.toString (1.0E7), a tagged field present in the bytes but equal to its default left
+    # out (PartitionChangeRecord's Leader -2), an unknown api key as the serde's error.
+    acl_id, topic_id = bytes(range(16)), bytes(range(16, 32))
+    i32, i64 = (lambda v: struct.pack(">i", v)), (lambda v: struct.pack(">q", v))
+    ids = "AAECAwQFBgcICQoLDA0ODw"  # Uuid.toString of bytes 0..15
+    cases = [
+        (1, 0, i32(3) + i64(9) + _tags(), {"brokerId": 3, "brokerEpoch": 9}),
+        (7, 0, i32(3) + i64(9) + _tags(), {"id": 3, "epoch": 9}),
+        (8, 0, i32(3) + i64(10) + _tags(), {"id": 3, "epoch": 10}),
+        (9, 0, topic_id + _tags(), {"topicId": "EBESExQVFhcYGRobHB0eHw"}),
+        (10, 0, _compact("User:a") + _compact("User:b") + b"\x03" + _compact("User:c") + _compact("User:d")
+         + i64(1) + i64(2) + i64(3) + _compact("tok") + _tags(),
+         {"owner": "User:a", "requester": "User:b", "renewers": ["User:c", "User:d"], "issueTimestamp": 1,
+          "maxTimestamp": 2, "expirationTimestamp": 3, "tokenId": "tok"}),
+        (11, 0, _compact("alice") + b"\x01" + b"\x03ab" + b"\x01" + b"\x02\xff" + i32(4096) + _tags(),
+         {"name": "alice", "mechanism": 1, "salt": "YWI=", "storedKey": "", "serverKey": "/w==", "iterations": 4096}),
+        (14, 0, b"\x02" + _compact("user") + _compact(None) + _tags() + _compact("producer_byte_rate")
+         + struct.pack(">d", 1e7) + b"\x00" + _tags(),
+         {"entity": [{"entityType": "user", "entityName": None}], "key": "producer_byte_rate", "value": 1e7,
+          "remove": False}),
+        (18, 0, acl_id + b"\x02" + _compact("orders") + b"\x03" + _compact("User:*") + _compact("*")
+         + b"\x03\x03" + _tags(),
+         {"id": ids, "resourceType": 2, "resourceName": "orders", "patternType": 3, "principal": "User:*",
+          "host": "*", "operation": 3, "permissionType": 3}),
+        (19, 0, acl_id + _tags(), {"id": ids}),
+        (22, 0, _compact("alice") + b"\x02" + _tags(), {"name": "alice", "mechanism": 2}),
+        (25, 0, _tags((0, _compact("timed out"))), {"reason": "timed out"}),
+        (25, 0, _tags(), {}),
+        (26, 0, _compact("tok") + _tags(), {"tokenId": "tok"}),
+        (5, 2, i32(1) + topic_id + _tags((0, b"\x02" + i32(4)), (1, i32(-2)), (6, b"\x01"), (8, b"\x00")),
+         {"partitionId": 1, "topicId": "EBESExQVFhcYGRobHB0eHw", "isr": [4], "eligibleLeaderReplicas": []}),
+        (17, 2, i32(1) + i64(5) + _tags((0, b"\x00"), (2, b"\x02" + acl_id)),
+         {"brokerId": 1, "brokerEpoch": 5, "logDirs": [ids]}),
+    ]  # fmt: skip
+    values = [b"\x01" + _uvarint(key) + _uvarint(version) + body for key, version, body, _ in cases]
+    values.append(b"\x01\x63\x00")  # api key 99
+    log = tmp_path / "00000000000000000000.log"
+    log.write_bytes(bytes(build_batch(values, timestamps=1000)))
+    payloads = [line.split(" payload: ", 1)[1] for line in dump("--cluster-metadata-decoder", str(log))[3:]]
+    for (key, version, _body, data), payload in zip(cases, payloads, strict=False):
+        document = json.loads(payload)
+        assert (document["version"], document["data"]) == (version, data), key
+        assert document["type"] == {
+            1: "UNREGISTER_BROKER_RECORD", 5: "PARTITION_CHANGE_RECORD", 7: "FENCE_BROKER_RECORD",
+            8: "UNFENCE_BROKER_RECORD", 9: "REMOVE_TOPIC_RECORD", 10: "DELEGATION_TOKEN_RECORD",
+            11: "USER_SCRAM_CREDENTIAL_RECORD", 14: "CLIENT_QUOTA_RECORD", 17: "BROKER_REGISTRATION_CHANGE_RECORD",
+            18: "ACCESS_CONTROL_ENTRY_RECORD", 19: "REMOVE_ACCESS_CONTROL_ENTRY_RECORD",
+            22: "REMOVE_USER_SCRAM_CREDENTIAL_RECORD", 25: "ABORT_TRANSACTION_RECORD",
+            26: "REMOVE_DELEGATION_TOKEN_RECORD",
+        }[key]  # fmt: skip
+    assert '"value":1.0E7,' in payloads[6]
+    # Tagged fields in schema order; Leader -2 and Directories null (their defaults) left out.
+    assert payloads[13] == (
+        '{"type":"PARTITION_CHANGE_RECORD","version":2,"data":{"partitionId":1,"topicId":"EBESExQVFhcYGRobHB0eHw",'
+        '"isr":[4],"eligibleLeaderReplicas":[]}}'
+    )
+    assert payloads[-1] == (
+        "Error at 15, skipping. org.apache.kafka.common.errors.UnsupportedVersionException: Unknown metadata id 99"
+    )
+
+
+# -- legacy messages (magic 0 and 1) -------------------------------------------------------------
+def legacy_entries(data: bytes) -> list[tuple[int, int, bytes]]:
+    """(offset, position, whole entry) of each message of a message set: offset int64, size int32,
+    then `size` bytes (crc uint32, magic, attributes, [timestamp int64], key and value with int32
+    lengths)."""
+    entries, position = [], 0
+    while position < len(data):
+        offset, size = struct.unpack_from(">qi", data, position)
+        entries.append((offset, position, data[position : position + 12 + size]))
+        position += 12 + size
+    return entries
+
+
+def legacy_fields(entry: bytes) -> tuple[int, int, int, int, bytes | None, bytes | None]:
+    """(crc, magic, attributes, timestamp (-1 for magic 0), key, value) of one entry."""
+    crc, magic, attributes = struct.unpack_from(">Ibb", entry, 12)
+    position = 18
+    timestamp = -1
+    if magic == 1:
+        (timestamp,) = struct.unpack_from(">q", entry, position)
+        position += 8
+    fields: list[bytes | None] = []
+    for _ in range(2):
+        (length,) = struct.unpack_from(">i", entry, position)
+        position += 4
+        fields.append(None if length < 0 else entry[position : position + length])
+        position += max(length, 0)
+    return crc, magic, attributes, timestamp, fields[0], fields[1]
+
+
+def inflate(codec: int, value: bytes) -> bytes:
+    if codec == 1:  # gzip
+        return zlib.decompress(value, 31)
+    assert codec == 2 and value.startswith(b"\x82SNAPPY\x00")  # xerial framing: 16-byte header, then
+    out, position = b"", 16  # (int32 length, raw snappy block) chunks
+    while position < len(value):
+        (length,) = struct.unpack_from(">i", value, position)
+        out += bytes(cramjam.snappy.decompress_raw(value[position + 4 : position + 4 + length]))
+        position += 4 + length
+    return out
+
+
+def expected_legacy_lines(data: bytes) -> list[str]:
+    """What DumpLogSegments prints for a message set with --print-data-log, magic < 2
+    (printBatchLevel: "offset: <last offset> position: <bytes before> <TimestampType>: <timestamp>
+    size: <entry size> magic: M compresscodec: <codec> crc: <CRC-32> isvalid: true"; per record
+    "| offset: O <wrapper's TimestampType>: T keySize: K valueSize: V isValid: true crc: C}"
+    (the closing brace is Kafka's), then " key: K" and " payload: P"). A magic 1 wrapper's inner
+    offsets are relative to its offset (the last is the wrapper's)."""
+    codecs = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4"}
+    lines = []
+    for offset, position, entry in legacy_entries(data):
+        crc, magic, attributes, timestamp, _key, value = legacy_fields(entry)
+        assert zlib.crc32(entry[16:]) == crc
+        kind = "NoTimestampType" if magic == 0 else ("LogAppendTime" if attributes & 8 else "CreateTime")
+        lines.append(
+            f"offset: {offset} position: {position} {kind}: {timestamp} size: {len(entry)} magic: {magic} "
+            f"compresscodec: {codecs[attributes & 7]} crc: {crc} isvalid: true"
+        )
+        inner = [(offset, entry)]
+        if attributes & 7:
+            inner = [(at, message) for at, _, message in legacy_entries(inflate(attributes & 7, value or b""))]
+        if magic == 1 and attributes & 7:
+            inner = [(offset - inner[-1][0] + relative, inner_entry) for relative, inner_entry in inner]
+        for record_offset, record_entry in inner:
+            inner_crc, _, _, record_timestamp, key, record_value = legacy_fields(record_entry)
+            assert zlib.crc32(record_entry[16:]) == inner_crc
+            if attributes & 8:
+                record_timestamp = timestamp
+            line = (
+                f"| offset: {record_offset} {kind}: {record_timestamp} keySize: {-1 if key is None else len(key)} "
+                f"valueSize: {-1 if record_value is None else len(record_value)} isValid: true crc: {inner_crc}}}"
+            )
+            line += "" if key is None else f" key: {key.decode()}"
+            line += "" if record_value is None else f" payload: {record_value.decode()}"
+            lines.append(line)
+    return lines
+
+
+def test_legacy_magic0_segments() -> None:
+    # kafkalite's magic 0 partitions: plain messages, and gzip and snappy wrappers of 254 messages.
+    for name in ("numbers-0", "hamlet-none-0", "hamlet-gzip-0", "hamlet-snappy-0"):
+        log = kafka_fixtures() / "kafkalite-magic0" / name / "00000000000000000000.log"
+        lines = dump("--print-data-log", str(log))
+        assert lines[:2] == [f"Dumping {log}", "Log starting offset: 0"]
+        assert lines[2:] == expected_legacy_lines(log.read_bytes()), name
+    # Shallow: only the message lines; a wrapper's offset is its last inner message's.
+    gzip_log = kafka_fixtures() / "kafkalite-magic0" / "hamlet-gzip-0" / "00000000000000000000.log"
+    shallow = dump(str(gzip_log))[2:]
+    assert shallow[0].startswith("offset: 253 position: 0 NoTimestampType: -1 size: 6290 magic: 0 compresscodec: gzip ")
+    assert all(line.startswith("offset: ") for line in shallow)
+
+
+def test_legacy_and_v2_mixed(tmp_path: Path) -> None:
+    # kafka-go's captured record set: magic 1 messages (plain and gzip wrappers), then v2 batches,
+    # then magic 1 again, as a broker upgraded in place keeps them; each printed in its own format.
+    source = kafka_fixtures() / "kafka-go-fetch-fixtures" / "v1-v1c-v2-v2c-v2b-v2b-v2b-v2bc-v1b-v1bc.p0.records"
+    log = tmp_path / "00000000000000000000.log"
+    data = source.read_bytes()
+    log.write_bytes(data)
+    lines = dump("--print-data-log", str(log))[2:]
+    legacy_lines = [line for line in lines if not line.startswith("baseOffset: ") and "sequence: " not in line]
+    # The legacy parts: the first four messages (bytes 0..355) and the last three (from 1375).
+    expected = expected_legacy_lines(data[:356])
+    tail = expected_legacy_lines(data[1375:])
+    tail = [re.sub(r"position: (\d+)", lambda m: f"position: {int(m.group(1)) + 1375}", line) for line in tail]
+    assert legacy_lines == expected + tail
+    assert lines[5] == (
+        "| offset: 2 CreateTime: 1633286831051 keySize: 5 valueSize: 33 isValid: true crc: 2125748918} key: alpha "
+        'payload: {"count":0,"filler":"aaaaaaaaaa"}'
+    )
+    batches = [BATCH.fullmatch(line) for line in lines if line.startswith("baseOffset: ")]
+    assert [(m.group(1), m.group(11)) for m in batches if m] == [
+        ("4", "356"), ("5", "462"), ("6", "568"), ("7", "686"), ("8", "804"), ("10", "957"), ("12", "1094"),
+        ("14", "1244"),
+    ]  # fmt: skip
+    assert lines[-3].startswith("offset: 19 position: 1517 CreateTime: 1633374040837 size: 130 magic: 1 ")

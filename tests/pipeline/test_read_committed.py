@@ -46,7 +46,7 @@ def test_a_batch_read_committed_holds_exactly_the_committed_records(spark, tmp_p
 def test_a_bad_isolation_level_is_refused(spark, tmp_path: Path) -> None:
     data = tmp_path / "data"
     build_corpus(data)
-    with pytest.raises(Exception, match="kafka.isolation.level must be read_uncommitted or read_committed"):
+    with pytest.raises(Exception, match=r"kafka\.isolation\.level must be read_uncommitted or read_committed"):
         read(spark, data, **{"kafka.isolation.level": "serializable"})
 
 
