@@ -55,7 +55,7 @@ from typing import Any
 from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC
 from seglogfs.engine.errors import EngineError
 from seglogfs.engine.messages import Field, Schema, decode, since
-from seglogfs.engine.naming import LOG_SUFFIX, parse_partition_dir, parse_segment_file_name
+from seglogfs.engine.naming import parse_partition_dir, segment_log_files
 from seglogfs.engine.records import (
     BATCH_OVERHEAD_BYTES,
     MAGIC_OFFSET,
@@ -312,17 +312,6 @@ def offsets_partition_dirs(log_dirs: Sequence[Path]) -> list[Path]:
     return [path for _partition, path in sorted(found)]
 
 
-def segment_files(partition_dir: Path) -> list[Path]:
-    """The partition's `.log` files by base offset (not `.cleaned`, `.swap`, `.deleted`)."""
-    found = []
-    with os.scandir(partition_dir) as entries:
-        for entry in entries:
-            parsed = parse_segment_file_name(entry.name)
-            if parsed is not None and parsed[1] == LOG_SUFFIX and not parsed[2]:
-                found.append((parsed[0], Path(entry.path)))
-    return [path for _base, path in sorted(found)]
-
-
 def file_batches(path: Path, last: bool) -> Iterator[tuple[BatchHeader, bytes]]:
     """The whole v2 batches of a `.log` file, CRC-checked. An incomplete batch ends the file
     quietly when it is the partition's `last` segment (a writer's tail), else it is damage;
@@ -437,7 +426,7 @@ def read_consumer_groups(log_dirs: Sequence[Path]) -> GroupCoordinatorState:
     dirs = offsets_partition_dirs(log_dirs)
     replay = _Replay()
     for partition_dir in dirs:
-        files = segment_files(partition_dir)
+        files = [path for _base, path in segment_log_files(partition_dir)]
         for index, path in enumerate(files):
             replay.apply_file(path, last=index == len(files) - 1)
         replay.pending.clear()  # an open transaction's commits are not visible yet

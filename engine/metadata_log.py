@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seglogfs.engine.errors import EngineError
-from seglogfs.engine.naming import LOG_SUFFIX, parse_segment_file_name
+from seglogfs.engine.messages import Reader
+from seglogfs.engine.naming import segment_log_files
 from seglogfs.engine.records import (
     BATCH_OVERHEAD_BYTES,
     LOG_OVERHEAD_BYTES,
@@ -123,65 +124,27 @@ class RemoveTopicRecord:
 MetadataRecord = TopicRecord | ConfigRecord | RemoveTopicRecord
 
 
-class _Reader:
-    """Kafka's flexible-versions primitives over one record value; ValueError past the end."""
+def _string(reader: Reader) -> str:
+    """A compact string that may not be null."""
+    text = reader.string(flexible=True)
+    if text is None:
+        raise ValueError("null in a string field that cannot be null")
+    return text
 
-    def __init__(self, buf: bytes) -> None:
-        self.buf = buf
-        self.position = 0
 
-    def unsigned_varint(self) -> int:
-        result = shift = 0
-        while True:
-            if self.position >= len(self.buf):
-                raise ValueError("varint runs past the end of the record")
-            byte = self.buf[self.position]
-            self.position += 1
-            result |= (byte & 0x7F) << shift
-            if byte < 0x80:
-                return result
-            shift += 7
-            if shift > 28:
-                raise ValueError("unsigned varint longer than five bytes")
-
-    def take(self, count: int) -> bytes:
-        if self.position + count > len(self.buf):
-            raise ValueError(f"field of {count} bytes runs past the end of the record")
-        out = self.buf[self.position : self.position + count]
-        self.position += count
-        return out
-
-    def int8(self) -> int:
-        return int.from_bytes(self.take(1), "big", signed=True)
-
-    def uuid(self) -> bytes:
-        return self.take(16)
-
-    def nullable_string(self) -> str | None:
-        length = self.unsigned_varint() - 1
-        if length < 0:
-            return None
-        return self.take(length).decode("utf-8")
-
-    def string(self) -> str:
-        text = self.nullable_string()
-        if text is None:
-            raise ValueError("null in a string field that cannot be null")
-        return text
-
-    def end(self) -> None:
-        """Skip the tagged fields, then insist on the end (Kafka refuses trailing bytes too)."""
-        for _ in range(self.unsigned_varint()):
-            self.unsigned_varint()  # tag
-            self.take(self.unsigned_varint())
-        if self.position != len(self.buf):
-            raise ValueError(f"{len(self.buf) - self.position} bytes follow the record's fields")
+def _end(reader: Reader) -> None:
+    """Skip the tagged fields, then insist on the end (Kafka refuses trailing bytes too)."""
+    for _ in range(reader.unsigned_varint()):
+        reader.unsigned_varint()  # tag
+        reader.take(reader.unsigned_varint())
+    if not reader.at_end():
+        raise ValueError(f"{len(reader.buf) - reader.position} bytes follow the record's fields")
 
 
 def decode_metadata_record(value: bytes) -> MetadataRecord | None:
     """The record a metadata log record's value holds, None for record types not read here.
     ValueError for a frame or layout this decoder does not know."""
-    reader = _Reader(value)
+    reader = Reader(value)
     frame_version = reader.unsigned_varint()
     if frame_version != FRAME_VERSION:
         raise ValueError(f"unknown metadata record frame version {frame_version} (expected {FRAME_VERSION})")
@@ -193,12 +156,12 @@ def decode_metadata_record(value: bytes) -> MetadataRecord | None:
         raise ValueError(f"metadata record type {api_key} in version {version}, which this reader does not know")
     record: MetadataRecord
     if api_key == TOPIC_RECORD:
-        record = TopicRecord(reader.string(), reader.uuid())
+        record = TopicRecord(_string(reader), reader.take(16))
     elif api_key == CONFIG_RECORD:
-        record = ConfigRecord(reader.int8(), reader.string(), reader.string(), reader.nullable_string())
+        record = ConfigRecord(reader.fixed("int8"), _string(reader), _string(reader), reader.string(flexible=True))
     else:
-        record = RemoveTopicRecord(reader.uuid())
-    reader.end()
+        record = RemoveTopicRecord(reader.take(16))
+    _end(reader)
     return record
 
 
@@ -243,16 +206,6 @@ def latest_snapshot(partition_dir: Path) -> tuple[int, Path] | None:
         return None
     end_offset, _epoch, path = max(found)
     return end_offset, path
-
-
-def _log_files(partition_dir: Path) -> list[tuple[int, Path]]:
-    out = []
-    with os.scandir(partition_dir) as entries:
-        for entry in entries:
-            parsed = parse_segment_file_name(entry.name)
-            if parsed is not None and parsed[1] == LOG_SUFFIX and not parsed[2]:
-                out.append((parsed[0], Path(entry.path)))
-    return sorted(out)
 
 
 class _Replay:
@@ -324,7 +277,7 @@ def read_metadata_image(partition_dir: Path, *, use_snapshot: bool = True) -> Me
     (no snapshot, and the log starts above offset 0), since the configs set before the first
     record left are then unknown. OSError passes through. Thread-safe (reads files only)."""
     snapshot = latest_snapshot(partition_dir) if use_snapshot else None
-    logs = _log_files(partition_dir)
+    logs = segment_log_files(partition_dir)
     replay = _Replay()
     start = 0
     if snapshot is not None:

@@ -56,6 +56,18 @@ def parse_segment_file_name(name: str) -> tuple[int, str, str] | None:
     return int(match.group(1)), match.group(2), match.group(3)
 
 
+def segment_log_files(partition_dir: Path) -> list[tuple[int, Path]]:
+    """A partition directory's `.log` files, (base offset, path) by base offset; not the
+    `.cleaned`, `.swap` or `.deleted` ones. For readers of a directory without a log open."""
+    found = []
+    with os.scandir(partition_dir) as entries:
+        for entry in entries:
+            parsed = parse_segment_file_name(entry.name)
+            if parsed is not None and parsed[1] == LOG_SUFFIX and not parsed[2]:
+                found.append((parsed[0], Path(entry.path)))
+    return sorted(found)
+
+
 def validate_topic(topic: str) -> None:
     """Raise InvalidTopicError for a name Kafka refuses."""
     if not topic:
