@@ -5,7 +5,11 @@ magic 0 or 1: its size, CRC-32 and records); offsets
 increasing within and across segments; nothing after the last whole batch (a torn tail); every
 offset-index entry is (a batch's last offset, that batch's position); time-index entries have
 increasing timestamps, non-decreasing offsets inside the segment, and timestamps that the batches
-up to them reach; index files have a whole number of entries. Per log dir: checkpoints parse and
+up to them reach; index files have a whole number of entries; each `.txnindex` holds what the log
+gives (engine.transaction_index.reconcile: an entry for every aborted transaction whose marker
+the segment holds, entries the log no longer shows only where retention or compaction can
+explain them); a segment without one must be one the log gives no entry for.
+Per log dir: checkpoints parse and
 agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`).
 
 A log dir in use by another process (its `.lock` held) is checked as a reader sees it: the last
@@ -33,10 +37,12 @@ from seglogfs.engine.checkpoint import (
     CheckpointError,
     read_offset_checkpoint,
 )
+from seglogfs.engine.errors import CorruptIndexError
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
 from seglogfs.engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.engine.records import BatchHeader, check_batch, decode_records
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,7 @@ def _check_partition(
         elif kind == LOG_SUFFIX:
             bases.append(base)
     previous_end = None
+    transactions = TransactionIndexBuilder()
     for slot, base in enumerate(bases):
         last = slot == len(bases) - 1
         segment = LogSegment(
@@ -152,6 +159,7 @@ def _check_partition(
                 tolerate_tail=last and in_use,
                 preallocated_ok=last and maybe_active,
                 report=report,
+                transactions=transactions,
             )
         finally:
             segment.close_handlers()
@@ -162,7 +170,13 @@ def _check_partition(
 
 
 def _check_segment(
-    segment: LogSegment, previous_end: int | None, *, tolerate_tail: bool, preallocated_ok: bool, report: CheckReport
+    segment: LogSegment,
+    previous_end: int | None,
+    *,
+    tolerate_tail: bool,
+    preallocated_ok: bool,
+    report: CheckReport,
+    transactions: TransactionIndexBuilder,
 ) -> int | None:
     path = segment.log_path
     report.segments += 1
@@ -174,6 +188,7 @@ def _check_segment(
             )
         )
     batches: list[BatchHeader] = []
+    markers: list[AbortMarker] = []
     valid_bytes = 0
     next_offset = segment.base_offset if previous_end is None else max(segment.base_offset, previous_end)
     for header, batch in segment.iter_batches(0):
@@ -195,6 +210,10 @@ def _check_segment(
                 reason = f"legacy message (magic 0 or 1) that cannot be read: {reason}"
             report.problems.append(Problem(path, f"invalid batch at position {header.position}: {reason}"))
             break
+        if header.is_transactional:
+            marker = transactions.add(header, batch)
+            if marker is not None:
+                markers.append(marker)
         batches.append(header)
         report.batches += 1
         valid_bytes = header.next_position
@@ -204,6 +223,8 @@ def _check_segment(
         report.problems.append(Problem(path, f"{tail} bytes after the last whole batch (position {valid_bytes})"))
     _check_offset_index(segment, batches, preallocated_ok, report)
     _check_time_index(segment, batches, preallocated_ok, report)
+    if not tolerate_tail:  # (a writer adds a marker's entry just after the marker)
+        _check_transaction_index(segment, markers, report)
     return next_offset if batches else previous_end
 
 
@@ -285,3 +306,14 @@ def _check_time_index(
             report.problems.append(Problem(path, f"entry ({timestamp}, {offset}) is later than any record up to it"))
             return
         previous_ts, previous_offset = timestamp, offset
+
+
+def _check_transaction_index(segment: LogSegment, markers: list[AbortMarker], report: CheckReport) -> None:
+    path = segment.transaction_index_path
+    try:
+        written = segment.transaction_index.entries()
+    except CorruptIndexError as error:
+        report.problems.append(Problem(path, error.reason))
+        return
+    for problem in reconcile(written, markers)[1]:
+        report.problems.append(Problem(path, problem))

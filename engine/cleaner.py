@@ -22,7 +22,9 @@ after the horizon drops it. A consumer that reads the log from the start within
 
 Transactions: control batches are kept; transactional records never enter the offset map (this
 engine does not track which transactions aborted, so an aborted value must not hide a committed
-one) and are dropped only when a later non-transactional record of their key exists.
+one) and are dropped only when a later non-transactional record of their key exists. A cleaned
+segment carries the `.txnindex` entries of the segments it replaces (every marker stays), written
+and fsynced with its other `.cleaned` files and renamed with them.
 """
 
 from __future__ import annotations
@@ -40,7 +42,14 @@ from seglogfs.engine.cleaner_manager import LogToClean, segments_between
 from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.errors import CorruptRecordError, EngineError
 from seglogfs.engine.loader import segment_for
-from seglogfs.engine.naming import CLEANED_SUFFIX, log_file, offset_index_file, time_index_file
+from seglogfs.engine.naming import (
+    CLEANED_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    filename_prefix_from_offset,
+    log_file,
+    offset_index_file,
+    time_index_file,
+)
 from seglogfs.engine.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.records import (
     BatchHeader,
@@ -305,7 +314,8 @@ class Cleaner:
         """Rewrite one group of segments into one `.cleaned` segment and swap it in."""
         base = group[0].base_offset
         directory = log.directory
-        for path in (log_file(directory, base), offset_index_file(directory, base), time_index_file(directory, base)):
+        stale = (log_file(directory, base), offset_index_file(directory, base), time_index_file(directory, base))
+        for path in (*stale, directory / f"{filename_prefix_from_offset(base)}{TXN_INDEX_SUFFIX}"):
             path.with_name(path.name + CLEANED_SUFFIX).unlink(missing_ok=True)  # a leftover of a failed pass
         cleaned = segment_for(directory, base, log.config, writable=True, now_ms=now_ms, file_suffix=CLEANED_SUFFIX)
         try:
@@ -337,6 +347,10 @@ class Cleaner:
                 # still ends where it did and an interrupted swap is finished over all of it.
                 writer.add(empty_batch(last[0]))
             writer.close()
+            # The aborted transactions of the group, carried over (Kafka's cleaned segment keeps
+            # them): the markers stay, and the log alone may no longer say where each began.
+            carried = [entry for segment in group for entry in segment.transaction_index.entries()]
+            cleaned.transaction_index.write(carried)
             stats.bytes_written += cleaned.size
             cleaned.on_become_inactive()
             cleaned.flush()

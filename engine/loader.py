@@ -7,13 +7,16 @@ In order:
    not yet trusted) are removed, and so is every `.swap` file at or above the lowest `.cleaned`
    base offset (that swap belongs to the same unfinished clean). Each remaining `.swap` log is a
    finished clean or split: the segments it replaces are removed and it is renamed into place;
-   swapped index files are dropped, to be rebuilt.
+   swapped index files are dropped, to be rebuilt, but the `.txnindex`, renamed with it (the
+   aborted transactions the cleaner carried, which the log alone may no longer give).
 2. Index files with no `.log` beside them are removed.
 3. Segments are opened. A segment with a missing index file is recovered.
 4. After an unclean stop (no `.kafka_cleanshutdown`), every segment from the one holding the
    recovery point on is recovered: batches checked, indexes rebuilt, the log cut at the first
    invalid batch — and every later segment removed, since what follows a torn write is not
    trusted. After a clean stop nothing is read but the active segment's tail.
+   The segments recovered here and in step 3 get their `.txnindex` rebuilt from the log
+   (`rebuild_transaction_indexes`), as Kafka's LogSegment.recover rebuilds it.
 5. No segment left: an empty one is created at the log start offset. A log end below the log
    start (a crash after delete-records) is replaced by an empty segment at the log start.
 
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from seglogfs.engine.checkpoint import fsync_dir
 from seglogfs.engine.config import LogConfig
-from seglogfs.engine.errors import UnsupportedFormatError
+from seglogfs.engine.errors import CorruptIndexError, UnsupportedFormatError
 from seglogfs.engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -39,9 +42,11 @@ from seglogfs.engine.naming import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
     parse_segment_file_name,
 )
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,7 @@ def _remove_leftovers(directory: Path, names: list[str]) -> list[str]:
 def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms: int) -> list[str]:
     """Finish interrupted swaps: each `.log.swap` replaces the segments its offsets cover."""
     swaps = []
+    transaction_indexes = []
     for name in names:
         parsed = parse_segment_file_name(name)
         if parsed is None or parsed[2] != SWAP_SUFFIX:
@@ -104,9 +110,13 @@ def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms
         base, kind, _ = parsed
         if kind == LOG_SUFFIX:
             swaps.append(base)
+        elif kind == TXN_INDEX_SUFFIX:
+            # The cleaner's carried entries, which the log alone may no longer give: kept, and
+            # reconciled with the log when the swapped segment is recovered.
+            transaction_indexes.append(base)
         else:
             (directory / name).unlink(missing_ok=True)  # indexes are rebuilt from the log
-    if not swaps:
+    if not swaps and not transaction_indexes:
         return names
     live_logs = sorted(
         parsed[0] for name in names if (parsed := parse_segment_file_name(name)) and parsed[1:] == (LOG_SUFFIX, "")
@@ -122,7 +132,20 @@ def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms
         for suffix in INDEX_SUFFIXES:
             (directory / f"{base:020d}{suffix}").unlink(missing_ok=True)
         fsync_dir(directory)  # the replaced segments are gone for good before the swap takes their place
+        if base in transaction_indexes:
+            transaction_indexes.remove(base)
+            os.replace(
+                directory / f"{base:020d}{TXN_INDEX_SUFFIX}{SWAP_SUFFIX}", directory / f"{base:020d}{TXN_INDEX_SUFFIX}"
+            )
         os.replace(directory / f"{base:020d}{LOG_SUFFIX}{SWAP_SUFFIX}", directory / f"{base:020d}{LOG_SUFFIX}")
+    for base in transaction_indexes:
+        # Its log was renamed live (the swap's last renames did not all happen): it goes live
+        # too, or, with no log, away.
+        swapped = directory / f"{base:020d}{TXN_INDEX_SUFFIX}{SWAP_SUFFIX}"
+        if (directory / f"{base:020d}{LOG_SUFFIX}").exists():
+            os.replace(swapped, directory / f"{base:020d}{TXN_INDEX_SUFFIX}")
+        else:
+            swapped.unlink(missing_ok=True)
     return sorted(os.listdir(directory))
 
 
@@ -151,6 +174,7 @@ def load_partition(
         if parsed is not None and not parsed[2]:
             files.setdefault(parsed[0], set()).add(parsed[1])
     segments: list[LogSegment] = []
+    recovered: list[LogSegment] = []  # what recovery re-read: their `.txnindex` is rebuilt
     for base, kinds in sorted(files.items()):
         if LOG_SUFFIX not in kinds:
             if writable:  # index files whose log is gone
@@ -169,11 +193,14 @@ def load_partition(
                     (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
                 raise
             segment.release_handles()
+            recovered.append(segment)
         segments.append(segment)
 
     truncated = 0
     if writable and not clean_shutdown and segments:
-        truncated = _recover_from(segments, recovery_point)
+        truncated = _recover_from(segments, recovery_point, recovered)
+    if recovered:
+        rebuild_transaction_indexes(segments, [segment for segment in recovered if segment in segments])
     start = max(log_start_offset, segments[0].base_offset) if segments else log_start_offset
     made_segment = not segments and writable
     if made_segment:
@@ -199,9 +226,9 @@ def load_partition(
     return LoadedLog(segments, start, end, min(recovery_point, end) if not clean_shutdown else end, truncated)
 
 
-def _recover_from(segments: list[LogSegment], recovery_point: int) -> int:
-    """Recover each segment that may hold offsets ≥ the recovery point; after the first one
-    that had to be cut, remove the rest. Returns the bytes cut."""
+def _recover_from(segments: list[LogSegment], recovery_point: int, recovered: list[LogSegment]) -> int:
+    """Recover each segment that may hold offsets ≥ the recovery point (added to `recovered`);
+    after the first one that had to be cut, remove the rest. Returns the bytes cut."""
     first = 0
     for slot, segment in enumerate(segments):
         if segment.base_offset <= recovery_point:
@@ -210,6 +237,7 @@ def _recover_from(segments: list[LogSegment], recovery_point: int) -> int:
     slot = first
     while slot < len(segments):
         truncated = segments[slot].recover()
+        recovered.append(segments[slot])
         if slot < len(segments) - 1:
             segments[slot].release_handles()  # thousands of segments may be recovered in one open
         truncated_total += truncated
@@ -229,3 +257,39 @@ def _recover_from(segments: list[LogSegment], recovery_point: int) -> int:
             break
         slot += 1
     return truncated_total
+
+
+def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogSegment]) -> None:
+    """Give each recovered segment the `.txnindex` the log gives (Kafka's LogSegment.recover
+    rebuilds it from the producer state), keeping the entries of the file that only it still
+    knows (engine.transaction_index.reconcile). Nothing is read unless a recovered segment
+    holds a transactional batch or has a `.txnindex`; then the log is read from its first
+    segment up to the last such one (the open transactions before it: Kafka loads them from
+    its producer snapshots)."""
+    wanted = [s for s in recovered if s.holds_transactions or s.transaction_index_path.exists()]
+    if not wanted:
+        return
+    builder = TransactionIndexBuilder()
+    last = max(segments.index(segment) for segment in wanted)
+    for segment in segments[: last + 1]:
+        markers: list[AbortMarker] = []
+        for header, batch in segment.iter_batches(0):
+            if header.is_transactional:
+                marker = builder.add(header, batch)
+                if marker is not None:
+                    markers.append(marker)
+        if segment not in wanted:
+            segment.release_handles()  # thousands of segments may be read
+            continue
+        try:
+            written = segment.transaction_index.entries()
+        except CorruptIndexError as error:
+            log.info("%s; rebuilding it from the log", error)
+            written = []
+        entries, problems = reconcile(written, markers)
+        if problems or entries != written:
+            log.info(
+                "%s: rebuilt from the log (%s)", segment.transaction_index_path, "; ".join(problems) or "reordered"
+            )
+            segment.transaction_index.write(entries)
+        segment.release_handles()

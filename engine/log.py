@@ -5,6 +5,11 @@ Offsets: the log start offset (first offset readable), the log end offset (next 
 written), the high watermark (with one replica, the log end offset once an append returns) and
 the recovery point (every offset below it is flushed to disk).
 
+Transactions: an ABORT marker appended for a producer with an open transaction adds the
+transaction's entry to its segment's `.txnindex` (engine.transaction_index). The producers' open
+transactions are read from the log at the first transactional append of the process and then
+followed append by append; a log without transactions pays one attribute test per batch.
+
 Thread safety: appends, rolls, flushes and truncation take the partition's lock. Readers take no
 lock: they work on a snapshot of the segment map and read each segment up to the size it had
 when they looked, so they only ever see whole batches.
@@ -63,6 +68,7 @@ from seglogfs.engine.records import (
 from seglogfs.engine.retention import RetentionDecision, segments_below_log_start, segments_to_delete
 from seglogfs.engine.segment import LogSegment, RollParams, TimestampAndOffset
 from seglogfs.engine.segments import LogSegments
+from seglogfs.engine.transaction_index import TransactionIndexBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +124,11 @@ class PartitionLog:
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
         self._listed_at_mtime_ns: int | None = None  # read-only: the directory's mtime at `refresh`'s last listing
+        # The producers' open transactions (Kafka's producer state), for `.txnindex` entries:
+        # built by `_transactions_locked` when the first transactional batch arrives in this
+        # process, then kept up to date by every transactional batch appended; None again after
+        # a truncation. A log without transactions never builds it.
+        self._transactions: TransactionIndexBuilder | None = None
         if writable and segments:
             segments[-1].roll_jitter_ms = self._new_jitter()
 
@@ -363,6 +374,14 @@ class PartitionLog:
             segment.adopt(path)
             fsync_dir(self.directory)
             self._log_end_offset = headers[-1].next_offset
+            if any(header.is_transactional for header in headers):
+                try:
+                    for header, batch in segment.iter_batches(0):
+                        if header.is_transactional:
+                            self._track_transaction_locked(segment, header, batch)
+                except BaseException:
+                    self._transactions = None  # built again from the log when next needed
+                    raise
             return self._appended_locked(headers, size, now_ms)
 
     def _stamp(self, view: memoryview, headers: list[BatchHeader], now_ms: int, *, assign_offsets: bool) -> None:
@@ -435,6 +454,8 @@ class PartitionLog:
                 segment = self._maybe_roll(len(batch), header, now_ms)
                 segment.append(batch, [header])
                 self._log_end_offset = header.next_offset
+                if header.is_transactional:  # (the one test ordinary data pays)
+                    self._track_transaction_locked(segment, header, batch)
         except BaseException:
             if self.log_end_offset > start_end:
                 self._truncate_to_locked(start_end, now_ms)
@@ -442,6 +463,34 @@ class PartitionLog:
                     self.active_segment.flush()
             raise
         return self._appended_locked(headers, sum(len(b) for b in batches), now_ms)
+
+    def _track_transaction_locked(
+        self, segment: LogSegment, header: BatchHeader, batch: bytes | bytearray | memoryview
+    ) -> None:
+        """A transactional batch was appended to `segment`: a data batch opens or joins its
+        producer's transaction; an ABORT marker that ends an open one adds the transaction's
+        entry to the segment's `.txnindex` (Kafka's UnifiedLog.append → updateTxnIndex)."""
+        marker = self._transactions_locked(header.base_offset).add(header, batch)
+        if marker is not None and marker.rebuilt is not None:
+            segment.transaction_index.append(marker.rebuilt)
+
+    def _transactions_locked(self, end_offset: int) -> TransactionIndexBuilder:
+        """The producers' open transactions below `end_offset`, the first time from a scan of
+        every segment from the first (a read of the whole log, control batches decoded; once
+        per process, when its first transactional batch arrives: Kafka loads this state from
+        its producer snapshots instead)."""
+        if self._transactions is None:
+            builder = TransactionIndexBuilder()
+            for segment in self._segments.snapshot():
+                if segment.base_offset >= end_offset:
+                    break
+                for header, batch in segment.iter_batches(0):
+                    if header.base_offset >= end_offset:
+                        break
+                    if header.is_transactional:
+                        builder.add(header, batch)
+            self._transactions = builder
+        return self._transactions
 
     def _appended_locked(self, headers: list[BatchHeader], size: int, now_ms: int) -> AppendInfo:
         """After batches were appended: count them towards `flush.messages`, flush if due, and
@@ -756,6 +805,7 @@ class PartitionLog:
         self.truncations += 1
         if offset >= self._log_end_offset:
             return
+        self._transactions = None  # transactions the cut ends or reopens: read again when needed
         if offset < self.segments[0].base_offset:
             self._truncate_fully_locked(offset, now_ms)
             return
@@ -771,8 +821,9 @@ class PartitionLog:
         self._log_start_offset = min(self._log_start_offset, self._log_end_offset)
 
     def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
-        self.truncations += 1
         """Drop every segment and start empty at `offset` (Kafka's truncateFullyAndStartAt)."""
+        self.truncations += 1
+        self._transactions = None
         for segment in self._segments.snapshot():
             self._segments.remove(segment.base_offset)
             segment.delete_files()

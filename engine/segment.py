@@ -1,4 +1,5 @@
-"""One log segment: a `.log` file of record batches and its two sparse indexes.
+"""One log segment: a `.log` file of record batches and its two sparse indexes (and its
+`.txnindex` when a transaction aborted in it: engine.transaction_index).
 
 The `.log` file is a plain sequence of v2 batches (see `engine.records`), the base offset in the
 file name; a segment a broker wrote before Kafka 0.11 holds legacy messages (magic 0 or 1, see
@@ -13,6 +14,9 @@ appends whole batches and keeps Kafka's index rules:
 * a time-index entry is only added when its timestamp is above the last one;
 * when the segment stops being active (roll, close) a last time-index entry (segment max
   timestamp, its offset) is added and both indexes are trimmed to their entries.
+
+The `.txnindex` is written by the partition (`transaction_index`), cut with the segment
+(`truncate_to`), fsynced with it (`flush`, a release), renamed and deleted with it.
 
 Crash behaviour: `append` writes the batches it is given (one per call from the log, about a
 megabyte of them from the cleaner) with `os.pwrite` at the end of the file, calling it again until
@@ -66,7 +70,14 @@ from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, Offset
 from seglogfs.engine.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
 from seglogfs.engine.legacy import MIN_ENTRY_BYTES, message_overhead
-from seglogfs.engine.naming import DELETED_SUFFIX, log_file, offset_index_file, time_index_file
+from seglogfs.engine.naming import (
+    DELETED_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    filename_prefix_from_offset,
+    log_file,
+    offset_index_file,
+    time_index_file,
+)
 from seglogfs.engine.records import (
     BATCH_OVERHEAD_BYTES,
     CURRENT_MAGIC,
@@ -78,6 +89,7 @@ from seglogfs.engine.records import (
     is_legacy_message,
     offset_of_max_timestamp,
 )
+from seglogfs.engine.transaction_index import TransactionIndex
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
 _MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
@@ -174,6 +186,10 @@ class LogSegment:
         self._writing = False
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
+        # The `.txnindex` (engine.transaction_index): no descriptor, no lazy opening.
+        self.transaction_index = TransactionIndex(self.transaction_index_path)
+        # Whether the last `recover` met a transactional batch (recovery rebuilds `.txnindex`).
+        self.holds_transactions = False
         # Indexes open lazily, on whichever thread (a reader's, without the partition lock)
         # first needs them: opened, checked (and for a writable segment recovered) under this
         # lock, and used without it only once `_indexes_ready` says they are whole.
@@ -274,6 +290,10 @@ class LogSegment:
     @property
     def time_index_path(self) -> Path:
         return time_index_file(self.directory, self.base_offset, self.file_suffix)
+
+    @property
+    def transaction_index_path(self) -> Path:
+        return self.directory / f"{filename_prefix_from_offset(self.base_offset)}{TXN_INDEX_SUFFIX}{self.file_suffix}"
 
     @property
     def size(self) -> int:
@@ -834,6 +854,7 @@ class LogSegment:
         valid_bytes = 0
         last_index_entry = 0
         previous_last_offset = self.base_offset - 1
+        transactional = False
         batches = self._iter_mapped_batches() if self.writable else self.iter_batches(0)
         for header, batch in batches:
             if header.position != valid_bytes:
@@ -855,6 +876,8 @@ class LogSegment:
                 last_index_entry = valid_bytes
             valid_bytes += header.size_in_bytes
             previous_last_offset = header.last_offset
+            transactional = transactional or header.is_transactional
+        self.holds_transactions = transactional
         batch = memoryview(b"")  # drop the last view of the mapping, then unmap it
         batches.close()
         truncated = self._size - valid_bytes
@@ -910,6 +933,7 @@ class LogSegment:
         cut = offset if header is None else min(offset, header.base_offset)
         handle = self._lease()
         try:
+            self.transaction_index.truncate_to(cut)
             self.offset_index.truncate_to(cut)
             self.time_index.truncate_to(cut)
             self.offset_index.resize(self.max_index_bytes)
@@ -957,6 +981,7 @@ class LogSegment:
         for index in (self._offset_index, self._time_index):
             if index is not None:
                 index.flush()  # nothing to do once closed: closing fsynced it
+        self.transaction_index.flush()
 
     def on_become_inactive(self) -> None:
         """Roll: add the closing time-index entry and trim both indexes to their entries. The
@@ -1003,6 +1028,8 @@ class LogSegment:
                 handle, self._handle = self._handle, None
                 OPEN_SEGMENTS.forget(self)
             self._close_indexes()
+            if self.writable:
+                self.transaction_index.flush()
         if handle is not None:
             self._close_log(handle)
 
@@ -1064,7 +1091,7 @@ class LogSegment:
             if self._file_id is None and self.log_path.exists():
                 stat = os.stat(self.log_path)  # the file renamed is the one a reopen must find
                 self._file_id = (stat.st_dev, stat.st_ino)
-            for path in (self.log_path, self.offset_index_path, self.time_index_path):
+            for path in (self.log_path, self.offset_index_path, self.time_index_path, self.transaction_index_path):
                 if path.name.endswith(old_suffix) or not old_suffix:
                     target = path.with_name(path.name[: len(path.name) - len(old_suffix)] + new_suffix)
                     if path.exists():
@@ -1075,6 +1102,7 @@ class LogSegment:
                 self._offset_index.moved_to(self.offset_index_path)
             if self._time_index is not None:
                 self._time_index.moved_to(self.time_index_path)
+            self.transaction_index.moved_to(self.transaction_index_path)
 
     def mark_deleted(self) -> None:
         """Rename to `.deleted` (Kafka's asynchronous delete). Readers holding the segment keep
@@ -1087,7 +1115,7 @@ class LogSegment:
         """Remove the segment's files for good. A reader still iterating it keeps reading the
         unlinked file; its descriptor closes when its lease ends."""
         self.close_handlers()
-        for path in (self.log_path, self.offset_index_path, self.time_index_path):
+        for path in (self.log_path, self.offset_index_path, self.time_index_path, self.transaction_index_path):
             path.unlink(missing_ok=True)
 
 
