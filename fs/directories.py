@@ -1,6 +1,13 @@
 """The directories of the tree: the root (topics and `.logdir`), a topic (its append and
-config files, its partitions), a partition (its files), and a partition's `by-offset/` and
-`by-time/`, whose entries are looked up by name."""
+config files, its partitions), a partition (its files), a partition's `read_committed/` and
+`read_uncommitted/` (its views at that isolation level), and the `by-offset/` and `by-time/` of
+either, whose entries are looked up by name.
+
+A partition's own views are at the mount's isolation level (`-o isolation.level`, Kafka's
+consumer setting; read_uncommitted by default); `read_committed/` and `read_uncommitted/` hold
+the same view names at that level, whatever the mount's: `t/0/read_committed/records`,
+`t/0/read_committed/by-offset/42.jsonl`. Both name Kafka's `isolation.level` values, as
+`consume --isolation-level` does."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from typing import TYPE_CHECKING
 from seglogfs.engine.errors import TimestampParseError
 from seglogfs.engine.naming import validate_topic
 from seglogfs.engine.timestamps import parse_timestamp
+from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.fs.append_file import AppendFile, BatchesFile
 from seglogfs.fs.config_file import ConfigFile
 from seglogfs.fs.node import Attributes, Node, NoEntry, PartitionNode, Refused, join
@@ -95,8 +103,114 @@ class TopicDir(Directory):
         )
 
 
-class PartitionDir(PartitionNode, Directory):
-    ENTRIES = ("append", "append.jsonl", "append.batches", "records", "records.jsonl", "by-offset", "by-time", "status")
+class ViewsDir(PartitionNode, Directory):
+    """A directory of a partition's views at one isolation level: `records`, `records.jsonl`,
+    `by-offset/`, `by-time/`. `level` names the directory that holds them inside the
+    partition's ("" for the partition's own, at the mount's level)."""
+
+    VIEWS = ("records", "records.jsonl", "by-offset", "by-time")
+
+    def __init__(
+        self,
+        tree: Tree,
+        inode: int,
+        key: tuple[object, ...],
+        path: str,
+        *,
+        topic: str,
+        partition: int,
+        read_committed: bool,
+        level: str = "",
+    ) -> None:
+        super().__init__(tree, inode, key, path, topic=topic, partition=partition)
+        self.read_committed = read_committed
+        self.level = level
+
+    def children(self) -> list[tuple[str, Node]]:
+        return [(name, self.child(name)) for name in self.VIEWS]
+
+    def child(self, name: str) -> Node:
+        return self._view(name)
+
+    def _view(self, name: str) -> Node:
+        tree, topic, partition = self.tree, self.topic, self.partition
+        path = join(self.path, name)
+        if name in ("records", "records.jsonl"):
+            return self._records(name)
+        kinds: dict[str, type[_LookupDir]] = {"by-offset": ByOffsetDir, "by-time": ByTimeDir}
+        kind = kinds.get(name)
+        if kind is None:
+            raise NoEntry(f"lookup {path}")
+        read_committed = self.read_committed
+        return tree.intern(
+            (name, topic, partition, self.level),
+            lambda inode, key: kind(
+                tree, inode, key, path, topic=topic, partition=partition, read_committed=read_committed
+            ),
+        )
+
+    def _records(self, name: str) -> ViewFile:
+        """`records` whose start was removed by retention is a new file (inode) from the new
+        log start; the old one stays with whoever holds it, its bytes and size unchanged (a
+        follower sees no truncation), and goes when the kernel forgets it."""
+        tree, topic, partition, read_committed = self.tree, self.topic, self.partition, self.read_committed
+        key = ("records", topic, partition, name.endswith(_JSONL), self.level)
+
+        def make(inode: int, key: tuple[object, ...]) -> ViewFile:
+            path = join(self.path, name)
+            jsonl = name.endswith(_JSONL)
+            return ViewFile(
+                tree,
+                inode,
+                key,
+                path,
+                topic=topic,
+                partition=partition,
+                jsonl=jsonl,
+                start_offset=None,
+                read_committed=read_committed,
+            )
+
+        node = tree.intern(key, make)
+        if node.view is not None and node.view.start_offset < self.log.log_start_offset:
+            tree.supersede(node)
+            node = tree.intern(key, make)
+        return node
+
+    def superseded_records(self) -> list[tuple[int, str]]:
+        """(this directory's inode, name) of its `records` files that name another inode on
+        the next lookup."""
+        entries = []
+        for name in ("records", "records.jsonl"):
+            node = self.tree.find(("records", self.topic, self.partition, name.endswith(_JSONL), self.level))
+            view = node.view if isinstance(node, ViewFile) and node.looked_up else None
+            if view is not None and view.start_offset < self.log.log_start_offset:
+                entries.append((self.inode, name))
+        return entries
+
+
+class PartitionDir(ViewsDir):
+    """A partition: its append files, its views at the mount's isolation level, the same views
+    at each level (`read_committed/`, `read_uncommitted/`), its status."""
+
+    ENTRIES = (
+        "append",
+        "append.jsonl",
+        "append.batches",
+        "records",
+        "records.jsonl",
+        "by-offset",
+        "by-time",
+        READ_COMMITTED,
+        READ_UNCOMMITTED,
+        "status",
+    )
+
+    def __init__(
+        self, tree: Tree, inode: int, key: tuple[object, ...], path: str, *, topic: str, partition: int
+    ) -> None:
+        read_committed = tree.options.read_committed
+        super().__init__(tree, inode, key, path, topic=topic, partition=partition, read_committed=read_committed)
 
     def children(self) -> list[tuple[str, Node]]:
         return [(name, self.child(name)) for name in self.ENTRIES]
@@ -115,48 +229,65 @@ class PartitionDir(PartitionNode, Directory):
                 ("append.batches", topic, partition),
                 lambda inode, key: BatchesFile(tree, inode, key, path, topic=topic, partition=partition),
             )
-        if name in ("records", "records.jsonl"):
-            return self._records(name)
-        kinds: dict[str, type[PartitionNode]] = {"by-offset": ByOffsetDir, "by-time": ByTimeDir, "status": StatusFile}
-        kind = kinds.get(name)
-        if kind is None:
-            raise NoEntry(f"lookup {path}")
+        if name == "status":
+            return tree.intern(
+                ("status", topic, partition),
+                lambda inode, key: StatusFile(tree, inode, key, path, topic=topic, partition=partition),
+            )
+        if name in (READ_COMMITTED, READ_UNCOMMITTED):
+            return self._isolation(name)
+        return self._view(name)
+
+    def _isolation(self, level: str) -> ViewsDir:
+        tree, topic, partition = self.tree, self.topic, self.partition
+        path = join(self.path, level)
         return tree.intern(
-            (name, topic, partition), lambda inode, key: kind(tree, inode, key, path, topic=topic, partition=partition)
+            ("isolation", topic, partition, level),
+            lambda inode, key: ViewsDir(
+                tree,
+                inode,
+                key,
+                path,
+                topic=topic,
+                partition=partition,
+                read_committed=level == READ_COMMITTED,
+                level=level,
+            ),
         )
 
-    def _records(self, name: str) -> ViewFile:
-        """`records` whose start was removed by retention is a new file (inode) from the new
-        log start; the old one stays with whoever holds it, its bytes and size unchanged (a
-        follower sees no truncation), and goes when the kernel forgets it."""
-        tree, topic, partition = self.tree, self.topic, self.partition
-        key = ("records", topic, partition, name.endswith(_JSONL))
-
-        def make(inode: int, key: tuple[object, ...]) -> ViewFile:
-            path = join(self.path, name)
-            jsonl = name.endswith(_JSONL)
-            return ViewFile(tree, inode, key, path, topic=topic, partition=partition, jsonl=jsonl, start_offset=None)
-
-        node = tree.intern(key, make)
-        if node.view is not None and node.view.start_offset < self.log.log_start_offset:
-            tree.supersede(node)
-            node = tree.intern(key, make)
-        return node
-
-    def superseded_records(self) -> list[str]:
-        """The names of its `records` files that name another inode on the next lookup."""
-        names = []
-        for name in ("records", "records.jsonl"):
-            node = self.tree.find(("records", self.topic, self.partition, name.endswith(_JSONL)))
-            view = node.view if isinstance(node, ViewFile) and node.looked_up else None
-            if view is not None and view.start_offset < self.log.log_start_offset:
-                names.append(name)
-        return names
+    def superseded_records(self) -> list[tuple[int, str]]:
+        """Its `records` files, and those of its `read_committed/` and `read_uncommitted/`, that
+        name another inode on the next lookup (as (directory inode, name))."""
+        entries = super().superseded_records()
+        for level in (READ_COMMITTED, READ_UNCOMMITTED):
+            directory = self.tree.find(("isolation", self.topic, self.partition, level))
+            if isinstance(directory, ViewsDir):
+                entries += directory.superseded_records()
+        return entries
 
 
-class ByOffsetDir(PartitionNode, Directory):
+class _LookupDir(PartitionNode, Directory):
+    """`by-offset/` or `by-time/`, of a partition's views at one isolation level."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        inode: int,
+        key: tuple[object, ...],
+        path: str,
+        *,
+        topic: str,
+        partition: int,
+        read_committed: bool,
+    ) -> None:
+        super().__init__(tree, inode, key, path, topic=topic, partition=partition)
+        self.read_committed = read_committed
+
+
+class ByOffsetDir(_LookupDir):
     """`by-offset/`: lists the segments' base offsets (from the log start); any offset from the
-    log start to the log end can be looked up (`N` or `N.jsonl`)."""
+    log start to the log end can be looked up (`N` or `N.jsonl`). read_committed: the view from
+    N holds nothing at or past the last stable offset until the transactions there end."""
 
     def children(self) -> list[tuple[str, Node]]:
         log = self.log
@@ -175,7 +306,7 @@ class ByOffsetDir(PartitionNode, Directory):
         return self.tree.offset_view(self, name, offset)
 
 
-class ByTimeDir(PartitionNode, Directory):
+class ByTimeDir(_LookupDir):
     """`by-time/`: `T` or `T.jsonl`, T in epoch milliseconds or ISO-8601, is the view from the
     first record whose timestamp is ≥ T (the log end when there is none). Lists nothing."""
 

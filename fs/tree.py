@@ -8,6 +8,8 @@
     <topic>/<p>/records[.jsonl]           view_file.ViewFile, from the log start offset
     <topic>/<p>/by-offset/N[.jsonl]       view_file.ViewFile, from the first offset ≥ N
     <topic>/<p>/by-time/T[.jsonl]         view_file.ViewFile, from the first timestamp ≥ T
+    <topic>/<p>/read_committed/, read_uncommitted/    directories.IsolationDir: the same views
+                              at that isolation level (the ones above are at the mount's)
     <topic>/<p>/status        status_file.StatusFile
     .logdir/                  mirror_node.MirrorNode: the data dir in Kafka's layout, for backups
 
@@ -34,6 +36,7 @@ from typing import TypeVar
 from seglogfs.engine import DataDir, EngineError, PartitionLog
 from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.transactions import READ_COMMITTED
 from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
 from seglogfs.fs.mirror import Mirror
 from seglogfs.fs.mirror_node import MirrorNode
@@ -56,6 +59,9 @@ class MountOptions:
     read_only: bool = False
     view_cache: Path | None = None  # where sealed segments' view layouts are kept (LayoutStore)
     measure: bool = True  # measure unmeasured partitions' views in the background (-o measure=lazy: no)
+    # -o isolation.level=read_committed: the views directly in a partition's directory are
+    # read_committed (its read_committed/ and read_uncommitted/ are so whatever the option).
+    read_committed: bool = False
 
 
 class Tree:
@@ -74,7 +80,7 @@ class Tree:
         self._by_key: dict[tuple[object, ...], int] = {}
         self._views_of: dict[tuple[str, int], set[int]] = {}  # a partition's view inodes
         self._next_inode = ROOT_INODE
-        self._layouts: dict[tuple[str, int, str], Layout] = {}
+        self._layouts: dict[tuple[str, int, str, bool], Layout] = {}  # (topic, partition, format, read_committed)
         self._layouts_lock = threading.Lock()  # held to make a layout (cheap: nothing is measured)
         self._stopping = threading.Event()  # set at unmount: measures stop
         self._layout_store = LayoutStore(options.view_cache) if options.view_cache is not None else None
@@ -161,13 +167,21 @@ class Tree:
         return node
 
     def offset_view(self, parent: ByOffsetDir | ByTimeDir, name: str, offset: int) -> ViewFile:
-        topic, partition = parent.topic, parent.partition
+        topic, partition, read_committed = parent.topic, parent.partition, parent.read_committed
         path = join(parent.path, name)
         jsonl = name.endswith(".jsonl")
         return self.intern(
             ("view", topic, partition, path),
             lambda inode, key: ViewFile(
-                self, inode, key, path, topic=topic, partition=partition, jsonl=jsonl, start_offset=offset
+                self,
+                inode,
+                key,
+                path,
+                topic=topic,
+                partition=partition,
+                jsonl=jsonl,
+                start_offset=offset,
+                read_committed=read_committed,
             ),
         )
 
@@ -176,29 +190,41 @@ class Tree:
             self.data_dir.create_topic(topic, now_ms=self.clock())
 
     # -- views ----------------------------------------------------------------------------------------
-    def layout(self, log: PartitionLog, fmt: str) -> Layout:
-        """The partition's layout in a format ("text" or "jsonl"), shared by all its views: one,
-        however many first looks race for it (each would measure the partition)."""
-        key = (log.topic, log.partition, fmt)
+    def layout(self, log: PartitionLog, fmt: str, *, read_committed: bool = False) -> Layout:
+        """The partition's layout in a format ("text" or "jsonl") at an isolation level, shared
+        by all its views at that level: one, however many first looks race for it (each would
+        measure the partition)."""
+        key = (log.topic, log.partition, fmt, read_committed)
         with self._layouts_lock:
-            return self._layouts.get(key) or self._new_layout(key, log, fmt)
+            return self._layouts.get(key) or self._new_layout(key, log)
 
-    def _new_layout(self, key: tuple[str, int, str], log: PartitionLog, fmt: str) -> Layout:
+    def _new_layout(self, key: tuple[str, int, str, bool], log: PartitionLog) -> Layout:
+        _, _, fmt, read_committed = key
         if fmt == "text":
             renderer: Renderer = TextRenderer(self.options.text_format, log.partition)
             format_key = repr(self.options.text_format)
         else:
             renderer = JsonLinesRenderer(log.topic, log.partition)
             format_key = "jsonl"
+        if read_committed:  # (measured apart, and stored apart)
+            format_key, name = f"{format_key} {READ_COMMITTED}", f"{fmt}, {READ_COMMITTED}"
+        else:
+            name = fmt
         layout = self._layouts[key] = Layout(
-            log, renderer, store=self._layout_store, format_key=format_key, format_name=fmt
+            log,
+            renderer,
+            store=self._layout_store,
+            format_key=format_key,
+            format_name=name,
+            read_committed=read_committed,
         )
         if self._stopping.is_set():
             layout.stop.set()
         return layout
 
     def measure_in_background(self) -> None:
-        """Measure the views (text, then JSON Lines) of every partition not measured yet, one
+        """Measure the views (text, then JSON Lines, at the mount's isolation level) of every
+        partition not measured yet, one
         partition at a time, in this thread at the lowest CPU priority; until done or
         `stop_measures`. A view asked for meanwhile is measured by its request (the two take
         turns on the layout's lock: nothing is measured twice)."""
@@ -214,7 +240,7 @@ class Tree:
                         log = self.data_dir.partition(topic, partition)
                         if log.offline_reason is not None:
                             continue
-                        layout = self.layout(log, fmt)
+                        layout = self.layout(log, fmt, read_committed=self.options.read_committed)
                         if not layout.measured:
                             layout.snapshot()
                             count += 1
@@ -226,9 +252,11 @@ class Tree:
             logger.info("measured the views of every partition in %.1f s", time.monotonic() - started)
 
     def view_progress(self, log: PartitionLog) -> dict[str, dict[str, object]]:
-        """How far the partition's views are measured, per format looked at (for `status`)."""
+        """How far the partition's views are measured, per format looked at (for `status`; at
+        the mount's isolation level, that of the partition's own views)."""
+        level = self.options.read_committed
         with self._layouts_lock:
-            layouts = {fmt: self._layouts.get((log.topic, log.partition, fmt)) for fmt in ("text", "jsonl")}
+            layouts = {fmt: self._layouts.get((log.topic, log.partition, fmt, level)) for fmt in ("text", "jsonl")}
         progress: dict[str, dict[str, object]] = {}
         for fmt, layout in layouts.items():
             if layout is not None:
@@ -267,7 +295,7 @@ class Tree:
                 changes += self.grown([self.data_dir.partition(topic, partition)])
                 directory = self.find(("partition", topic, partition))
                 if isinstance(directory, PartitionDir):
-                    changes.entries += [(directory.inode, name) for name in directory.superseded_records()]
+                    changes.entries += directory.superseded_records()
         return changes
 
     def follow(self) -> Changes:
@@ -303,7 +331,7 @@ class Tree:
                 changes += self.grown([log])
                 directory = self.find(("partition", log.topic, log.partition))
                 if isinstance(directory, PartitionDir):
-                    changes.entries += [(directory.inode, name) for name in directory.superseded_records()]
+                    changes.entries += directory.superseded_records()
         return changes
 
     def prune_view_cache(self) -> None:

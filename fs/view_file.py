@@ -1,6 +1,7 @@
 """Views: `records`, `records.jsonl`, `by-offset/N[.jsonl]` and `by-time/T[.jsonl]` — a
 partition from an offset on, rendered as text or JSON Lines (fs.views), as read-only files with
-exact sizes that grow as records arrive."""
+exact sizes that grow as records arrive; read_uncommitted or read_committed (Kafka's isolation
+levels: see fs.views.Layout)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ UNWATCHED_VIEW_VALID_S = 1.0
 
 
 class ViewFile(PartitionNode):
-    """A view from `start_offset` (None: the log start offset when first used). The node keeps
-    one `View` for its stat and all its readers."""
+    """A view from `start_offset` (None: the log start offset when first used), read_committed
+    or not. The node keeps one `View` for its stat and all its readers."""
 
     def __init__(
         self,
@@ -34,9 +35,11 @@ class ViewFile(PartitionNode):
         partition: int,
         jsonl: bool,
         start_offset: int | None,
+        read_committed: bool = False,
     ) -> None:
         super().__init__(tree, inode, key, path, topic=topic, partition=partition)
         self.jsonl = jsonl
+        self.read_committed = read_committed
         self.start_offset = start_offset
         self.view: View | None = None
         self._view_lock = threading.Lock()
@@ -50,7 +53,9 @@ class ViewFile(PartitionNode):
                 view = self.view
                 if view is None:
                     log = self.log
-                    layout = self.tree.layout(log, "jsonl" if self.jsonl else "text")
+                    layout = self.tree.layout(
+                        log, "jsonl" if self.jsonl else "text", read_committed=self.read_committed
+                    )
                     start = log.log_start_offset if self.start_offset is None else self.start_offset
                     view = self.view = View(layout, start)
         return view

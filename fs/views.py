@@ -20,6 +20,14 @@ A layout is derived data. A segment is measured by rendering it once (the active
 for what was appended since the last look); a segment replaced by compaction or removed by
 retention leaves the layout, and its replacement is measured afresh. Sealed segments' layouts
 are kept in a `LayoutStore` outside the data dir, so the next mount does not measure them again.
+
+A read_committed layout (Kafka's `isolation.level=read_committed`) is the same rendering of the
+batches a read_committed consumer sees: it tracks the partition's transactions
+(engine.transactions) ahead of its measure, renders the batches of aborted transactions as
+nothing (control batches render as nothing in every layout) and ends at the last stable offset
+(LSO) of what it tracked. Below the LSO every transaction has ended, so what the layout shows
+there is final: it only grows, as the LSO moves when transactions end, and an open view's bytes
+stay as they were. Only these layouts track transactions; the others render every data batch.
 """
 
 from __future__ import annotations
@@ -42,10 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from seglogfs.engine.renderers import RenderedBatch
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.transactions import TransactionTracker
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +101,7 @@ UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are rem
 
 
 _SERIALS = itertools.count()
+_NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))  # an aborted batch, read_committed
 
 
 @dataclass
@@ -383,10 +395,11 @@ _PAGES = _PageCache(_PAGE_CACHE_BYTES)
 
 
 class Layout:
-    """The rendering of one partition in one format. Thread-safe: one thread at a time brings
-    it up to date (`snapshot`, under `_lock`, which may render for seconds); what it measured
-    is published as one immutable tuple (`_published`), which readers on the event loop take
-    without a lock (`known_size`, `read_now`), so they never wait for a measure."""
+    """The rendering of one partition in one format, read_uncommitted or (`read_committed`)
+    read_committed. Thread-safe: one thread at a time brings it up to date (`snapshot`, under
+    `_lock`, which may render for seconds); what it measured is published as one immutable
+    tuple (`_published`), which readers on the event loop take without a lock (`known_size`,
+    `read_now`), so they never wait for a measure."""
 
     def __init__(
         self,
@@ -397,10 +410,19 @@ class Layout:
         store: LayoutStore | None = None,
         format_key: str = "",
         format_name: str = "",
+        read_committed: bool = False,
     ) -> None:
         self.log = log
         self.format_name = format_name  # "text" or "jsonl", for log lines
         self.renderer = renderer
+        # read_committed: the partition's transactions as far as tracked (replaced whole after a
+        # cut-back), and the last stable offset the measure ends at; None for read_uncommitted,
+        # whose batches are measured and rendered by the renderer itself (nothing in its way).
+        self.transactions = TransactionTracker() if read_committed else None
+        self.stable_offset: int | None = None
+        self._tracked_truncations = log.truncations
+        self._measure_batch = self._measure_committed if read_committed else renderer.measure
+        self._render_batch = self._render_committed if read_committed else renderer.render_indexed
         self._mark_bytes = mark_bytes
         self._store = store
         self._store_directory = store.directory(log, format_key) if store is not None else None
@@ -423,9 +445,12 @@ class Layout:
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
-        Sealed segments cost nothing: only the last segment is looked at again."""
+        Sealed segments cost nothing: only the last segment is looked at again (read_committed:
+        and those not measured to their end yet, held back by a transaction still open)."""
         with self._lock:
             started = time.monotonic()
+            if self.transactions is not None:
+                self._track()
             segments = self.log.segments
             if not self.measured:
                 self._progress = (0, sum(segment.size for segment in segments))
@@ -439,7 +464,10 @@ class Layout:
             truncations = self.log.truncations
             cut_back = truncations != self._truncations
             self._truncations = truncations
-            for slot in range(max(len(order) - 2, 0), len(order)):
+            first = max(len(order) - 2, 0)
+            if self.transactions is not None:  # segments held back by an open transaction
+                first = min(first, next((slot for slot, layout in enumerate(order) if not layout.sealed), first))
+            for slot in range(first, len(order)):
                 # The last segment grows; the one before may have just been sealed.
                 layout = order[slot]
                 if layout.sealed and not cut_back:  # (a cut can make a sealed segment active again)
@@ -478,6 +506,42 @@ class Layout:
                     )
             return self._order, self._starts, self._bases
 
+    def _track(self) -> None:
+        """read_committed: take in the transactions of the batches appended since the last look,
+        and end the measure at the last stable offset of what was read (not of the log end now:
+        a writer may be appending). A cut-back may have taken batches the tracker has seen: then
+        the partition's transactions are read again from the log start, and the new tracker
+        replaces the old one once it is complete (pages render with one or the other, whole)."""
+        log = self.log
+        transactions = self.transactions
+        truncations = log.truncations
+        if transactions is None or truncations != self._tracked_truncations:
+            transactions = TransactionTracker()
+        start = max(transactions.next_offset, log.log_start_offset)
+        for _, header, batch in log.batches(start):
+            if self.stop.is_set():
+                raise MeasureStopped(f"{log.topic}-{log.partition}: measure stopped")
+            transactions.add(header, batch)
+        self.transactions, self._tracked_truncations = transactions, truncations
+        self.stable_offset = transactions.last_stable_offset(max(transactions.next_offset, log.log_start_offset))
+
+    def _measure_committed(self, header: BatchHeader, batch: memoryview) -> int:
+        transactions = self.transactions
+        if transactions is not None and transactions.is_aborted(header):
+            return 0
+        return self.renderer.measure(header, batch)
+
+    def _render_committed(self, header: BatchHeader, batch: memoryview) -> RenderedBatch:
+        transactions = self.transactions
+        if transactions is not None and transactions.is_aborted(header):
+            return _NO_RECORDS
+        return self.renderer.render_indexed(header, batch)
+
+    def end_offset(self) -> int:
+        """The offset the rendering reaches as of the last `snapshot`: the log end offset, or
+        (read_committed) the last stable offset."""
+        return self.log.log_end_offset if self.stable_offset is None else self.stable_offset
+
     def progress(self) -> MeasureProgress:
         """How far the first measure is (no lock: for `status` while it runs)."""
         done, total = self._progress
@@ -514,12 +578,18 @@ class Layout:
 
     def _extend(self, layout: _SegmentLayout, *, last: bool) -> None:
         """Render what the segment gained since the last look (all of it, the first time); a
-        segment that is not the last one is then sealed and kept in the store."""
+        segment that is not the last one is then sealed and kept in the store. read_committed:
+        only up to the last stable offset; the rest waits for its transactions to end."""
         segment = layout.segment
         end = segment.size  # (read-only: as the log's last `refresh` found it; see Tree.follow)
+        stable_offset = self.stable_offset
         if end > layout.scanned_to:
+            if stable_offset is not None and segment.base_offset >= stable_offset:
+                return
             measuring = not self.measured
             for header, batch in segment.checked_batches(layout.scanned_to, end, once=True):
+                if stable_offset is not None and header.base_offset >= stable_offset:
+                    return  # (not sealed: measured to here)
                 if self.stop.is_set():
                     raise MeasureStopped(f"{self.log.topic}-{self.log.partition}: measure stopped")
                 if _MEASURE_DELAY_S:
@@ -532,7 +602,7 @@ class Layout:
                     layout.marks_file.append(header.position)
                     layout.marks_offset.append(header.base_offset)
                     layout.since_mark = 0
-                rendered = self.renderer.measure(header, batch)
+                rendered = self._measure_batch(header, batch)
                 layout.size += rendered
                 layout.since_mark += rendered
                 layout.scanned_to = header.next_position
@@ -582,7 +652,7 @@ class Layout:
         (a follower asks for it after every append). `nowait`: BlockingIOError when its bytes
         are not in the OS page cache."""
         segment = layout.segment
-        render = self.renderer.render_indexed
+        render = self._render_batch
         tail = self._tail
         grown = tail is not None and tail[0] is segment and tail[1] == start and tail[2] < end
         first = tail[2] if grown and tail is not None else start
@@ -690,9 +760,9 @@ class View:
                 self._begin = (self.layout.generation, begin)
                 return begin, total
             generation = self.layout.generation
-            log_end_offset = self.layout.log.log_end_offset
+            end_offset = self.layout.end_offset()
             begin, total = self.layout.position(self.start_offset)
-            self._begin = (generation if self.start_offset <= log_end_offset else -1, begin)
+            self._begin = (generation if self.start_offset <= end_offset else -1, begin)
         return begin, total
 
     def size(self) -> int:

@@ -5,12 +5,13 @@
 
 `-o` takes FUSE's `ro`, `allow_other` and `default_permissions`, the text view's
 `print.key`, `print.offset`, `print.timestamp`, `print.partition`, `print.headers`,
-`key.separator`, `null.literal`, the append files' `parse.key`, `key.separator`, `null.marker`,
-and any Kafka config name (`message.timestamp.type=LogAppendTime`, `log.retention.hours=1`, …),
-which overrides the broker config. The options mount(8) passes on (`rw`, `dev`, `suid`, `exec`,
-`auto`, `user`, `_netdev`, …) are accepted and ignored, so `mount -t fuse.seglogfs` and fstab
-lines work (see `mount_helper` for which install they run). Without `-f` the mount runs in the
-background once it is in place.
+`key.separator`, `null.literal`, the views' isolation level (`isolation.level=read_committed`,
+Kafka's consumer setting; read_uncommitted by default), the append files' `parse.key`,
+`key.separator`, `null.marker`, and any Kafka config name (`message.timestamp.type=LogAppendTime`,
+`log.retention.hours=1`, …), which overrides the broker config. The options mount(8) passes
+on (`rw`, `dev`, `suid`, `exec`, `auto`, `user`, `_netdev`, …) are accepted and ignored, so
+`mount -t fuse.seglogfs` and fstab lines work (see `mount_helper` for which install they run).
+Without `-f` the mount runs in the background once it is in place.
 
 The mount point is checked first, as mount(8) users expect:
 - already a mount point (of seglogfs or anything else): refused, nothing is stacked on it;
@@ -45,6 +46,7 @@ from seglogfs.engine import BrokerConfig, LogDirLockedError
 from seglogfs.engine.config import broker_name_for
 from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.errors import ConfigError, EngineError
+from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.mount_tools import mountpoints
 
 EXIT_DATA = 1  # as the CLI's exit codes say
@@ -100,7 +102,7 @@ def parse_mount_options(
 ) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
     """`-o` values → (view properties, append properties, Kafka overrides, mount settings: the
     FUSE flags `ro`, `allow_other`, `default_permissions`, `nonempty` (checked here: FUSE 3 has
-    no such option), `view.cache`, `log` and `measure`)."""
+    no such option), `view.cache`, `log`, `measure` and `isolation.level`)."""
     view: dict[str, str] = {}
     append: dict[str, str] = {}
     overrides: list[str] = []
@@ -117,6 +119,13 @@ def parse_mount_options(
             elif key == "measure":
                 if value not in ("lazy", "background"):
                     raise ConfigError(f"-o {option}: measure=background (the default) or measure=lazy")
+                flags[key] = value
+            elif key == "isolation.level":  # (a consumer's setting, not a broker's: no override)
+                if value not in (READ_UNCOMMITTED, READ_COMMITTED):
+                    raise ConfigError(
+                        f"-o {option}: isolation.level={READ_UNCOMMITTED} (the default) or "
+                        f"isolation.level={READ_COMMITTED}"
+                    )
                 flags[key] = value
             elif key in _IGNORED or key.startswith("x-"):
                 continue
@@ -203,6 +212,7 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
         read_only="ro" in flags,
         view_cache=view_cache_directory(flags.get("view.cache")),
         measure=flags.get("measure", "background") == "background",
+        read_committed=flags.get("isolation.level", READ_UNCOMMITTED) == READ_COMMITTED,
     )
     mountpoint = Path(args.mountpoint)
     try:

@@ -136,6 +136,8 @@ def test_mkdir_creates_a_topic_and_bad_names_are_refused(mount) -> None:
         "append.jsonl",
         "by-offset",
         "by-time",
+        "read_committed",
+        "read_uncommitted",
         "records",
         "records.jsonl",
         "status",

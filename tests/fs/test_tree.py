@@ -64,6 +64,8 @@ def test_names_and_kinds(data_dir: DataDir) -> None:
         "records.jsonl",
         "by-offset",
         "by-time",
+        "read_committed",
+        "read_uncommitted",
         "status",
     ]
     assert [name for name, _ in walk(tree, "t/0/by-offset").children()] == ["0", "0.jsonl"]
