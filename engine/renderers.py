@@ -98,12 +98,15 @@ class TextRenderer:
         data, ends = self._render_core(header, columns, 0)
         return RenderedBatch(data, columns.offsets, ends)
 
-    def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+    def measure(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, columns: RecordColumns | None = None
+    ) -> int:
         """`len(render(header, batch))`, computed from the record columns without rendering
-        (except when headers are shown)."""
+        (except when headers are shown); `columns`: the batch's, when the caller has them (a
+        measure of both formats lays a batch out once)."""
         if header.is_control or self._record_at_a_time(header):
             return len(self.render(header, batch))
-        return int(self._sizes(header, record_columns(header, batch)).sum())
+        return int(self._sizes(header, columns if columns is not None else record_columns(header, batch)).sum())
 
     def _record_at_a_time(self, header: BatchHeader) -> bool:
         """Headers are shown, or the batch is small (the column-wise layout costs tens of
@@ -246,13 +249,16 @@ class JsonLinesRenderer:
         data, ends = self._render_core(header, columns, 0)
         return RenderedBatch(data, columns.offsets, ends)
 
-    def measure(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
+    def measure(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, columns: RecordColumns | None = None
+    ) -> int:
         """`len(render(header, batch))`, computed from the record columns and the compiled
         core's JSON text sizes of keys and values, without rendering (except for records with
-        headers)."""
+        headers); `columns`: the batch's, when the caller has them."""
         if header.is_control:
             return 0
-        columns = record_columns(header, batch)
+        if columns is None:
+            columns = record_columns(header, batch)
         if bool(columns.header_counts.any()):
             return len(self.render(header, batch))
         count = len(columns)

@@ -218,6 +218,9 @@ class Tree:
             format_name=name,
             read_committed=read_committed,
         )
+        sibling = self._layouts.get((key[0], key[1], "jsonl" if fmt == "text" else "text", read_committed))
+        if sibling is not None:  # a first measure of either measures both (see fs.views)
+            layout.sibling, sibling.sibling = sibling, layout
         if self._stopping.is_set():
             layout.stop.set()
         return layout

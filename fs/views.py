@@ -20,6 +20,9 @@ A layout is derived data. A segment is measured by rendering it once (the active
 for what was appended since the last look); a segment replaced by compaction or removed by
 retention leaves the layout, and its replacement is measured afresh. Sealed segments' layouts
 are kept in a `LayoutStore` outside the data dir, so the next mount does not measure them again.
+The first measure of a partition measures its text and JSON Lines layouts in one pass when both
+are wanted (`ls -l` stats both views): each batch is read, checked and laid out in columns once,
+and the other format's segment layouts are handed over to it as if loaded from the store.
 
 A read_committed layout (Kafka's `isolation.level=read_committed`) is the same rendering of the
 batches a read_committed consumer sees: it tracks the partition's transactions
@@ -52,6 +55,7 @@ from typing import Protocol
 
 import numpy as np
 
+from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from seglogfs.engine.renderers import RenderedBatch
@@ -66,7 +70,7 @@ class Renderer(Protocol):
 
     def render_indexed(self, header: BatchHeader, batch: memoryview) -> RenderedBatch: ...
 
-    def measure(self, header: BatchHeader, batch: memoryview) -> int: ...
+    def measure(self, header: BatchHeader, batch: memoryview, columns: RecordColumns | None = None) -> int: ...
 
 
 MARK_BYTES = 32 * 1024
@@ -422,6 +426,11 @@ class Layout:
         self.stable_offset: int | None = None
         self._tracked_truncations = log.truncations
         self._measure_batch = self._measure_committed if read_committed else renderer.measure
+        # The other format's layout of the partition at the same level (Tree.layout links them),
+        # and the segment layouts a first measure of that other layout made for this one.
+        self.sibling: Layout | None = None
+        self._handed_over: dict[LogSegment, _SegmentLayout] = {}
+        self._handed_over_lock = threading.Lock()
         self._render_batch = self._render_committed if read_committed else renderer.render_indexed
         self._mark_bytes = mark_bytes
         self._store = store
@@ -493,6 +502,8 @@ class Layout:
                 self._published = (order, starts)
             if not self.measured:
                 self.measured = True
+                with self._handed_over_lock:
+                    self._handed_over.clear()  # (made for a measure that raced this one: not needed)
                 elapsed = time.monotonic() - started
                 if elapsed > _SLOW_MEASURE_S:
                     logger.info(
@@ -559,8 +570,9 @@ class Layout:
             if kept is not None:
                 layout = kept[0]
             else:
-                loaded = None
-                if self._store is not None and self._store_directory is not None:
+                with self._handed_over_lock:
+                    loaded = self._handed_over.pop(segment, None)
+                if loaded is None and self._store is not None and self._store_directory is not None:
                     loaded = self._store.load(self._store_directory, segment, self._mark_bytes)
                 layout = loaded or _SegmentLayout(segment)
                 if i == len(segments) - 1:
@@ -587,6 +599,8 @@ class Layout:
             if stable_offset is not None and segment.base_offset >= stable_offset:
                 return
             measuring = not self.measured
+            sibling = self._sibling_to_measure(layout)
+            companion = _SegmentLayout(segment) if sibling is not None else None
             for header, batch in segment.checked_batches(layout.scanned_to, end, once=True):
                 if stable_offset is not None and header.base_offset >= stable_offset:
                     return  # (not sealed: measured to here)
@@ -597,20 +611,53 @@ class Layout:
                 if measuring:
                     done, total = self._progress
                     self._progress = (done + header.next_position - header.position, total)
-                if layout.since_mark >= self._mark_bytes:
-                    layout.marks_view.append(layout.size)
-                    layout.marks_file.append(header.position)
-                    layout.marks_offset.append(header.base_offset)
-                    layout.since_mark = 0
-                rendered = self._measure_batch(header, batch)
-                layout.size += rendered
-                layout.since_mark += rendered
-                layout.scanned_to = header.next_position
-                layout.last_batch = (header.position, header.crc)
+                if sibling is None or companion is None:
+                    self._note(layout, header, self._measure_batch(header, batch))
+                    continue
+                columns = None if header.is_control else record_columns(header, batch)
+                self._note(layout, header, self.renderer.measure(header, batch, columns))
+                sibling._note(companion, header, sibling.renderer.measure(header, batch, columns))
+            if sibling is not None and companion is not None:
+                sibling._hand_over(companion, sealed=not last and companion.scanned_to == end)
         if not last and layout.scanned_to == end:
             layout.sealed = True
             if self._store is not None and self._store_directory is not None:
                 self._store.save(self._store_directory, layout, self._mark_bytes)
+
+    def _note(self, layout: _SegmentLayout, header: BatchHeader, rendered: int) -> None:
+        """One more batch measured into a segment's layout: a mark where a page is full."""
+        if layout.since_mark >= self._mark_bytes:
+            layout.marks_view.append(layout.size)
+            layout.marks_file.append(header.position)
+            layout.marks_offset.append(header.base_offset)
+            layout.since_mark = 0
+        layout.size += rendered
+        layout.since_mark += rendered
+        layout.scanned_to = header.next_position
+        layout.last_batch = (header.position, header.crc)
+
+    def _sibling_to_measure(self, layout: _SegmentLayout) -> Layout | None:
+        """The other format's layout, when this first measure of a segment should measure it
+        too: it has not measured the partition yet, nor been handed this segment, and neither
+        tracks transactions (read_committed layouts end at their own last stable offsets)."""
+        sibling = self.sibling
+        if sibling is None or self.measured or sibling.measured or layout.scanned_to != 0:
+            return None
+        if self.transactions is not None or sibling.transactions is not None:
+            return None
+        with sibling._handed_over_lock:
+            return None if layout.segment in sibling._handed_over else sibling
+
+    def _hand_over(self, layout: _SegmentLayout, *, sealed: bool) -> None:
+        """A segment layout another layout's measure made for this one: taken as if loaded from
+        the store by this layout's own first measure (kept there too when sealed)."""
+        if sealed:
+            layout.sealed = True
+            if self._store is not None and self._store_directory is not None:
+                self._store.save(self._store_directory, layout, self._mark_bytes)
+        with self._handed_over_lock:
+            if not self.measured:
+                self._handed_over[layout.segment] = layout
 
     def keep(self) -> None:
         """Store the layout of the last segment as measured so far (at unmount): the next mount

@@ -19,7 +19,7 @@ from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.json_records import record_to_json
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
-from seglogfs.engine.segment import read_cached
+from seglogfs.engine.segment import LogSegment, read_cached
 from seglogfs.fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS
 
@@ -52,6 +52,8 @@ def test_view_bytes_equal_a_full_rendering(tmp_path_factory, batches, start, mar
     # Views from different offsets share one layout per format, as the mount's do.
     text_layout = Layout(log, TextRenderer(text_format, 0), mark_bytes=mark_bytes)
     jsonl_layout = Layout(log, JsonLinesRenderer("t", 0), mark_bytes=mark_bytes)
+    if rng.random() < 0.5:  # measured in one pass, as the mount links them
+        text_layout.sibling, jsonl_layout.sibling = jsonl_layout, text_layout
     text, jsonl = View(text_layout, start), View(jsonl_layout, start)
     whole = View(text_layout, 0)
     for values in batches:
@@ -84,9 +86,9 @@ class CountingRenderer:
     def render_indexed(self, header, batch):
         return self.renderer.render_indexed(header, batch)
 
-    def measure(self, header, batch):
+    def measure(self, header, batch, columns=None):
         self.measured += 1
-        return self.renderer.measure(header, batch)
+        return self.renderer.measure(header, batch, columns)
 
 
 def fill(log: PartitionLog, batches: int, tag: bytes = b"v") -> None:
@@ -123,6 +125,51 @@ def test_layouts_kept_in_the_store_are_not_measured_again(tmp_path: Path) -> Non
     other = CountingRenderer(JsonLinesRenderer("t", 0))
     assert View(Layout(log, other, store=store, format_key="jsonl"), 0).size() == len(expected_jsonl(log, 0))
     assert other.measured == 43
+    log.close()
+
+
+def test_a_first_measure_measures_both_formats_in_one_pass(tmp_path: Path, monkeypatch) -> None:
+    """`ls -l` stats `records` and then `records.jsonl`: the first measure reads each batch once
+    for both (and keeps the other format's sealed segments in the store); the second measures
+    nothing, and both views read as full renderings, also after appends."""
+    log = make_log(tmp_path / "t-0")
+    fill(log, 40)
+    assert len(log.segments) >= 3
+    store = LayoutStore(tmp_path / "cache")
+    text_format = TextFormat(print_offset=True)
+    text = CountingRenderer(TextRenderer(text_format, 0))
+    jsonl = CountingRenderer(JsonLinesRenderer("t", 0))
+    text_layout = Layout(log, text, mark_bytes=64, store=store, format_key="text")
+    jsonl_layout = Layout(log, jsonl, mark_bytes=64, store=store, format_key="jsonl")
+    text_layout.sibling, jsonl_layout.sibling = jsonl_layout, text_layout
+    scans = []
+    checked_batches = LogSegment.checked_batches
+
+    def counted(segment, *args, **kwargs):
+        if kwargs.get("once"):  # a measure's pass (a page rendered to find an offset is not one)
+            scans.append(segment.base_offset)
+        return checked_batches(segment, *args, **kwargs)
+
+    monkeypatch.setattr(LogSegment, "checked_batches", counted)
+    assert View(text_layout, 0).size() == len(expected_text(log, 0, text_format))
+    assert sorted(scans) == [segment.base_offset for segment in log.segments]  # each segment read once
+    assert text.measured == jsonl.measured == 40
+    scans.clear()
+    jsonl_view = View(jsonl_layout, 0)
+    assert jsonl_view.size() == len(expected_jsonl(log, 0))
+    assert scans == [] and jsonl.measured == 40  # handed over: nothing read or measured again
+    expected = expected_jsonl(log, 0)
+    assert jsonl_view.read(0, len(expected)) == expected
+    fill(log, 3, b"more")
+    grown = ((jsonl_view, expected_jsonl(log, 0)), (View(text_layout, 0), expected_text(log, 0, text_format)))
+    for view, want in grown:
+        assert view.size() == len(want)
+        assert view.read(0, len(want) + 5) == want
+    # The JSON Lines layouts of sealed segments were stored by the text layout's pass.
+    again = CountingRenderer(JsonLinesRenderer("t", 0))
+    layout = Layout(log, again, mark_bytes=64, store=store, format_key="jsonl")
+    assert View(layout, 0).size() == len(expected_jsonl(log, 0))
+    assert again.measured == len(list(log.segments[-1].iter_batches()))  # the active segment only
     log.close()
 
 
