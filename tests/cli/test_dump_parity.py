@@ -609,3 +609,42 @@ def test_legacy_and_v2_mixed(tmp_path: Path) -> None:
         ("14", "1244"),
     ]  # fmt: skip
     assert lines[-3].startswith("offset: 19 position: 1517 CreateTime: 1633374040837 size: 130 magic: 1 ")
+
+
+def _string(text: str) -> bytes:
+    return struct.pack(">h", len(text)) + text.encode()
+
+
+def test_transaction_log_decoder(tmp_path: Path) -> None:
+    # `__transaction_state` records as the coordinator writes them (no fixture holds one): key
+    # int16 type 0, TransactionalId string; value TransactionLogValue v0 (non-flexible):
+    # ProducerId int64, ProducerEpoch int16, TransactionTimeoutMs int32, TransactionStatus int8,
+    # TransactionPartitions [Topic string, PartitionIds [int32]], TransactionLastUpdateTimestampMs
+    # int64, TransactionStartTimestampMs int64. kafka-dump-log --transaction-log-decoder prints
+    # ` key: {"type":"0","data":{...}} payload: {"version":"0","data":{...}}`, a tombstone's
+    # payload as `<DELETE>`, field names in camelCase.
+    key = struct.pack(">h", 0) + _string("tx-a")
+    partitions = struct.pack(">i", 1) + _string("orders") + struct.pack(">iii", 2, 0, 3)
+    value = (
+        struct.pack(">hqhib", 0, 7, 2, 60000, 4) + partitions + struct.pack(">qq", 1_700_000_000_123, 1_700_000_000_001)
+    )
+    data = build_batch([value, None], keys=[key, key], timestamps=1000)
+    log = tmp_path / "00000000000000000000.log"
+    log.write_bytes(bytes(data))
+    lines = dump("--transaction-log-decoder", str(log))
+    record, tombstone = (line for line in lines if line.startswith("| offset:"))
+    key_text, payload_text = re.fullmatch(r".* key: (\{.*\}) payload: (.*)", record).groups()  # type: ignore[union-attr]
+    assert json.loads(key_text) == {"type": "0", "data": {"transactionalId": "tx-a"}}
+    assert json.loads(payload_text) == {
+        "version": "0",
+        "data": {
+            "producerId": 7,
+            "producerEpoch": 2,
+            "transactionTimeoutMs": 60000,
+            "transactionStatus": 4,
+            "transactionPartitions": [{"topic": "orders", "partitionIds": [0, 3]}],
+            "transactionLastUpdateTimestampMs": 1_700_000_000_123,
+            "transactionStartTimestampMs": 1_700_000_000_001,
+        },
+    }
+    assert tombstone.endswith(' key: {"type":"0","data":{"transactionalId":"tx-a"}} payload: <DELETE>')
