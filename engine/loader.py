@@ -175,6 +175,7 @@ def load_partition(
             files.setdefault(parsed[0], set()).add(parsed[1])
     segments: list[LogSegment] = []
     recovered: list[LogSegment] = []  # what recovery re-read: their `.txnindex` is rebuilt
+    truncated = 0
     for base, kinds in sorted(files.items()):
         if LOG_SUFFIX not in kinds:
             if writable:  # index files whose log is gone
@@ -185,20 +186,29 @@ def load_partition(
         if writable and not {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds:
             log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
             try:
-                segment.recover()
+                cut = segment.recover()
             except UnsupportedFormatError:
                 # Data this engine cannot read: leave the dir exactly as it was found.
                 segment.close_handlers()
                 for kind in set(INDEX_SUFFIXES) - kinds:
                     (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
                 raise
+            if cut:
+                # Kafka warns here too (LogSegment.recover: "Found invalid messages"): what
+                # followed the last valid batch is gone.
+                log.warning(
+                    "%s: cut %d bytes after the last valid batch at position %d (rebuilding its indexes)",
+                    segment.log_path,
+                    cut,
+                    segment.size,
+                )
+                truncated += cut
             segment.release_handles()
             recovered.append(segment)
         segments.append(segment)
 
-    truncated = 0
     if writable and not clean_shutdown and segments:
-        truncated = _recover_from(segments, recovery_point, recovered)
+        truncated += _recover_from(segments, recovery_point, recovered)
     if recovered:
         rebuild_transaction_indexes(segments, [segment for segment in recovered if segment in segments])
     start = max(log_start_offset, segments[0].base_offset) if segments else log_start_offset

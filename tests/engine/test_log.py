@@ -284,6 +284,29 @@ def test_corrupt_tail_of_log_and_index_is_cut(part_dir: Path) -> None:
     assert_log_dir_valid(part_dir.parent)
 
 
+@pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch at position \d+ \(rebuilding its indexes\)")
+def test_a_cut_while_rebuilding_missing_indexes_is_a_warning(part_dir: Path, caplog) -> None:
+    # Kafka's LogSegment.recover warns when it truncates invalid bytes, whatever made it recover:
+    # a segment whose indexes are missing is recovered even after a clean shutdown.
+    log = make_log(part_dir, index_interval_bytes=1)
+    for i in range(20):
+        log.append_records([b"value-%d" % i], now_ms=NOW_MS + i)
+    log.close()
+    segment = next(part_dir.glob("*.log"))
+    with open(segment, "r+b") as handle:
+        handle.seek(segment.stat().st_size // 2)
+        handle.write(os.urandom(16))
+    for index in [*part_dir.glob("*.index"), *part_dir.glob("*.timeindex")]:
+        index.unlink()
+    reopened = PartitionLog.open(
+        part_dir, "t", 0, log.config, writable=True, clean_shutdown=True, recovery_point=20, now_ms=NOW_MS
+    )
+    assert 0 < reopened.log_end_offset < 20
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(segment) in warnings[0], warnings
+    reopened.close()
+
+
 @pytest.mark.parametrize("damage", ["delete", "two-spaces"])
 def test_index_rebuild(part_dir: Path, damage: str) -> None:
     # Cases 57/58: indexes deleted or overwritten with 2 bytes are rebuilt on an unclean open.
