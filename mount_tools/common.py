@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from seglogfs.engine import BrokerConfig, UnknownTopicOrPartitionError
+from seglogfs.mount_tools.mountpoints import mount_containing, real
 
 EXIT_OK = 0
 EXIT_DATA = 1
@@ -64,9 +65,20 @@ def add_common(parser: argparse.ArgumentParser, *, long_config: bool = True) -> 
 
 
 def broker_config(args: argparse.Namespace) -> BrokerConfig:
+    """The broker config of the command's DATADIR (log dirs separated by commas), `-c` and
+    `--override`. A seglogfs mount point given as DATADIR is refused in one line: the mount
+    point holds topics as directories, not Kafka's layout (read with `MNT/.logdir`, or give the
+    data dir the mount serves)."""
     dirs = [Path(part) for part in args.datadir.split(",") if part]
     if not dirs:
         raise UsageError("DATADIR names no directory")
+    for log_dir in dirs:
+        entry = mount_containing(real(log_dir))
+        if entry is not None and entry.is_seglogfs and entry.mount_point == real(log_dir):
+            raise UsageError(
+                f"{log_dir} is a seglogfs mount of {entry.source}: give that data dir, "
+                f"or {log_dir / '.logdir'} to read it through the mount"
+            )
     return BrokerConfig.load(args.config, args.override or (), log_dirs=dirs)
 
 

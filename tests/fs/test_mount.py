@@ -382,3 +382,33 @@ def test_cat_moves_a_megabyte_a_request(mount, tmp_path: Path) -> None:
     sh(f"cat {segment} > /dev/null")
     reads = m.requests()["read"] - before["read"]
     assert reads <= os.stat(segment).st_size // (1 << 20) + 2, f"{reads} read requests"
+
+
+def test_a_mount_point_given_as_a_data_dir_is_refused_in_one_line(mount, tmp_path: Path) -> None:
+    """Commands that take a DATADIR refuse a seglogfs mount point (it holds topics as
+    directories, not Kafka's layout: `check` would find nothing and call that clean), naming the
+    data dir it serves and its `.logdir`, which they read."""
+    data = tmp_path / "data"
+    produce = [sys.executable, "-m", "seglogfs.mount_tools.cli", "produce", str(data), "--topic", "t"]
+    subprocess.run(produce, input=b"one\ntwo\n", cwd=REPO, check=True, capture_output=True, timeout=60)
+    m: Mount = mount(data, "-o", "ro")
+    cli = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+    for command in (["check"], ["topics", "list"], ["groups", "list"], ["consume", "--topic", "t"]):
+        done = subprocess.run(
+            [*cli, command[0], str(m.path), *command[1:]], cwd=REPO, capture_output=True, timeout=60, check=False
+        )
+        assert done.returncode == 2, (command, done.stderr)
+        lines = done.stderr.decode().splitlines()
+        assert len(lines) == 1 and f"{m.path} is a seglogfs mount of {data}" in lines[0], lines
+        assert f"{m.path / '.logdir'}" in lines[0]
+    mirror = str(m.path / ".logdir")
+    checked = subprocess.run([*cli, "check", mirror], cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert checked.returncode == 0 and b"1 partitions" in checked.stdout, checked
+    consumed = subprocess.run(
+        [*cli, "consume", mirror, "--topic", "t", "--from-beginning"],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert consumed.stdout == b"one\ntwo\n", consumed
