@@ -150,6 +150,10 @@ def cmd_dump(args: argparse.Namespace) -> int:
     for name in files:
         path = Path(name)
         out.write(f"Dumping {name}\n")
+        if not path.is_file():
+            print(f"seglogfs: {name}: {'not a file' if path.exists() else 'no such file'}", file=sys.stderr)
+            failed = True
+            continue
         try:
             if path.name.endswith(LOG_SUFFIX) or path.name.endswith(KRAFT_SNAPSHOT_SUFFIX):
                 _dump_log(
@@ -174,7 +178,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             print(f"seglogfs: {name}: no such file", file=sys.stderr)
             failed = True
-        except CorruptIndexError as error:
+        except (CorruptIndexError, NotSegmentFileName) as error:
             print(f"seglogfs: {error}", file=sys.stderr)
             failed = True
         except DumpFailed:
@@ -183,11 +187,18 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+class NotSegmentFileName(ValueError):
+    """A file to dump whose name does not start with a base offset (Kafka's tools read the
+    segment's base offset from its name)."""
+
+
 def _base_offset(path: Path) -> int:
     try:
         return int(path.name.split(".", 1)[0])
     except ValueError:
-        raise CorruptIndexError(path, "file name does not start with a base offset") from None
+        raise NotSegmentFileName(
+            f"{path}: not a segment file name (a base offset, then .log, .index, .timeindex, .snapshot or .txnindex)"
+        ) from None
 
 
 def _segment(path: Path) -> LogSegment:

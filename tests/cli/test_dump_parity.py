@@ -648,3 +648,15 @@ def test_transaction_log_decoder(tmp_path: Path) -> None:
         },
     }
     assert tombstone.endswith(' key: {"type":"0","data":{"transactionalId":"tx-a"}} payload: <DELETE>')
+
+
+def test_missing_and_misnamed_files_get_one_line_each(tmp_path: Path) -> None:
+    misnamed = tmp_path / "mylog.log"
+    misnamed.write_bytes(b"x")
+    result = run("dump", str(tmp_path / "00000000000000000000.log"), str(misnamed), str(tmp_path), code=1)
+    assert result.stderr.splitlines() == [
+        f"seglogfs: {tmp_path / '00000000000000000000.log'}: no such file",
+        f"seglogfs: {misnamed}: not a segment file name (a base offset, then .log, .index, .timeindex, .snapshot "
+        "or .txnindex)",
+        f"seglogfs: {tmp_path}: not a file",
+    ]
