@@ -405,25 +405,50 @@ static Py_ssize_t utf8_sequence(const uint8_t *p, Py_ssize_t left) {
     return 0;
 }
 
+/* 0x80 in each byte of `x` that is zero, exactly (no false positives above a zero byte). */
+static inline uint64_t zero_bytes(uint64_t x) {
+    const uint64_t low7 = 0x7F7F7F7F7F7F7F7FULL;
+    return ~(((x & low7) + low7) | x | low7);
+}
+
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
+/* Nonzero when a byte of `w` may be one a JSON string escapes (below 0x20, '"', '\\'): the
+ * classic test for a zero byte, cheap, with false positives above a true one. */
+static inline uint64_t maybe_escaped(uint64_t w) {
+    uint64_t quote = w ^ (ONES * '"'), backslash = w ^ (ONES * '\\');
+    return ((w - ONES * 0x20) & ~w & HIGHS) | ((quote - ONES) & ~quote & HIGHS) | ((backslash - ONES) & ~backslash & HIGHS);
+}
+
+/* 0x80 in each byte of `w` that a JSON string escapes: below 0x20, '"' or '\\', exactly. */
+static inline uint64_t escaped_bytes(uint64_t w) {
+    if (!maybe_escaped(w)) return 0;
+    return zero_bytes(w & (ONES * 0xE0)) | zero_bytes(w ^ (ONES * '"')) | zero_bytes(w ^ (ONES * '\\'));
+}
+
 /* The length of engine.json_records.bytes_json_text(data) in UTF-8: "null"; a JSON string as
  * json's encode_basestring writes it (\" \\ \b \f \n \r \t, other bytes below 0x20 as \u00XX,
- * the rest as they are); {"base64":"..."} when the bytes are not UTF-8. */
-static int64_t json_text_size(const uint8_t *data, int64_t length) {
+ * the rest as they are); {"base64":"..."} when the bytes are not UTF-8. `*valid` (when not
+ * NULL) says whether they are UTF-8 (null: yes). */
+static int64_t json_text_size(const uint8_t *data, int64_t length, int *valid) {
+    if (valid != NULL) *valid = 1;
     if (length < 0) return 4;
     int64_t size = 2;
     Py_ssize_t i = 0;
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
     while (i < length) {
-        if (length - i >= 8) { /* eight plain ASCII bytes at a time: none below 0x20, '"', '\\' or >= 0x80 */
-            uint64_t w, quote, backslash;
+        if (length - i >= 8) { /* eight ASCII bytes at a time, each '"' and '\\' counted */
+            uint64_t w;
             memcpy(&w, data + i, 8);
-            quote = w ^ (ones * '"');
-            backslash = w ^ (ones * '\\');
-            uint64_t special = (w & highs) | ((w - ones * 0x20) & ~w & highs) | ((quote - ones) & ~quote & highs) |
-                               ((backslash - ones) & ~backslash & highs);
-            if (!special) { size += 8; i += 8; continue; }
+            if (!((w & HIGHS) | maybe_escaped(w))) { size += 8; i += 8; continue; }
+            if (!(w & HIGHS) && !zero_bytes(w & (ONES * 0xE0))) {
+                uint64_t marks = zero_bytes(w ^ (ONES * '"')) | zero_bytes(w ^ (ONES * '\\'));
+                size += 8 + (int64_t)((((marks >> 7) * ONES) >> 56)); /* one more byte for each */
+                i += 8;
+                continue;
+            }
         }
-        /* A flagged word (or the tail): a byte at a time up to its end, then words again. */
+        /* A word with a control or non-ASCII byte (or the tail): a byte at a time to its end. */
         for (Py_ssize_t stop = length - i >= 8 ? i + 8 : length; i < stop;) {
             uint8_t c = data[i];
             if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) { size++; i++; continue; }
@@ -433,7 +458,10 @@ static int64_t json_text_size(const uint8_t *data, int64_t length) {
                 continue;
             }
             Py_ssize_t n = utf8_sequence(data + i, length - i);
-            if (n == 0) return 13 + 4 * ((length + 2) / 3); /* {"base64":"..."} */
+            if (n == 0) {
+                if (valid != NULL) *valid = 0;
+                return 13 + 4 * ((length + 2) / 3); /* {"base64":"..."} */
+            }
             size += n;
             i += n;
         }
@@ -441,29 +469,14 @@ static int64_t json_text_size(const uint8_t *data, int64_t length) {
     return size;
 }
 
-static int utf8_valid(const uint8_t *data, int64_t length) {
-    Py_ssize_t i = 0;
-    while (i < length) {
-        if (length - i >= 8) { /* eight ASCII bytes at a time */
-            uint64_t w;
-            memcpy(&w, data + i, 8);
-            if (!(w & 0x8080808080808080ULL)) { i += 8; continue; }
-        }
-        if (data[i] < 0x80) { i++; continue; }
-        Py_ssize_t n = utf8_sequence(data + i, length - i);
-        if (n == 0) return 0;
-        i += n;
-    }
-    return 1;
-}
-
 static const char BASE64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 static const char HEX[] = "0123456789abcdef";
 
-/* bytes_json_text(data) written at `at` (json_text_size(data, length) bytes). */
-static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length) {
+/* bytes_json_text(data) written at `at` (json_text_size(data, length) bytes), `valid` as
+ * json_text_size found it. */
+static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length, int valid) {
     if (length < 0) { memcpy(at, "null", 4); return at + 4; }
-    if (!utf8_valid(data, length)) {
+    if (!valid) {
         memcpy(at, "{\"base64\":\"", 11);
         at += 11;
         int64_t i = 0;
@@ -482,26 +495,28 @@ static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length) 
         return at + 2;
     }
     *at++ = '"';
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-    for (int64_t i = 0; i < length; i++) {
-        /* A run of bytes copied as they are (none below 0x20, '"' or '\\'), found eight at a
-         * time (a word the test flags, rightly or not, is finished a byte at a time). */
+    int64_t i = 0;
+    while (i < length) {
+        /* A run of bytes copied as they are (valid UTF-8 included), found eight at a time up to
+         * the first byte that is escaped, exactly from the word's bytes. */
         int64_t run = i;
+        uint64_t escaped = 0;
         while (length - run >= 8) {
-            uint64_t w, quote, backslash;
+            uint64_t w;
             memcpy(&w, data + run, 8);
-            quote = w ^ (ones * '"');
-            backslash = w ^ (ones * '\\');
-            if (((w - ones * 0x20) & ~w & highs) | ((quote - ones) & ~quote & highs) | ((backslash - ones) & ~backslash & highs))
-                break;
+            escaped = escaped_bytes(w);
+            if (escaped) break;
             run += 8;
         }
-        while (run < length && data[run] >= 0x20 && data[run] != '"' && data[run] != '\\') run++;
+        if (escaped)
+            run += __builtin_ctzll(escaped) >> 3;
+        else
+            while (run < length && data[run] >= 0x20 && data[run] != '"' && data[run] != '\\') run++;
         memcpy(at, data + i, (size_t)(run - i));
         at += run - i;
         i = run;
         if (i == length) break;
-        uint8_t c = data[i];
+        uint8_t c = data[i++];
         *at++ = '\\';
         switch (c) {
             case '"': *at++ = '"'; break;
@@ -540,12 +555,25 @@ static PyObject *render_json(PyObject *self, PyObject *args) {
                       T4[] = ",\"value\":", T5[] = ",\"headers\":[]}\n";
     Py_ssize_t fixed = prefix.len + kind.len + (Py_ssize_t)(sizeof T1 + sizeof T2 + sizeof T3 + sizeof T4 + sizeof T5 - 5);
     const uint8_t *data = section.buf;
+    uint8_t *valid = PyMem_Malloc(n > 0 ? 2 * (size_t)n : 1); /* per record: key, value UTF-8 */
+    if (valid == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        total += fixed + decimal_size(off[i]) + decimal_size(ts[i]) + json_text_size(data + (kl[i] > 0 ? ks[i] : 0), kl[i]) +
-                 json_text_size(data + (vl[i] > 0 ? vs[i] : 0), vl[i]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int key_valid, value_valid;
+        total += fixed + decimal_size(off[i]) + decimal_size(ts[i]) +
+                 json_text_size(data + (kl[i] > 0 ? ks[i] : 0), kl[i], &key_valid) +
+                 json_text_size(data + (vl[i] > 0 ? vs[i] : 0), vl[i], &value_valid);
+        valid[2 * i] = (uint8_t)key_valid;
+        valid[2 * i + 1] = (uint8_t)value_valid;
+    }
     result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL) goto done;
+    if (result == NULL) {
+        PyMem_Free(valid);
+        goto done;
+    }
     uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
     int64_t *end = ends.buf;
     Py_BEGIN_ALLOW_THREADS
@@ -558,13 +586,14 @@ static PyObject *render_json(PyObject *self, PyObject *args) {
         memcpy(at, T2, sizeof T2 - 1); at += sizeof T2 - 1;
         memcpy(at, kind.buf, kind.len); at += kind.len;
         memcpy(at, T3, sizeof T3 - 1); at += sizeof T3 - 1;
-        at = put_json_text(at, data + (kl[i] > 0 ? ks[i] : 0), kl[i]);
+        at = put_json_text(at, data + (kl[i] > 0 ? ks[i] : 0), kl[i], valid[2 * i]);
         memcpy(at, T4, sizeof T4 - 1); at += sizeof T4 - 1;
-        at = put_json_text(at, data + (vl[i] > 0 ? vs[i] : 0), vl[i]);
+        at = put_json_text(at, data + (vl[i] > 0 ? vs[i] : 0), vl[i], valid[2 * i + 1]);
         memcpy(at, T5, sizeof T5 - 1); at += sizeof T5 - 1;
         end[i] = at - base;
     }
     Py_END_ALLOW_THREADS
+    PyMem_Free(valid);
 done:
     PyBuffer_Release(&section);
     PyBuffer_Release(&offsets);
@@ -588,7 +617,7 @@ static PyObject *json_text_sizes(PyObject *self, PyObject *args) {
     if (!failed) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++)
-            ((int64_t *)out.buf)[i] = json_text_size((const uint8_t *)section.buf + (l[i] > 0 ? s[i] : 0), l[i]);
+            ((int64_t *)out.buf)[i] = json_text_size((const uint8_t *)section.buf + (l[i] > 0 ? s[i] : 0), l[i], NULL);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&section);

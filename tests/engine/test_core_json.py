@@ -36,6 +36,12 @@ blobs = st.one_of(
     st.binary(max_size=40),
     st.text(max_size=20).map(lambda text: text.encode("utf-8", "surrogatepass")),
     st.lists(st.sampled_from(TRICKY), max_size=4).map(b"".join),
+    # Long enough for the core's eight-byte words: an escaped or multi-byte character at every
+    # place in a word, several in one word, and runs of plain bytes between.
+    st.lists(
+        st.sampled_from([b"a", b"bcdefgh", b'"', b"\\", b"\n", b"\x01", b"\x7f", "é".encode(), "😀".encode(), b"\xff"]),
+        max_size=60,
+    ).map(b"".join),
 )
 
 
