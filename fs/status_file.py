@@ -10,11 +10,17 @@ from seglogfs.fs.node import Attributes, BytesHandle, Handle, PartitionNode
 
 
 class StatusFile(PartitionNode):
-    """The engine's document, and how far the partition's views are measured (`views`: per
-    format looked at so far, `measured` and the segment bytes measured of those to measure)."""
+    """The engine's document, how far the partition's views are measured (`views`: per format
+    looked at so far, `measured` and the segment bytes measured of those to measure), and, once a
+    read_committed view has been used, what it goes by (`readCommitted`: the last stable offset,
+    the open transactions, how many were aborted)."""
 
     def _document(self) -> bytes:
-        return status_json(self.log, {"views": self.tree.view_progress(self.log)})
+        extra: dict[str, object] = {"views": self.tree.view_progress(self.log)}
+        read_committed = self.tree.read_committed_state(self.log)
+        if read_committed is not None:
+            extra["readCommitted"] = read_committed
+        return status_json(self.log, extra)
 
     def attributes(self) -> Attributes:
         return Attributes(stat.S_IFREG | 0o444, len(self._document()), self.tree.mounted_ns)

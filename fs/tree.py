@@ -271,6 +271,26 @@ class Tree:
                 }
         return progress
 
+    def read_committed_state(self, log: PartitionLog) -> dict[str, object] | None:
+        """What the partition's read_committed views go by (for `status`), once one of them has
+        looked: the last stable offset, the transactions still open (producer id, first offset)
+        and how many were aborted. None when no read_committed view has been used."""
+        with self._layouts_lock:
+            layouts = [self._layouts.get((log.topic, log.partition, fmt, True)) for fmt in ("text", "jsonl")]
+        for layout in layouts:
+            if layout is None or layout.stable_offset is None or layout.transactions is None:
+                continue
+            transactions = layout.transactions
+            return {
+                "lastStableOffset": layout.stable_offset,
+                "openTransactions": [
+                    {"producerId": producer_id, "firstOffset": first_offset}
+                    for producer_id, first_offset in sorted(transactions.open_transactions.items())
+                ],
+                "abortedTransactions": len(transactions.aborted),
+            }
+        return None
+
     def stop_measures(self) -> None:
         """Stop every measure under way and the background measuring (at unmount)."""
         self._stopping.set()

@@ -7,6 +7,7 @@ hand-made markers)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -201,3 +202,26 @@ def test_a_bad_isolation_level_is_refused_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1 and len(lines) == 1, done
     assert "-o isolation.level=serializable" in lines[0] and "read_committed" in lines[0], lines
     assert not os.path.ismount(tmp_path / "mnt")
+
+
+def test_status_shows_what_read_committed_views_go_by(mount, tmp_path: Path) -> None:
+    """Once a read_committed view has been looked at, the partition's `status` shows its last
+    stable offset, the transactions still open and how many were aborted; it moves when the
+    open transaction commits."""
+    data = tmp_path / "data"
+    model: Model = build_corpus(data)
+    m: Mount = mount(data, *KEEP)
+    status = m.path / "txn" / "0" / "status"
+    assert "readCommitted" not in json.loads(status.read_bytes())  # no read_committed view used yet
+    (m.path / "txn" / "0" / "read_committed" / "records").read_bytes()
+    state = json.loads(status.read_bytes())["readCommitted"]
+    assert state == {
+        "lastStableOffset": 15,
+        "openTransactions": [{"producerId": 3, "firstOffset": 15}],
+        "abortedTransactions": 2,
+    }
+    with open(m.path / "txn" / "0" / "append.batches", "ab") as append:
+        append.write(model.marker(3, COMMIT))
+    (m.path / "txn" / "0" / "read_committed" / "records").read_bytes()
+    state = json.loads(status.read_bytes())["readCommitted"]
+    assert state == {"lastStableOffset": model.next_offset, "openTransactions": [], "abortedTransactions": 2}
