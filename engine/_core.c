@@ -54,12 +54,14 @@
  *     data[starts[i]:][:lengths[i]] (starts and lengths int64 buffers, every blob inside `data`),
  *     as a signed 32-bit value widened into `out` (int64). The GIL is released while it hashes.
  *
- * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas)
+ * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas[, room])
  *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
  *     for none). `values` is a list of bytes or None; `keys` and `header_blobs` a list or None
  *     (none); `timestamp_deltas` an int (every record) or a list; `offset_deltas` None (0..n-1)
- *     or a list. Byte for byte what engine.records.build_batch lays out.
+ *     or a list. Byte for byte what engine.records.build_batch lays out. With `room` > 0 the
+ *     result is a bytearray whose first `room` bytes are left for the caller to fill (a batch's
+ *     header: the batch is then built in place, its records never copied again).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -218,7 +220,9 @@ static int check_list(PyObject *object, Py_ssize_t n, const char *what, int may_
 
 static PyObject *encode_records(PyObject *self, PyObject *args) {
     PyObject *values, *keys, *blobs, *timestamps, *deltas;
-    if (!PyArg_ParseTuple(args, "OOOOO", &values, &keys, &blobs, &timestamps, &deltas)) return NULL;
+    Py_ssize_t room = 0;
+    if (!PyArg_ParseTuple(args, "OOOOO|n", &values, &keys, &blobs, &timestamps, &deltas, &room)) return NULL;
+    if (room < 0) { PyErr_SetString(PyExc_ValueError, "encode_records: room must be 0 or more"); return NULL; }
     if (!PyList_Check(values)) { PyErr_SetString(PyExc_TypeError, "encode_records: values must be a list"); return NULL; }
     Py_ssize_t n = PyList_GET_SIZE(values);
     if (check_list(keys, n, "keys", 1) || check_list(blobs, n, "header_blobs", 1) ||
@@ -244,9 +248,9 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
                           (value_length > 0 ? value_length : 0) + blob_length;
         total += varint_size(body) + body;
     }
-    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *result = room > 0 ? PyByteArray_FromStringAndSize(NULL, room + total) : PyBytes_FromStringAndSize(NULL, total);
     if (result == NULL) return NULL;
-    uint8_t *at = (uint8_t *)PyBytes_AS_STRING(result);
+    uint8_t *at = room > 0 ? (uint8_t *)PyByteArray_AS_STRING(result) + room : (uint8_t *)PyBytes_AS_STRING(result);
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *key, *value, *blob;
         Py_ssize_t key_length, value_length, blob_length;

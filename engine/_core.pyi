@@ -1,9 +1,12 @@
 """Types of the engine's compiled core (engine/_core.c)."""
 
+from typing import overload
+
 import numpy as np
 from typing_extensions import Buffer
 
 def record_fields(section: Buffer | np.ndarray, count: int, out: Buffer | np.ndarray, /) -> None: ...
+@overload
 def encode_records(
     values: list[bytes | None],
     keys: list[bytes | None] | None,
@@ -12,6 +15,16 @@ def encode_records(
     offset_deltas: list[int] | None,
     /,
 ) -> bytes: ...
+@overload
+def encode_records(
+    values: list[bytes | None],
+    keys: list[bytes | None] | None,
+    header_blobs: list[bytes] | None,
+    timestamp_deltas: int | list[int],
+    offset_deltas: list[int] | None,
+    room: int,
+    /,
+) -> bytes | bytearray: ...
 def encode_columns(
     n: int,
     value_data: Buffer | np.ndarray,

@@ -66,7 +66,7 @@ _zstd_compressor = zstandard.ZstdCompressor(level=3)
 _zstd_decompressor = zstandard.ZstdDecompressor()
 
 
-def compress(codec: CompressionType, data: bytes | memoryview) -> bytes:
+def compress(codec: CompressionType, data: bytes | bytearray | memoryview) -> bytes:
     """Compress the record section of a batch with `codec`. Thread-safe."""
     if codec is CompressionType.NONE:
         return bytes(data)
@@ -119,7 +119,7 @@ def _gunzip(data: bytes | memoryview) -> bytes:
     return b"".join(out)
 
 
-def _xerial_snappy_compress(data: bytes | memoryview) -> bytes:
+def _xerial_snappy_compress(data: bytes | bytearray | memoryview) -> bytes:
     view = memoryview(data)
     parts = [_XERIAL_HEADER]
     for start in range(0, len(view), _XERIAL_BLOCK_BYTES):

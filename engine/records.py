@@ -545,12 +545,14 @@ def build_batch(
     if last_offset_delta is None:
         last_offset_delta = n - 1 if deltas is None else deltas[-1]
     header_blobs = None if headers is None or not any(headers) else [_encode_header_blob(h) for h in headers]
+    in_place = compression is CompressionType.NONE  # the records encoded after room for the header
     section = _core.encode_records(
         values if isinstance(values, list) else list(values),
         None if keys is None else keys if isinstance(keys, list) else list(keys),
         header_blobs,
         ts_deltas,
         deltas,
+        BATCH_OVERHEAD_BYTES if in_place else 0,
     )
     attributes = int(compression)
     if timestamp_type is TimestampType.LOG_APPEND_TIME:
@@ -564,6 +566,7 @@ def build_batch(
     return _framed(
         section,
         compression,
+        in_place=in_place,
         attributes=attributes,
         count=n,
         base_offset=base_offset,
@@ -576,9 +579,10 @@ def build_batch(
 
 
 def _framed(
-    records: bytes | memoryview,
+    records: bytes | bytearray | memoryview,
     compression: CompressionType,
     *,
+    in_place: bool = False,
     attributes: int,
     count: int,
     base_offset: int,
@@ -589,9 +593,15 @@ def _framed(
     producer: ProducerState,
 ) -> bytearray:
     """A batch's bytes: the header, filled in, and the records section (compressed with
-    `compression`), CRC included."""
-    batch = bytearray(_HEADER_SLOT)
-    batch += records if compression is CompressionType.NONE else compress(compression, records)
+    `compression`), CRC included. `in_place`: `records` is a bytearray of uncompressed records
+    after room for the header (`_core.encode_records` with room), filled in where it is."""
+    if in_place:
+        if not isinstance(records, bytearray) or compression is not CompressionType.NONE:
+            raise ValueError("a batch is built in place only in a bytearray of uncompressed records")
+        batch = records
+    else:
+        batch = bytearray(_HEADER_SLOT)
+        batch += records if compression is CompressionType.NONE else compress(compression, records)
     _HEADER.pack_into(
         batch,
         0,
