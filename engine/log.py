@@ -301,7 +301,7 @@ class PartitionLog:
             raise InvalidRecordError(
                 f"{self.topic}-{self.partition}: compacted topic refuses record {slot}, which has no key"
             )
-        ts = np.full(n, now_ms, dtype=np.int64) if timestamps is None else timestamps
+        ts = now_ms if timestamps is None else timestamps  # (one time for all: no column to make)
         codec = compression if compression is not None else self._topic_compression()
         with self.lock:
             batches = encode_batches(
