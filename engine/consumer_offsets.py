@@ -25,8 +25,9 @@ userData nullable bytes, ownedPartitions [topic, partitions [int32]] (v1+), gene
 partitions [int32]], userData nullable bytes). Non-flexible in every version.
 
 Replay, as the coordinator loads a partition (GroupMetadataManager / CoordinatorLoader): every
-`.log` segment of every `__consumer_offsets-N` partition, compacted ones included, in offset
-order; the latest record of a key wins; a null value (tombstone) removes the key's offset or the
+batch of every `__consumer_offsets-N` partition of a data dir opened read-only
+(`PartitionLog.batches`, compacted segments included), in offset order; the latest record of a
+key wins; a null value (tombstone) removes the key's offset or the
 group's metadata. Offsets committed inside a transaction (a transactional batch) take effect
 when the producer's COMMIT marker comes, and are dropped at its ABORT marker.
 
@@ -36,32 +37,27 @@ What an operator gets on bad data:
     offset, as Kafka's loader skips ("Unknown message key ... Ignoring it");
   * a key or value of a known type that does not decode (too short, bad string, unknown value
     version): ConsumerOffsetsError naming the file and offset; nothing is guessed;
-  * a batch that fails its CRC: ConsumerOffsetsError naming the file and position;
-  * an incomplete batch at the end of a partition's last segment (a broker writing): the replay
-    stops there quietly, as recovery would cut it.
+  * a batch that fails its CRC: the engine's CorruptRecordError naming the file and position;
+  * an incomplete batch at the end of a partition (a broker writing): not read, as every
+    read-only reader leaves it.
 
 Reading changes nothing and takes no lock. Not thread-safe per call (each call reads afresh).
 """
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC
+from seglogfs.engine.datadir import DataDir
 from seglogfs.engine.errors import EngineError
 from seglogfs.engine.messages import Field, Schema, decode, since
-from seglogfs.engine.naming import parse_partition_dir, segment_log_files
 from seglogfs.engine.records import (
-    BATCH_OVERHEAD_BYTES,
-    MAGIC_OFFSET,
     BatchHeader,
     ControlType,
-    check_batch,
     control_type,
     decode_records,
 )
@@ -197,11 +193,11 @@ class ConsumerGroup:
 
 @dataclass(frozen=True)
 class GroupCoordinatorState:
-    """The groups of the partitions read (by id, sorted), the partition dirs read, and the
-    warnings about records skipped (one line each, naming the file and offset)."""
+    """The groups of the partitions read (by id, sorted), the offsets topic's partitions read,
+    and the warnings about records skipped (one line each, naming the file and offset)."""
 
     groups: dict[str, ConsumerGroup]
-    partition_dirs: tuple[Path, ...]
+    partitions: tuple[int, ...]
     warnings: tuple[str, ...]
 
 
@@ -300,48 +296,6 @@ def _group_metadata(fields: dict[str, Any]) -> GroupMetadata:
 
 
 # -- replay ------------------------------------------------------------------------------------------
-def offsets_partition_dirs(log_dirs: Sequence[Path]) -> list[Path]:
-    """The `__consumer_offsets-N` dirs of the log dirs, by partition number."""
-    found = []
-    for log_dir in log_dirs:
-        with os.scandir(log_dir) as entries:
-            for entry in entries:
-                parsed = parse_partition_dir(entry.name)
-                if parsed is not None and parsed[0] == CONSUMER_OFFSETS_TOPIC and entry.is_dir():
-                    found.append((parsed[1], Path(entry.path)))
-    return [path for _partition, path in sorted(found)]
-
-
-def file_batches(path: Path, last: bool) -> Iterator[tuple[BatchHeader, bytes]]:
-    """The whole v2 batches of a `.log` file, CRC-checked. An incomplete batch ends the file
-    quietly when it is the partition's `last` segment (a writer's tail), else it is damage;
-    ConsumerOffsetsError for damage and for a legacy (magic 0/1) batch."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    position = 0
-    while position < len(data):
-        if len(data) - position < BATCH_OVERHEAD_BYTES:
-            if last:
-                return
-            raise ConsumerOffsetsError(f"{path}: incomplete record batch at position {position}")
-        if data[position + MAGIC_OFFSET] != 2:
-            raise ConsumerOffsetsError(
-                f"{path}: record batch at position {position} has magic {data[position + MAGIC_OFFSET]} "
-                "(only v2 batches are read here)"
-            )
-        header = BatchHeader.parse(data, position, position)
-        if header.next_position > len(data) or header.size_in_bytes < BATCH_OVERHEAD_BYTES:
-            if last and header.size_in_bytes >= BATCH_OVERHEAD_BYTES:
-                return
-            raise ConsumerOffsetsError(f"{path}: incomplete record batch at position {position}")
-        batch = data[position : header.next_position]
-        reason = check_batch(header, batch)
-        if reason is not None:
-            raise ConsumerOffsetsError(f"{path}: corrupt record batch at position {position}: {reason}")
-        yield header, batch
-        position = header.next_position
-
-
 class _Replay:
     """The groups being rebuilt, record by record."""
 
@@ -357,24 +311,21 @@ class _Replay:
             found = self.groups[group_id] = ConsumerGroup(group_id)
         return found
 
-    def apply_file(self, path: Path, last: bool) -> None:
-        for header, batch in file_batches(path, last):
-            try:
-                records = decode_records(header, batch, include_control=True)
-            except Exception as error:  # a codec or varint error inside a batch whose CRC held
-                raise ConsumerOffsetsError(
-                    f"{path}: undecodable batch at offset {header.base_offset}: {error}"
-                ) from None
-            if header.is_control:
-                for record in records:
-                    marker = control_type(record)
-                    commits = self.pending.pop(header.producer_id, [])
-                    if marker is ControlType.COMMIT:
-                        for group_id, partition, commit in commits:
-                            self.set_offset(group_id, partition, commit)
-                continue
+    def apply_batch(self, path: Path, header: BatchHeader, batch: bytes | bytearray | memoryview) -> None:
+        try:
+            records = decode_records(header, batch, include_control=True)
+        except Exception as error:  # a codec or varint error inside a batch whose CRC held
+            raise ConsumerOffsetsError(f"{path}: undecodable batch at offset {header.base_offset}: {error}") from None
+        if header.is_control:
             for record in records:
-                self.apply_record(path, record.offset, record.key, record.value, header)
+                marker = control_type(record)
+                commits = self.pending.pop(header.producer_id, [])
+                if marker is ControlType.COMMIT:
+                    for group_id, partition, commit in commits:
+                        self.set_offset(group_id, partition, commit)
+            return
+        for record in records:
+            self.apply_record(path, record.offset, record.key, record.value, header)
 
     def apply_record(
         self, path: Path, offset: int, key: bytes | None, value: bytes | None, header: BatchHeader
@@ -420,15 +371,15 @@ class _Replay:
             self.groups.pop(group.group_id, None)
 
 
-def read_consumer_groups(log_dirs: Sequence[Path]) -> GroupCoordinatorState:
-    """Replay every `__consumer_offsets` partition of the log dirs (see the module docstring).
-    Raises ConsumerOffsetsError for damage, OSError from the files."""
-    dirs = offsets_partition_dirs(log_dirs)
+def read_consumer_groups(data_dir: DataDir) -> GroupCoordinatorState:
+    """Replay every `__consumer_offsets` partition of a data dir (see the module docstring).
+    Raises ConsumerOffsetsError for records that do not decode, CorruptRecordError for damage."""
+    partitions = tuple(data_dir.topics().get(CONSUMER_OFFSETS_TOPIC, ()))
     replay = _Replay()
-    for partition_dir in dirs:
-        files = [path for _base, path in segment_log_files(partition_dir)]
-        for index, path in enumerate(files):
-            replay.apply_file(path, last=index == len(files) - 1)
+    for partition in partitions:
+        log = data_dir.partition(CONSUMER_OFFSETS_TOPIC, partition)
+        for segment, header, batch in log.batches(log.log_start_offset):
+            replay.apply_batch(segment.log_path, header, batch)
         replay.pending.clear()  # an open transaction's commits are not visible yet
     groups = {group_id: replay.groups[group_id] for group_id in sorted(replay.groups)}
-    return GroupCoordinatorState(groups, tuple(dirs), tuple(replay.warnings))
+    return GroupCoordinatorState(groups, partitions, tuple(replay.warnings))

@@ -42,7 +42,7 @@ from seglogfs.engine.consumer_offsets import (
     GroupMember,
     read_consumer_groups,
 )
-from seglogfs.mount_tools.common import EPILOG, EXIT_OK, broker_config, now_ms, print_json
+from seglogfs.mount_tools.common import EPILOG, EXIT_OK, broker_config, now_ms, print_json, require_data_dirs
 
 ACTIONS = ("list", "describe")
 _HEADERS = (
@@ -85,42 +85,40 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a broker config setting (repeatable)")
 
 
-def _state(args: argparse.Namespace) -> tuple[list[Path], GroupCoordinatorState]:
-    """The log dirs named, and the groups their offsets topic holds; warnings to stderr. An
-    error when no dir holds `__consumer_offsets`."""
+def _open(args: argparse.Namespace) -> DataDir:
+    """The data dir named, opened read-only (no lock, nothing written); an error when it does
+    not exist."""
     args.datadir = ",".join(args.datadirs)
-    log_dirs = list(broker_config(args).log_dirs)
-    for log_dir in log_dirs:
-        if not log_dir.is_dir():
-            raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")
-    state = read_consumer_groups(log_dirs)
-    if not state.partition_dirs:
-        where = ", ".join(str(d) for d in log_dirs)
+    config = broker_config(args)
+    require_data_dirs(config)
+    return DataDir.open(config, read_only=True, now_ms=now_ms())
+
+
+def _state(data_dir: DataDir) -> GroupCoordinatorState:
+    """The groups the data dir's offsets topic holds; warnings to stderr. An error when no dir
+    holds `__consumer_offsets`."""
+    state = read_consumer_groups(data_dir)
+    if not state.partitions:
+        where = ", ".join(str(d) for d in data_dir.config.log_dirs)
         raise UnknownTopicOrPartitionError(
             f"{where}: no {CONSUMER_OFFSETS_TOPIC} partitions (no consumer group has committed offsets here)"
         )
     for warning in state.warnings:
         print(f"seglogfs: warning: {warning}", file=sys.stderr)
-    return log_dirs, state
+    return state
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    _log_dirs, state = _state(args)
+    with _open(args) as data_dir:
+        state = _state(data_dir)
     sys.stdout.write("".join(f"{group_id}\n" for group_id in state.groups))
     return EXIT_OK
 
 
-def _log_end_offsets(args: argparse.Namespace, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+def _log_end_offsets(data_dir: DataDir, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
     """The log end offsets of the wanted topic-partitions the data dir holds."""
-    topics = {topic for topic, _ in wanted}
-    out = {}
-    with DataDir.open(broker_config(args), read_only=True, now_ms=now_ms()) as data_dir:
-        held = data_dir.topics()
-        for topic in topics & set(held):
-            for partition in held[topic]:
-                if (topic, partition) in wanted:
-                    out[(topic, partition)] = data_dir.partition(topic, partition).log_end_offset
-    return out
+    held = data_dir.topics()
+    return {(t, p): data_dir.partition(t, p).log_end_offset for t, p in wanted if p in held.get(t, ())}
 
 
 def _rows(group: ConsumerGroup, log_end_offsets: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
@@ -229,19 +227,20 @@ def _table(group_id: str, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    _log_dirs, state = _state(args)
-    if args.group is not None:
-        if args.group not in state.groups:
-            raise GroupIdNotFoundError(f"Consumer group '{args.group}' does not exist.")
-        groups = [args.group]
-    else:
-        groups = list(state.groups)
-    wanted = {partition for group_id in groups for partition in state.groups[group_id].offsets}
-    for group_id in groups:
-        metadata = state.groups[group_id].metadata
-        for member in () if metadata is None else metadata.members:
-            wanted.update(member.assigned_partitions)
-    document = describe_document(state, groups, _log_end_offsets(args, wanted) if wanted else {})
+    with _open(args) as data_dir:
+        state = _state(data_dir)
+        if args.group is not None:
+            if args.group not in state.groups:
+                raise GroupIdNotFoundError(f"Consumer group '{args.group}' does not exist.")
+            groups = [args.group]
+        else:
+            groups = list(state.groups)
+        wanted = {partition for group_id in groups for partition in state.groups[group_id].offsets}
+        for group_id in groups:
+            metadata = state.groups[group_id].metadata
+            for member in () if metadata is None else metadata.members:
+                wanted.update(member.assigned_partitions)
+        document = describe_document(state, groups, _log_end_offsets(data_dir, wanted))
     if args.json:
         print_json(document)
         return EXIT_OK
