@@ -23,10 +23,14 @@ brought up to date from where that pass ended.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from seglogfs.engine.records import BatchHeader, ControlType, control_type, decode_records
+
+if TYPE_CHECKING:
+    from seglogfs.engine.log import PartitionLog
 
 READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level values
 
@@ -101,9 +105,17 @@ class TransactionTracker:
             self.aborted.append(aborted)
             self._aborted_index.add(aborted)
 
-    def add_all(self, batches: Iterable[tuple[BatchHeader, bytes | bytearray | memoryview]]) -> None:
-        for header, batch in batches:
+    def catch_up(self, log: PartitionLog, before_each: Callable[[], None] | None = None) -> int:
+        """Take in the batches `log` gained since the last look (from its log start the first
+        time) and return the last stable offset of what was read: not of the log end now, which
+        a writer may have moved meanwhile. `before_each` is called before each batch (a long
+        first read that may be stopped raises there)."""
+        start = max(self.next_offset, log.log_start_offset)
+        for _, header, batch in log.batches(start):
+            if before_each is not None:
+                before_each()
             self.add(header, batch)
+        return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
 
     def is_aborted(self, header: BatchHeader) -> bool:
         """Whether a data batch belongs to an aborted transaction (control batches are never

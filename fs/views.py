@@ -528,13 +528,13 @@ class Layout:
         truncations = log.truncations
         if transactions is None or truncations != self._tracked_truncations:
             transactions = TransactionTracker()
-        start = max(transactions.next_offset, log.log_start_offset)
-        for _, header, batch in log.batches(start):
-            if self.stop.is_set():
-                raise MeasureStopped(f"{log.topic}-{log.partition}: measure stopped")
-            transactions.add(header, batch)
+        stable_offset = transactions.catch_up(log, self._check_stop)
         self.transactions, self._tracked_truncations = transactions, truncations
-        self.stable_offset = transactions.last_stable_offset(max(transactions.next_offset, log.log_start_offset))
+        self.stable_offset = stable_offset
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            raise MeasureStopped(f"{self.log.topic}-{self.log.partition}: measure stopped")
 
     def _measure_committed(self, header: BatchHeader, batch: memoryview) -> int:
         transactions = self.transactions
@@ -604,8 +604,7 @@ class Layout:
             for header, batch in segment.checked_batches(layout.scanned_to, end, once=True):
                 if stable_offset is not None and header.base_offset >= stable_offset:
                     return  # (not sealed: measured to here)
-                if self.stop.is_set():
-                    raise MeasureStopped(f"{self.log.topic}-{self.log.partition}: measure stopped")
+                self._check_stop()
                 if _MEASURE_DELAY_S:
                     time.sleep(_MEASURE_DELAY_S)
                 if measuring:

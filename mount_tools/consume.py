@@ -122,16 +122,8 @@ class _Cursor:
         )
         self.transactions = TransactionTracker() if read_committed else None
         if self.transactions is not None and position == log.log_end_offset:
-            position = self._last_stable_offset(self.transactions)
+            position = self.transactions.catch_up(log)
         self.position = position
-
-    def _last_stable_offset(self, transactions: TransactionTracker) -> int:
-        """Take in the batches appended since the last look; the last stable offset of what was
-        read (not of the log end now: a writer may be appending)."""
-        log = self.log
-        start = max(transactions.next_offset, log.log_start_offset)
-        transactions.add_all((header, batch) for _, header, batch in log.batches(start))
-        return transactions.last_stable_offset(max(transactions.next_offset, log.log_start_offset))
 
     def rendered(self, room: Callable[[], int | None]) -> Iterator[tuple[bytes, int]]:
         """The lines of the records from the position to the log end, a batch at a time, with how
@@ -141,7 +133,7 @@ class _Cursor:
         log = self.log
         self.position = max(self.position, log.log_start_offset)
         transactions = self.transactions
-        stop = log.log_end_offset if transactions is None else self._last_stable_offset(transactions)
+        stop = log.log_end_offset if transactions is None else transactions.catch_up(log)
         if self.position >= stop:
             return
         for segment, header, batch in log.batches(self.position, stop):

@@ -179,17 +179,10 @@ class StableOffsets:
     def __init__(self) -> None:
         self._trackers: dict[TopicPartition, TransactionTracker] = {}
 
-    def _tracker(self, log: PartitionLog) -> TransactionTracker:
-        tracker = self._trackers.setdefault((log.topic, log.partition), TransactionTracker())
-        start = max(tracker.next_offset, log.log_start_offset)
-        tracker.add_all((header, batch) for _, header, batch in log.batches(start))
-        return tracker
-
     def last_stable_offset(self, log: PartitionLog) -> int:
         """The partition's last stable offset now (of what was read: not past a batch appended
         after the look)."""
-        tracker = self._tracker(log)
-        return tracker.last_stable_offset(max(tracker.next_offset, log.log_start_offset))
+        return self._trackers.setdefault((log.topic, log.partition), TransactionTracker()).catch_up(log)
 
     def with_aborted(self, slices: Iterable[SegmentSlice]) -> list[SegmentSlice]:
         """`slices`, each with the aborted transactions that overlap its offsets."""
