@@ -103,12 +103,10 @@ class TopicDir(Directory):
         )
 
 
-class ViewsDir(PartitionNode, Directory):
-    """A directory of a partition's views at one isolation level: `records`, `records.jsonl`,
-    `by-offset/`, `by-time/`. `level` names the directory that holds them inside the
-    partition's ("" for the partition's own, at the mount's level)."""
-
-    VIEWS = ("records", "records.jsonl", "by-offset", "by-time")
+class _AtLevel(PartitionNode, Directory):
+    """A directory of a partition's views at one isolation level (`read_committed` or not).
+    `level` names the directory of that level inside the partition's ("" for the partition's
+    own views, at the mount's level)."""
 
     def __init__(
         self,
@@ -126,6 +124,12 @@ class ViewsDir(PartitionNode, Directory):
         self.read_committed = read_committed
         self.level = level
 
+
+class ViewsDir(_AtLevel):
+    """`records`, `records.jsonl`, `by-offset/`, `by-time/`: a partition's views at one level."""
+
+    VIEWS = ("records", "records.jsonl", "by-offset", "by-time")
+
     def children(self) -> list[tuple[str, Node]]:
         return [(name, self.child(name)) for name in self.VIEWS]
 
@@ -141,11 +145,11 @@ class ViewsDir(PartitionNode, Directory):
         kind = kinds.get(name)
         if kind is None:
             raise NoEntry(f"lookup {path}")
-        read_committed = self.read_committed
+        read_committed, level = self.read_committed, self.level
         return tree.intern(
-            (name, topic, partition, self.level),
+            (name, topic, partition, level),
             lambda inode, key: kind(
-                tree, inode, key, path, topic=topic, partition=partition, read_committed=read_committed
+                tree, inode, key, path, topic=topic, partition=partition, read_committed=read_committed, level=level
             ),
         )
 
@@ -266,22 +270,8 @@ class PartitionDir(ViewsDir):
         return entries
 
 
-class _LookupDir(PartitionNode, Directory):
+class _LookupDir(_AtLevel):
     """`by-offset/` or `by-time/`, of a partition's views at one isolation level."""
-
-    def __init__(
-        self,
-        tree: Tree,
-        inode: int,
-        key: tuple[object, ...],
-        path: str,
-        *,
-        topic: str,
-        partition: int,
-        read_committed: bool,
-    ) -> None:
-        super().__init__(tree, inode, key, path, topic=topic, partition=partition)
-        self.read_committed = read_committed
 
 
 class ByOffsetDir(_LookupDir):
