@@ -1,9 +1,9 @@
 """`seglogfs groups`: kafka-consumer-groups for a data dir, read from its `__consumer_offsets`.
 
-    seglogfs groups list DATADIR...
-    seglogfs groups describe DATADIR... [--group G] [--json]
+    seglogfs groups list DATADIR
+    seglogfs groups describe DATADIR [--group G] [--json]
 
-DATADIR is one log dir or several (as arguments, or separated by commas like `log.dirs`); every
+DATADIR is one log dir or several separated by commas (`log.dirs`), as for every command; every
 `__consumer_offsets-N` partition in them is replayed (engine.consumer_offsets): nothing is
 changed and no lock is taken, so it works beside a running broker or a mount.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
@@ -42,7 +41,15 @@ from seglogfs.engine.consumer_offsets import (
     GroupMember,
     read_consumer_groups,
 )
-from seglogfs.mount_tools.common import EPILOG, EXIT_OK, broker_config, now_ms, print_json, require_data_dirs
+from seglogfs.mount_tools.common import (
+    EPILOG,
+    EXIT_OK,
+    add_common,
+    broker_config,
+    now_ms,
+    print_json,
+    require_data_dirs,
+)
 
 ACTIONS = ("list", "describe")
 _HEADERS = (
@@ -67,28 +74,21 @@ def add_parser(commands: Any) -> None:
     actions = groups.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", help="print group ids, one a line", epilog=EPILOG)
-    _add_common(listing)
+    add_common(listing)
     listing.set_defaults(handler=cmd_list)
 
     describe = actions.add_parser(
         "describe", help="print groups' offsets, lag and members (kafka-consumer-groups --describe)", epilog=EPILOG
     )
-    _add_common(describe)
+    add_common(describe)
     describe.add_argument("--group", metavar="G", help="only this group (default: all)")
     describe.add_argument("--json", action="store_true", help="one JSON document")
     describe.set_defaults(handler=cmd_describe)
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("datadirs", nargs="+", metavar="DATADIR", help="log dir(s), also comma-separated (log.dirs)")
-    parser.add_argument("-c", dest="config", type=Path, metavar="server.properties", help="broker properties file")
-    parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a broker config setting (repeatable)")
-
-
 def _open(args: argparse.Namespace) -> DataDir:
     """The data dir named, opened read-only (no lock, nothing written); an error when it does
     not exist."""
-    args.datadir = ",".join(args.datadirs)
     config = broker_config(args)
     require_data_dirs(config)
     return DataDir.open(config, read_only=True, now_ms=now_ms())
