@@ -24,6 +24,7 @@ engine.datadir assembles the layers; it also turns cleanup off (`LogConfig.witho
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -191,11 +192,11 @@ class LogConfig:
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
 
-    @property
+    @functools.cached_property  # (read for every append)
     def timestamp_type(self) -> TimestampType:
         return TimestampType.from_config(self.message_timestamp_type)
 
-    @property
+    @functools.cached_property  # (read for every append)
     def max_segment_ms(self) -> int:
         """The time after which the active segment rolls: `segment.ms`, or `max.compaction.lag.ms`
         when that is shorter on a compacted topic, so no record waits in the uncleanable active

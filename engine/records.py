@@ -107,15 +107,26 @@ class TimestampType(enum.IntEnum):
 
     @property
     def display_name(self) -> str:
-        return {-1: "NoTimestampType", 0: "CreateTime", 1: "LogAppendTime"}[int(self)]
+        return _TIMESTAMP_TYPE_NAMES[self]
 
     @classmethod
     def from_config(cls, name: str) -> TimestampType:
         """`message.timestamp.type` value → type (`CreateTime` or `LogAppendTime`)."""
-        for member in (cls.CREATE_TIME, cls.LOG_APPEND_TIME):
-            if member.display_name == name:
-                return member
-        raise ValueError(f"expected CreateTime or LogAppendTime, got {name!r}")
+        member = _CONFIGURABLE_TIMESTAMP_TYPES.get(name)
+        if member is None:
+            raise ValueError(f"expected CreateTime or LogAppendTime, got {name!r}")
+        return member
+
+
+_TIMESTAMP_TYPE_NAMES = {
+    TimestampType.NO_TIMESTAMP_TYPE: "NoTimestampType",
+    TimestampType.CREATE_TIME: "CreateTime",
+    TimestampType.LOG_APPEND_TIME: "LogAppendTime",
+}
+_CONFIGURABLE_TIMESTAMP_TYPES = {
+    "CreateTime": TimestampType.CREATE_TIME,
+    "LogAppendTime": TimestampType.LOG_APPEND_TIME,
+}
 
 
 class ControlType(enum.IntEnum):
