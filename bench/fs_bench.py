@@ -16,6 +16,8 @@
     partitions  mount time and the mount process's memory with 1,000 partitions
     write-views write latency of one-line appends (p50) with 1 view looked up and with 1,000
                 (by-offset/N): the ratio should stay near 1
+    printf      `printf 'x\\n' >> MNT/t/0/append` in a shell loop, p50 per line, vs the same loop
+                appending to a plain file
     loop-block  the longest the mount's event loop was kept from running during a 1 GiB burst of
                 appends while a reader measures a view of the partition (the mount reports it)
 
@@ -384,6 +386,31 @@ def bench_write_views(root: Path, samples: int = 300, views: int = 1000) -> dict
     return {"views": views, "p50_ms_1_view": one, "p50_ms_1000_views": many, "ratio": many / one}
 
 
+def bench_printf(root: Path, lines: int = 2000) -> dict:
+    """`printf 'x\\n' >> append` in a shell loop (each line an open, a write and a close: one
+    one-record batch), p50 per line as the shell times it, against the same loop appending to a
+    file in the data dir's file system."""
+    script = (
+        'for ((i = 0; i < $2; i++)); do s=${EPOCHREALTIME/./}; printf "x\\n" >> "$1"; '
+        "e=${EPOCHREALTIME/./}; echo $((e - s)); done"
+    )
+
+    def p50_us(target: Path) -> float:
+        out = subprocess.run(["bash", "-c", script, "-", str(target), str(lines)], check=True, capture_output=True)
+        return statistics.median(int(line) for line in out.stdout.split())
+
+    plain_file = root / "printf-plain.txt"
+    with Mounted(root / "printf-data", root / "printf-mnt") as m:
+        os.mkdir(m.path / "t")
+        append = m.path / "t" / "0" / "append"
+        plain, mounted = p50_us(plain_file), p50_us(append)
+        written = (m.path / "t" / "0" / "records").read_bytes().count(b"\n")
+    plain_file.unlink()
+    if written != lines:
+        raise RuntimeError(f"printf: {written} records after {lines} lines")
+    return {"lines": lines, "p50_ms": mounted / 1000, "p50_ms_plain_file": plain / 1000, "ratio": mounted / plain}
+
+
 def bench_loop_block(root: Path, total: int) -> dict:
     lines = root / "burst.txt"
     with open(lines, "wb") as out:
@@ -436,6 +463,7 @@ def main() -> None:
         "follow": lambda: bench_follow(root),
         "partitions": lambda: bench_partitions(root),
         "write-views": lambda: bench_write_views(root),
+        "printf": lambda: bench_printf(root),
         "loop-block": lambda: bench_loop_block(root, total),
         "by-offset": lambda: bench_by_offset(root, int(args.big_gib * (1 << 30))),
     }

@@ -715,6 +715,24 @@ class LogSegment:
             or not self.can_convert_to_relative_offset(params.max_offset_in_messages)
         )
 
+    def appends_in_memory(self, most_bytes: int, last_offset: int, now_ms: int, max_bytes: int, max_ms: int) -> bool:
+        """Whether an append of at most `most_bytes` of batches timestamped `now_ms`, up to offset
+        `last_offset`, is a write to the page cache and nothing more: no roll by any rule
+        (`max_bytes`: `segment.bytes`; `max_ms`: the log's `max_segment_ms`), and no file or
+        index to open or read first. For an event loop, which must not wait on a disk."""
+        if self._handle is None or not self._indexes_ready or self._closed:
+            return False
+        if self._size and (self._rolling_based_timestamp is None or self._max_timestamp_so_far is None):
+            return False
+        offset_index, time_index = self._offset_index, self._time_index
+        if offset_index is None or time_index is None or offset_index.is_full or time_index.is_full:
+            return False
+        return (
+            self._size <= max_bytes - most_bytes
+            and (self._size == 0 or self.time_waited_for_roll(now_ms, now_ms) <= max_ms - self.roll_jitter_ms)
+            and self.can_convert_to_relative_offset(last_offset)
+        )
+
     def can_convert_to_relative_offset(self, offset: int) -> bool:
         return 0 <= offset - self.base_offset <= _INT32_MAX
 

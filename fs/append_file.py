@@ -20,11 +20,18 @@ from typing import TYPE_CHECKING
 from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError
 from seglogfs.engine.partitioner import RoundRobin
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES, LineSplitter, Producer
+from seglogfs.engine.records import BATCH_OVERHEAD_BYTES
 from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, PartitionNode, Refused
 
 if TYPE_CHECKING:
     from seglogfs.engine.log import PartitionLog
     from seglogfs.fs.tree import Tree
+
+
+QUICK_WRITE_BYTES = 4096  # a write at most this long may be appended on the loop (AppendHandle.write_now)
+# The most a record adds to its line's bytes: attributes, and varints of its length, timestamp
+# delta, offset delta, key length, value length and header count.
+RECORD_OVERHEAD_BYTES = 1 + 5 + 10 + 5 + 5 + 5 + 5
 
 
 class WriteOnlyFile(Node):
@@ -97,11 +104,37 @@ class AppendHandle(Handle):
         self.producer = producer
         max_line_bytes = max(log.config.max_message_bytes for log in producer.logs)
         self.lines = LineSplitter(max_line_bytes, node.path)
+        self.jsonl = node.jsonl
         self._lock = threading.Lock()
 
     def write(self, position: int, data: bytes) -> Changes:
         with self._lock:
             return self.lines.feed(data, self._send)
+
+    def write_now(self, position: int, data: bytes) -> Changes | None:
+        """A small write of plain lines (`echo x >> append`) on the loop, when every partition
+        it may go to takes it as a write to the page cache now (PartitionLog
+        .lock_for_quick_append): a worker thread's round trip costs several times the append.
+        Not for JSON Lines, whose records carry their own timestamps (which may roll)."""
+        if self.jsonl or len(data) > QUICK_WRITE_BYTES or not self._lock.acquire(blocking=False):
+            return None
+        held: list[PartitionLog] = []
+        try:
+            records = data.count(b"\n")  # (the lines this write ends; a batch each at most)
+            # A line's bytes take at most three times as many in its record (parsed headers:
+            # two length varints for as little as `k:,`), plus the record's and its batch's own.
+            line_bytes = self.lines.pending_bytes + len(data)
+            most_bytes = 3 * line_bytes + records * (BATCH_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES)
+            now_ms = self.node.tree.clock()
+            for log in self.producer.logs:
+                if not log.lock_for_quick_append(most_bytes, records, now_ms):
+                    return None
+                held.append(log)
+            return self.lines.feed(data, self._send)
+        finally:
+            for log in held:
+                log.lock.release()
+            self._lock.release()
 
     def flush(self) -> Changes:
         # A trailing partial line is a record once the file is closed.

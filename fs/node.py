@@ -110,6 +110,10 @@ class Handle:
     def write(self, position: int, data: bytes) -> Changes:
         raise Refused(errno.EBADF, f"write {self.node.path}")
 
+    def write_now(self, position: int, data: bytes) -> Changes | None:
+        """`write` when it needs neither the disk nor another thread (on the loop), else None."""
+        return None
+
     def truncate(self, size: int) -> None:
         """`ftruncate` of a descriptor of the handle."""
         self.node.truncate(size)

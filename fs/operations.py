@@ -364,7 +364,12 @@ class Operations(pyfuse3.Operations):
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self.requests["write"] += 1
         handle = self._handle(fh)
-        changes = await self._run(lambda: handle.write(off, buf), f"write {handle.node.path}")
+        with _errors(f"write {handle.node.path}"):
+            changes = handle.write_now(off, buf)
+        if changes is None:
+            changes = await self._run(lambda: handle.write(off, buf), f"write {handle.node.path}")
+        else:
+            self.requests["write_now"] += 1
         await self._tell_kernel(changes)
         return len(buf)
 

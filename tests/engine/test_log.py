@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -616,3 +617,41 @@ def test_sizes_are_capped_where_kafka_types_them_as_int() -> None:
 
     with pytest.raises(ConfigError, match="above the maximum of 2147483647"):
         BrokerConfig.load(overrides=["log.segment.bytes=5000000000"], log_dirs=[Path("/x")])
+
+
+def test_lock_for_quick_append_only_for_a_page_cache_write(part_dir: Path) -> None:
+    """An event loop may append only when the append writes to the page cache and nothing more:
+    the lock free, no roll due by size or time, no flush due (the mount's test counts which
+    appends were quick)."""
+    log = make_log(part_dir, segment_bytes=1000, segment_ms=60_000)
+    log.append_records([b"first"], now_ms=NOW_MS)
+    assert log.lock_for_quick_append(100, 1, NOW_MS)
+    try:  # the caller holds the lock: its append goes through
+        log.append_records([b"quick"], now_ms=NOW_MS)
+    finally:
+        log.lock.release()
+    assert not log.lock_for_quick_append(1000, 1, NOW_MS), "would roll by size"
+    assert not log.lock_for_quick_append(100, 1, NOW_MS + 60_001), "would roll by time"
+    holder, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with log.lock:
+            holder.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holder.wait(10)
+    try:
+        assert not log.lock_for_quick_append(100, 1, NOW_MS), "another thread holds the lock"
+    finally:
+        release.set()
+        thread.join()
+    assert log.lock_for_quick_append(100, 1, NOW_MS)
+    log.lock.release()
+    assert values_of(log) == [b"first", b"quick"]
+    log.close()
+    flushing = make_log(part_dir.parent / "t-1", flush_messages=2)
+    flushing.append_records([b"one"], now_ms=NOW_MS)
+    assert not flushing.lock_for_quick_append(100, 1, NOW_MS), "would flush (flush.messages)"
+    flushing.close()

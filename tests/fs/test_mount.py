@@ -384,6 +384,28 @@ def test_cat_moves_a_megabyte_a_request(mount, tmp_path: Path) -> None:
     assert reads <= os.stat(segment).st_size // (1 << 20) + 2, f"{reads} read requests"
 
 
+def test_one_line_appends_are_served_on_the_loop_unless_they_roll(mount) -> None:
+    """`printf … >> append` appends on the event loop when the append is only a write to the
+    page cache; one that rolls the segment (files created, the old one flushed) goes to a worker
+    thread. Either way every line is a record, in order."""
+    m: Mount = mount(None, "--override", "log.segment.bytes=700")
+    os.mkdir(m.path / "t")
+    append = m.path / "t" / "0" / "append"
+    lines = 120
+    before = m.requests()
+    sh(f"for i in $(seq {lines}); do printf 'line-%03d\\n' $i >> {append}; done")
+    after = m.requests()
+    expected = b"".join(b"line-%03d\n" % i for i in range(1, lines + 1))
+    assert (m.path / "t" / "0" / "records").read_bytes() == expected
+    segments = len(list((m.path / ".logdir" / "t-0").glob("*.log")))
+    on_loop = after["write_now"] - before.get("write_now", 0)
+    writes = after["write"] - before.get("write", 0)
+    assert writes == lines and segments > 8
+    # Each roll, and the first append to each new segment (its files not open yet), go to a
+    # worker thread; every other line is appended on the loop.
+    assert lines - 2 * segments - 2 <= on_loop <= lines - segments + 1, (on_loop, segments)
+
+
 def test_a_mount_point_given_as_a_data_dir_is_refused_in_one_line(mount, tmp_path: Path) -> None:
     """Commands that take a DATADIR refuse a seglogfs mount point (it holds topics as
     directories, not Kafka's layout: `check` would find nothing and call that clean), naming the
