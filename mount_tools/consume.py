@@ -40,7 +40,10 @@ from typing import BinaryIO
 from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
+from seglogfs.engine.read_ahead import read_ahead
+from seglogfs.engine.records import BatchHeader
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.timestamps import parse_timestamp
 from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED, TransactionTracker
 from seglogfs.mount_tools.common import (
@@ -136,7 +139,7 @@ class _Cursor:
         stop = log.log_end_offset if transactions is None else transactions.catch_up(log)
         if self.position >= stop:
             return
-        for segment, header, batch in log.batches(self.position, stop):
+        for segment, header, batch in read_ahead(log.batches(self.position, stop), _batch_bytes):
             left = room()
             if left is not None and left <= 0:
                 return
@@ -149,6 +152,10 @@ class _Cursor:
                 raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
             self.position = header.last_offset + 1  # (cut short by `room` only when the consumer ends)
             yield lines, records
+
+
+def _batch_bytes(item: tuple[LogSegment, BatchHeader, memoryview]) -> int:
+    return len(item[2])
 
 
 class _Consumer:
