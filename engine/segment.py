@@ -58,6 +58,7 @@ import contextlib
 import errno
 import mmap
 import os
+import queue
 import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -444,7 +445,7 @@ class LogSegment:
         try:
             if not nowait and end - position > _READ_CHUNK_BYTES:
                 # A long scan: the kernel reads ahead of it from the disk while it works.
-                os.posix_fadvise(handle, position, end - position, os.POSIX_FADV_WILLNEED)
+                _ADVICE.read_ahead(handle, position, end - position)
             while position + MIN_ENTRY_BYTES <= end:
                 if nowait:
                     view = memoryview(read_cached(handle, position, end - position))
@@ -1154,6 +1155,44 @@ def read_cached(fd: int, position: int, length: int) -> bytearray:
             raise BlockingIOError(errno.EAGAIN, "partly in the page cache")
         del buffer[read:]
     return buffer
+
+
+class _ReadAheadAdvice:
+    """Asks the kernel to read ranges of files into the page cache (POSIX_FADV_WILLNEED) from a
+    thread of its own. The call allocates the pages and queues their reads itself, which for a
+    segment of a GiB takes a good part of the time the disk takes to read it; the scan that asked
+    goes on meanwhile, and finds the pages coming in."""
+
+    def __init__(self) -> None:
+        self._ranges: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def read_ahead(self, fd: int, position: int, length: int) -> None:
+        """Read `length` bytes of `fd` from `position` ahead (a descriptor of its own: `fd` may be
+        closed before the advice is given)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._advise, name="read-ahead advice", daemon=True)
+                self._thread.start()
+        try:
+            own = os.dup(fd)
+        except OSError:  # (EMFILE) advice only: the scan reads what it needs either way
+            return
+        self._ranges.put((own, position, length))
+
+    def _advise(self) -> None:
+        while True:
+            fd, position, length = self._ranges.get()
+            try:
+                os.posix_fadvise(fd, position, length, os.POSIX_FADV_WILLNEED)
+            except OSError:  # advice only: the scan reads what it needs either way
+                pass
+            finally:
+                os.close(fd)
+
+
+_ADVICE = _ReadAheadAdvice()
 
 
 def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:

@@ -8,8 +8,10 @@ offset × 10; `batch()` below builds the same in v2. Where the engine differs fr
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pytest
 from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError
 from seglogfs.engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
-from seglogfs.engine.segment import FetchSlice, LogSegment, RollParams, read_cached
+from seglogfs.engine.segment import FetchSlice, LogSegment, RollParams, _ReadAheadAdvice, read_cached
 from tests.conftest import NOW_MS
 
 INT32_MAX = 2**31 - 1
@@ -559,5 +561,33 @@ def test_read_cached_reads_only_what_the_os_holds_in_memory(tmp_path: Path) -> N
         assert data == (bytes(range(256)) * 64)[4096:4196]
         assert read_cached(fd, 16380, 100) == bytes(range(252, 256))  # short at the end
         assert read_cached(fd, 20000, 10) == b""
+    finally:
+        os.close(fd)
+
+
+def test_read_ahead_advice_has_its_own_descriptor_and_gives_up_quietly(tmp_path: Path, monkeypatch) -> None:
+    """A long scan asks a thread of its own to read the file ahead: through a descriptor of its
+    own (the scan's may be closed first), closed once the advice is given; with no descriptor
+    to be had (EMFILE) there is no advice, and no error."""
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(1 << 20))
+    open_before = len(os.listdir("/proc/self/fd"))
+    advice = _ReadAheadAdvice()
+    for _ in range(20):
+        fd = os.open(path, os.O_RDONLY)
+        advice.read_ahead(fd, 0, 1 << 20)
+        os.close(fd)
+    deadline = time.monotonic() + 10
+    while len(os.listdir("/proc/self/fd")) > open_before:
+        assert time.monotonic() < deadline, "the advice thread keeps its descriptors"
+        time.sleep(0.01)
+
+    def no_descriptor(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "dup", no_descriptor)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        advice.read_ahead(fd, 0, 1 << 20)
     finally:
         os.close(fd)
