@@ -673,6 +673,33 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* -- lengths of a list's byte strings -------------------------------------------------------------- */
+/* blob_lengths(blobs, out): out[i] = len(blobs[i]), 0 for None (the sizes a batch split weighs). */
+static PyObject *blob_lengths(PyObject *self, PyObject *args) {
+    PyObject *blobs;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "O!w*", &PyList_Type, &blobs, &out)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(blobs);
+    if (out.len < n * 8) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError, "blob_lengths: the output holds fewer int64 than the list has items");
+        return NULL;
+    }
+    int64_t *length = (int64_t *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(blobs, i);
+        if (PyBytes_CheckExact(item)) length[i] = PyBytes_GET_SIZE(item);
+        else if (item == Py_None) length[i] = 0;
+        else {
+            Py_ssize_t size = PyObject_Size(item);
+            if (size < 0) { PyBuffer_Release(&out); return NULL; }
+            length[i] = size;
+        }
+    }
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+}
+
 /* -- the default partitioner's hash ------------------------------------------------------------ */
 static int32_t murmur2_of(const uint8_t *data, int64_t length) {
     const uint32_t m = 0x5bd1e995u;
@@ -858,6 +885,7 @@ static PyMethodDef methods[] = {
      "timestamp_delta, batch_firsts, ends) -> bytes (see the module)."},
     {"gather", gather, METH_VARARGS,
      "gather(section, starts, lengths, out, out_offsets): blobs into Arrow binary buffers (see the module)."},
+    {"blob_lengths", blob_lengths, METH_VARARGS, "blob_lengths(blobs, out): out[i] = len(blobs[i]), 0 for None."},
     {"murmur2", murmur2, METH_VARARGS,
      "murmur2(data, starts, lengths, out): Kafka's murmur2 of each blob, signed, into out (int64)."},
     {"record_fields", record_fields, METH_VARARGS,

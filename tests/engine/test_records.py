@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from seglogfs.engine import varint
+from seglogfs.engine import _core, varint
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.records import (
     BatchHeader,
@@ -217,3 +218,16 @@ def test_segments_written_by_the_engine_parse_and_index_by_kafkas_rules(tmp_path
         for suffix, data in written.items():
             assert (rebuilt_dir / path.name).with_suffix(suffix).read_bytes() == data, f"{path.name} {suffix}"
     assert decoded == expected
+
+
+def test_blob_lengths_are_len_and_zero_for_none() -> None:
+    """The core's lengths of an append's values (what the batch split weighs) are len() of each,
+    0 for a null; an item with no length is a TypeError, not a wrong size."""
+    blobs = [b"", b"abc", None, bytearray(b"12345"), memoryview(b"xy"), b"\x00" * 70_000]
+    out = np.full(len(blobs), -7, np.int64)
+    _core.blob_lengths(blobs, out)
+    assert out.tolist() == [0, 3, 0, 5, 2, 70_000]
+    with pytest.raises(TypeError):
+        _core.blob_lengths([b"a", 5], np.empty(2, np.int64))
+    with pytest.raises(ValueError, match="fewer int64"):
+        _core.blob_lengths([b"a", b"b"], np.empty(1, np.int64))
