@@ -517,17 +517,14 @@ class PartitionLog:
     def _appended_locked(self, headers: list[BatchHeader], size: int, now_ms: int) -> AppendInfo:
         """After batches were appended: count them towards `flush.messages`, flush if due, and
         say what was appended."""
-        records = sum(h.records_count for h in headers)
+        first, last = headers[0], headers[-1]
+        if first is last:  # (one batch: `echo >> append`, a batch at a time)
+            records, max_timestamp = first.records_count, first.max_timestamp
+        else:
+            records, max_timestamp = sum(h.records_count for h in headers), max(h.max_timestamp for h in headers)
         self._unflushed_records += records
         self._maybe_flush_locked(now_ms)
-        return AppendInfo(
-            first_offset=headers[0].base_offset,
-            last_offset=headers[-1].last_offset,
-            records=records,
-            batches=len(headers),
-            bytes=size,
-            max_timestamp=max(h.max_timestamp for h in headers),
-        )
+        return AppendInfo(first.base_offset, last.last_offset, records, len(headers), size, max_timestamp)
 
     def _maybe_roll(self, messages_bytes: int, header: BatchHeader, now_ms: int) -> LogSegment:
         segment = self.active_segment

@@ -1196,7 +1196,11 @@ _ADVICE = _ReadAheadAdvice()
 
 
 def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:
-    view = memoryview(data)
+    written = os.pwrite(fd, data, position)
+    if written == len(data):  # (short writes are rare: a signal, a full disk's last bytes)
+        return
+    view = memoryview(data)[written:]
+    position += written
     while view:
         written = os.pwrite(fd, view, position)
         view = view[written:]
