@@ -25,14 +25,18 @@
  *     string when the bytes are UTF-8 (strictly, as Python decodes), `null`, else
  *     {"base64":"..."}. Into `out` (int64). The GIL is released while it scans.
  *
- * render_text(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths,
- *             timestamp_label, partition_field, print_offset, print_key, print_value, separator,
- *             line_end, null, ends)
- *     Records as kafka-console-consumer prints them, a line each: the fields shown, in its order
- *     — `timestamp_label` and the timestamp (label None: not shown), `partition_field` (None:
- *     not shown), "Offset:" and the offset, the key, the value (`null` for a null one) — joined
- *     by `separator`, each line ended by `line_end`. Columns are int64 buffers of one length;
- *     each line's end position goes into `ends`. The GIL is released while it writes.
+ * render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
+ *                     timestamp_label, partition_field, print_offset, print_key, print_value,
+ *                     separator, line_end, null, offsets, ends) -> (bytes, n)
+ *     The records of a batch with offsets >= `min_offset`, straight from its uncompressed
+ *     records section (walked as record_fields walks it; no columns are made), as
+ *     kafka-console-consumer prints them, a line each: the fields shown, in its order —
+ *     `timestamp_label` and the timestamp (label None: not shown; `log_append_time`, when not
+ *     None, is every record's), `partition_field` (None: not shown), "Offset:" and the offset,
+ *     the key, the value (`null` for a null one) — joined by `separator`, each line ended by
+ *     `line_end`. The n records' offsets and line ends go into `offsets` and `ends` (int64
+ *     buffers of `count`). ValueError as record_fields raises it. The GIL is released while it
+ *     walks and writes.
  *
  * render_json(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths,
  *             prefix, timestamp_type, ends)
@@ -772,100 +776,150 @@ typedef struct {
     int print_offset, print_key, print_value;
 } text_args_t;
 
-static PyObject *render_text(PyObject *self, PyObject *args) {
-    text_args_t a;
-    memset(&a, 0, sizeof a);
-    PyObject *label_obj, *partition_obj;
-    Py_buffer ends;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*OOpppy*y*y*w*", &a.section, &a.offsets, &a.timestamps, &a.key_starts,
-                          &a.key_lengths, &a.value_starts, &a.value_lengths, &label_obj, &partition_obj, &a.print_offset,
-                          &a.print_key, &a.print_value, &a.separator, &a.line_end, &a.null, &ends))
-        return NULL;
-    PyObject *result = NULL;
-    int have_label = label_obj != Py_None, have_partition = partition_obj != Py_None;
-    if (have_label && PyObject_GetBuffer(label_obj, &a.timestamp_label, PyBUF_SIMPLE) < 0) goto done;
-    if (have_partition && PyObject_GetBuffer(partition_obj, &a.partition_field, PyBUF_SIMPLE) < 0) goto done;
-    Py_ssize_t n = a.offsets.len / 8;
-    if (a.timestamps.len < n * 8 || a.key_starts.len < n * 8 || a.key_lengths.len < n * 8 ||
-        a.value_starts.len < n * 8 || a.value_lengths.len < n * 8 || ends.len < n * 8) {
-        PyErr_SetString(PyExc_ValueError, "render_text: columns of different lengths");
-        goto done;
-    }
-    const int64_t *off = a.offsets.buf, *ts = a.timestamps.buf, *ks = a.key_starts.buf, *kl = a.key_lengths.buf,
-                  *vs = a.value_starts.buf, *vl = a.value_lengths.buf;
+/* The lines of rows [0, n) of the columns, `end[i]` where row i's line ends; NULL with an
+ * exception when a key or value lies outside the section. */
+static PyObject *text_lines(const text_args_t *a, int have_label, int have_partition, Py_ssize_t n, const int64_t *off,
+                            const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
+                            const int64_t *vl, int64_t *end) {
+    const uint8_t *section = a->section.buf;
+    Py_ssize_t section_len = a->section.len;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if ((kl[i] > 0 && (ks[i] < 0 || ks[i] > a.section.len - kl[i])) ||
-            (vl[i] > 0 && (vs[i] < 0 || vs[i] > a.section.len - vl[i]))) {
+        if ((kl[i] > 0 && (ks[i] < 0 || ks[i] > section_len - kl[i])) ||
+            (vl[i] > 0 && (vs[i] < 0 || vs[i] > section_len - vl[i]))) {
             PyErr_SetString(PyExc_ValueError, "render_text: a key or value lies outside the section");
-            goto done;
+            return NULL;
         }
     }
-    int fields = have_label + have_partition + a.print_offset + a.print_key + a.print_value;
-    Py_ssize_t separators = fields > 1 ? (fields - 1) * a.separator.len : 0;
+    int fields = have_label + have_partition + a->print_offset + a->print_key + a->print_value;
+    Py_ssize_t separators = fields > 1 ? (fields - 1) * a->separator.len : 0;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t size = separators + a.line_end.len;
-        if (have_label) size += a.timestamp_label.len + decimal_size(ts[i]);
-        if (have_partition) size += a.partition_field.len;
-        if (a.print_offset) size += 7 + decimal_size(off[i]);
-        if (a.print_key) size += kl[i] < 0 ? a.null.len : kl[i];
-        if (a.print_value) size += vl[i] < 0 ? a.null.len : vl[i];
+        Py_ssize_t size = separators + a->line_end.len;
+        if (have_label) size += a->timestamp_label.len + decimal_size(ts[i]);
+        if (have_partition) size += a->partition_field.len;
+        if (a->print_offset) size += 7 + decimal_size(off[i]);
+        if (a->print_key) size += kl[i] < 0 ? a->null.len : kl[i];
+        if (a->print_value) size += vl[i] < 0 ? a->null.len : vl[i];
         total += size;
     }
-    result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL) goto done;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) return NULL;
     uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
-    int64_t *end = ends.buf;
     Py_BEGIN_ALLOW_THREADS
     uint8_t *at = base;
-    const uint8_t *section = a.section.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
         int first = 1;
-#define SEPARATE() do { if (!first) { memcpy(at, a.separator.buf, a.separator.len); at += a.separator.len; } first = 0; } while (0)
+#define SEPARATE() do { if (!first) { memcpy(at, a->separator.buf, a->separator.len); at += a->separator.len; } first = 0; } while (0)
         if (have_label) {
             SEPARATE();
-            memcpy(at, a.timestamp_label.buf, a.timestamp_label.len);
-            at = put_decimal(at + a.timestamp_label.len, ts[i]);
+            memcpy(at, a->timestamp_label.buf, a->timestamp_label.len);
+            at = put_decimal(at + a->timestamp_label.len, ts[i]);
         }
         if (have_partition) {
             SEPARATE();
-            memcpy(at, a.partition_field.buf, a.partition_field.len);
-            at += a.partition_field.len;
+            memcpy(at, a->partition_field.buf, a->partition_field.len);
+            at += a->partition_field.len;
         }
-        if (a.print_offset) {
+        if (a->print_offset) {
             SEPARATE();
             memcpy(at, "Offset:", 7);
             at = put_decimal(at + 7, off[i]);
         }
-        if (a.print_key) {
+        if (a->print_key) {
             SEPARATE();
-            if (kl[i] < 0) { memcpy(at, a.null.buf, a.null.len); at += a.null.len; }
+            if (kl[i] < 0) { memcpy(at, a->null.buf, a->null.len); at += a->null.len; }
             else { memcpy(at, section + ks[i], kl[i]); at += kl[i]; }
         }
-        if (a.print_value) {
+        if (a->print_value) {
             SEPARATE();
-            if (vl[i] < 0) { memcpy(at, a.null.buf, a.null.len); at += a.null.len; }
+            if (vl[i] < 0) { memcpy(at, a->null.buf, a->null.len); at += a->null.len; }
             else { memcpy(at, section + vs[i], vl[i]); at += vl[i]; }
         }
 #undef SEPARATE
-        memcpy(at, a.line_end.buf, a.line_end.len);
-        at += a.line_end.len;
+        memcpy(at, a->line_end.buf, a->line_end.len);
+        at += a->line_end.len;
         end[i] = at - base;
     }
     Py_END_ALLOW_THREADS
+    return result;
+}
+
+static void release_text_args(text_args_t *a) {
+    PyBuffer_Release(&a->section);
+    if (a->offsets.obj) PyBuffer_Release(&a->offsets);
+    if (a->timestamps.obj) PyBuffer_Release(&a->timestamps);
+    if (a->key_starts.obj) PyBuffer_Release(&a->key_starts);
+    if (a->key_lengths.obj) PyBuffer_Release(&a->key_lengths);
+    if (a->value_starts.obj) PyBuffer_Release(&a->value_starts);
+    if (a->value_lengths.obj) PyBuffer_Release(&a->value_lengths);
+    if (a->timestamp_label.obj) PyBuffer_Release(&a->timestamp_label);
+    if (a->partition_field.obj) PyBuffer_Release(&a->partition_field);
+    PyBuffer_Release(&a->separator);
+    PyBuffer_Release(&a->line_end);
+    PyBuffer_Release(&a->null);
+}
+
+/* render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, partition,
+ *                     print_offset, print_key, print_value, separator, line_end, null, offsets, ends)
+ * -> (bytes, n): render_text of a batch's records with offsets >= min_offset, straight from its records
+ * section (walked here, as record_fields walks it: no columns made); offsets[i] and ends[i] of the n lines.
+ * `log_append_time`: None, or the time every record shows (a LogAppendTime batch). */
+static PyObject *render_text_section(PyObject *self, PyObject *args) {
+    text_args_t a;
+    memset(&a, 0, sizeof a);
+    Py_ssize_t count;
+    long long base_offset, base_timestamp, min_offset;
+    PyObject *append_time_obj, *label_obj, *partition_obj;
+    Py_buffer offsets, ends;
+    if (!PyArg_ParseTuple(args, "y*nLLOLOOpppy*y*y*w*w*", &a.section, &count, &base_offset, &base_timestamp,
+                          &append_time_obj, &min_offset, &label_obj, &partition_obj, &a.print_offset, &a.print_key,
+                          &a.print_value, &a.separator, &a.line_end, &a.null, &offsets, &ends))
+        return NULL;
+    PyObject *result = NULL, *lines = NULL;
+    int64_t *fields = NULL;
+    int have_label = label_obj != Py_None, have_partition = partition_obj != Py_None;
+    long long append_time = 0;
+    if (append_time_obj != Py_None) {
+        append_time = PyLong_AsLongLong(append_time_obj);
+        if (append_time == -1 && PyErr_Occurred()) goto done;
+    }
+    if (have_label && PyObject_GetBuffer(label_obj, &a.timestamp_label, PyBUF_SIMPLE) < 0) goto done;
+    if (have_partition && PyObject_GetBuffer(partition_obj, &a.partition_field, PyBUF_SIMPLE) < 0) goto done;
+    if (count < 0 || offsets.len < count * 8 || ends.len < count * 8) {
+        PyErr_SetString(PyExc_ValueError, "render_text_section: offsets and ends hold fewer than count int64");
+        goto done;
+    }
+    fields = PyMem_Malloc((size_t)(count ? count : 1) * FIELDS * sizeof(int64_t));
+    if (fields == NULL) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t bad = 0;
+    const char *why = NULL;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = walk((const uint8_t *)a.section.buf, a.section.len, count, fields, &bad, &why);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        if (bad == count) PyErr_Format(PyExc_ValueError, "%s of the batch", why);
+        else PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
+        goto done;
+    }
+    int64_t *timestamp_deltas = fields + count, *offset_deltas = fields + 2 * count;
+    Py_ssize_t first = 0;
+    while (first < count && base_offset + offset_deltas[first] < min_offset) first++;
+    Py_ssize_t n = count - first;
+    int64_t *off = offsets.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        off[i] = base_offset + offset_deltas[first + i];
+        /* the timestamps consumers see, in place of the deltas */
+        timestamp_deltas[first + i] = append_time_obj != Py_None ? append_time : base_timestamp + timestamp_deltas[first + i];
+    }
+    lines = text_lines(&a, have_label, have_partition, n, off, timestamp_deltas + first, fields + 3 * count + first,
+                       fields + 4 * count + first, fields + 5 * count + first, fields + 6 * count + first, ends.buf);
+    if (lines == NULL) goto done;
+    result = Py_BuildValue("(Nn)", lines, n);
 done:
-    PyBuffer_Release(&a.section);
-    PyBuffer_Release(&a.offsets);
-    PyBuffer_Release(&a.timestamps);
-    PyBuffer_Release(&a.key_starts);
-    PyBuffer_Release(&a.key_lengths);
-    PyBuffer_Release(&a.value_starts);
-    PyBuffer_Release(&a.value_lengths);
-    if (a.timestamp_label.obj) PyBuffer_Release(&a.timestamp_label);
-    if (a.partition_field.obj) PyBuffer_Release(&a.partition_field);
-    PyBuffer_Release(&a.separator);
-    PyBuffer_Release(&a.line_end);
-    PyBuffer_Release(&a.null);
+    PyMem_Free(fields);
+    release_text_args(&a);
+    PyBuffer_Release(&offsets);
     PyBuffer_Release(&ends);
     return result;
 }
@@ -874,10 +928,9 @@ static PyMethodDef methods[] = {
     {"render_json", render_json, METH_VARARGS,
      "render_json(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, prefix, "
      "timestamp_type, ends) -> bytes (see the module)."},
-    {"render_text", render_text, METH_VARARGS,
-     "render_text(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, "
-     "timestamp_label, partition_field, print_offset, print_key, print_value, separator, line_end, null, ends) "
-     "-> bytes (see the module)."},
+    {"render_text_section", render_text_section, METH_VARARGS,
+     "render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, "
+     "partition, print_offset, print_key, print_value, separator, line_end, null, offsets, ends) -> (bytes, n)"},
     {"json_text_sizes", json_text_sizes, METH_VARARGS,
      "json_text_sizes(section, starts, lengths, out): per blob, the UTF-8 length of its JSON text."},
     {"encode_columns", encode_columns, METH_VARARGS,

@@ -41,14 +41,13 @@ def encode_columns(
 def json_text_sizes(
     section: Buffer | np.ndarray, starts: Buffer | np.ndarray, lengths: Buffer | np.ndarray, out: Buffer | np.ndarray, /
 ) -> None: ...
-def render_text(
+def render_text_section(
     section: Buffer | np.ndarray,
-    offsets: np.ndarray,
-    timestamps: np.ndarray,
-    key_starts: np.ndarray,
-    key_lengths: np.ndarray,
-    value_starts: np.ndarray,
-    value_lengths: np.ndarray,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int | None,
+    min_offset: int,
     timestamp_label: bytes | None,
     partition_field: bytes | None,
     print_offset: bool,
@@ -57,9 +56,10 @@ def render_text(
     separator: bytes,
     line_end: bytes,
     null: bytes,
+    offsets: np.ndarray,
     ends: np.ndarray,
     /,
-) -> bytes: ...
+) -> tuple[bytes, int]: ...
 def render_json(
     section: Buffer | np.ndarray,
     offsets: np.ndarray,

@@ -18,7 +18,7 @@ from seglogfs.engine import _core
 from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.json_records import bytes_json_text, encode_json_string, record_to_json
-from seglogfs.engine.records import BatchHeader, decode_records
+from seglogfs.engine.records import BatchHeader, TimestampType, decode_records, records_section
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +37,7 @@ class RenderedBatch:
 
 
 _SMALL_BATCH_RECORDS = 8  # batches this small are decoded record by record (see TextRenderer)
+_ALL_OFFSETS = -(1 << 63)  # a min_offset below every record's
 _NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
@@ -55,11 +56,9 @@ class TextRenderer:
         fmt = self.text_format
         if self._record_at_a_time(header):
             return [fmt.render(r, self.partition) for r in decode_records(header, batch) if r.offset >= min_offset]
-        columns = record_columns(header, batch)
-        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        if first >= len(columns):
+        data, ends, _ = self._render_section(header, batch, min_offset)
+        if not len(ends):
             return []
-        data, ends = self._render_core(header, columns, first)
         starts = [0, *ends[:-1].tolist()]
         return [data[a:b] for a, b in zip(starts, ends.tolist(), strict=True)]
 
@@ -67,9 +66,7 @@ class TextRenderer:
         """`lines` joined."""
         if header.is_control or self._record_at_a_time(header):
             return b"".join(self.lines(header, batch, min_offset))
-        columns = record_columns(header, batch)
-        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        return self._render_columns(header, columns, first)
+        return self._render_section(header, batch, min_offset)[0]
 
     def render_some(
         self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int, room: int | None
@@ -78,11 +75,7 @@ class TextRenderer:
         if header.is_control or self._record_at_a_time(header):
             lines = self.lines(header, batch, min_offset)[:room]
             return b"".join(lines), len(lines)
-        columns = record_columns(header, batch)
-        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        if first >= len(columns):
-            return b"", 0
-        data, ends = self._render_core(header, columns, first)
+        data, ends, _ = self._render_section(header, batch, min_offset)
         return _first_lines(data, ends, room)
 
     def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
@@ -94,9 +87,8 @@ class TextRenderer:
             records = decode_records(header, batch)
             lines = [fmt.render(r, self.partition) for r in records]
             return RenderedBatch(b"".join(lines), np.array([r.offset for r in records], np.int64), _ends(lines))
-        columns = record_columns(header, batch)
-        data, ends = self._render_core(header, columns, 0)
-        return RenderedBatch(data, columns.offsets, ends)
+        data, ends, offsets = self._render_section(header, batch, _ALL_OFFSETS)
+        return RenderedBatch(data, offsets, ends)
 
     def measure(
         self, header: BatchHeader, batch: bytes | bytearray | memoryview, columns: RecordColumns | None = None
@@ -113,15 +105,23 @@ class TextRenderer:
         microseconds a batch, whatever its size: a batch of a few records decodes faster)."""
         return self.text_format.print_headers or header.records_count <= _SMALL_BATCH_RECORDS
 
-    def _render_columns(self, header: BatchHeader, columns: RecordColumns, first: int) -> bytes:
-        return self._render_core(header, columns, first)[0] if first < len(columns) else b""
-
-    def _render_core(self, header: BatchHeader, columns: RecordColumns, first: int) -> tuple[bytes, np.ndarray]:
-        """The lines of records `first`… rendered by the compiled core, and where each ends."""
+    def _render_section(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """The lines of the records with offsets ≥ `min_offset`, rendered by the compiled core
+        straight from the records section (no columns made: a batch costs one call), where each
+        ends, and their offsets. Raises ValueError when the records section is malformed."""
         fmt = self.text_format
-        ends = np.empty(len(columns) - first, np.int64)
-        data = _core.render_text(
-            *columns.from_record(first),
+        count = header.records_count
+        offsets = np.empty(count, np.int64)
+        ends = np.empty(count, np.int64)
+        data, rendered = _core.render_text_section(
+            records_section(header, batch),
+            count,
+            header.base_offset,
+            header.base_timestamp,
+            header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+            min_offset,
             header.timestamp_type.display_name.encode() + b":" if fmt.print_timestamp else None,
             b"Partition:%d" % self.partition if fmt.print_partition else None,
             fmt.print_offset,
@@ -130,9 +130,10 @@ class TextRenderer:
             fmt.key_separator,
             fmt.line_separator,
             fmt.null_literal,
+            offsets,
             ends,
         )
-        return data, ends
+        return data, ends[:rendered], offsets[:rendered]
 
     def _sizes(self, header: BatchHeader, columns: RecordColumns) -> np.ndarray:
         """The length of each record's line, from the columns alone."""

@@ -484,6 +484,33 @@ def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
     assert b"Traceback" not in result.stderr and b"internal error" not in result.stderr
 
 
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_consume_reports_undecodable_records_after_the_good_batches(tmp_path: Path, fmt: str) -> None:
+    """A batch whose CRC holds but whose records section does not parse (it claims a record more
+    than it holds) ends `consume` with status 1 and one line naming the file and the batch's
+    position, after the batches before it were printed."""
+    import struct
+
+    from seglogfs.engine.records import compute_crc
+
+    data = tmp_path / "data"
+    run("produce", str(data), "--topic", "t", stdin=b"".join(b"first-%d\n" % i for i in range(20)))
+    run("produce", str(data), "--topic", "t", stdin=b"".join(b"second-%d\n" % i for i in range(20)))
+    segment = data / "t-0" / "00000000000000000000.log"
+    content = bytearray(segment.read_bytes())
+    second = 12 + struct.unpack_from(">i", content, 8)[0]  # where the second batch starts
+    struct.pack_into(">i", content, second + 57, 21)  # 21 records claimed, 20 held; CRC made to match
+    struct.pack_into(">I", content, second + 17, compute_crc(content[second:]))
+    segment.write_bytes(bytes(content))
+    result = run("consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt, check=False)
+    assert result.returncode == 1
+    assert result.stdout.count(b"first-") == 20 and b"second-" not in result.stdout
+    assert result.stderr.decode().splitlines() == [
+        f"seglogfs: {segment}: corrupt record batch at position {second}: undecodable records: "
+        "record 20: its length is not a varint"
+    ]
+
+
 def test_consume_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`consume | head -1` on a broker's partition: exit 0, nothing on stderr, as `cat` does (it
     said "corrupt record batch … Broken pipe" and exited 1: the write was inside the decoding's
