@@ -22,8 +22,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
-
+from seglogfs.engine import _core
 from seglogfs.engine.errors import EngineError
 
 PRODUCER_SNAPSHOT_VERSION = 1
@@ -66,7 +65,7 @@ def read_producer_snapshot(path: Path) -> list[ProducerSnapshotEntry]:
     version, stored_crc, count = _HEADER.unpack_from(data)
     if version != PRODUCER_SNAPSHOT_VERSION:
         raise CorruptSnapshotError(f"Snapshot contained an unknown file version {version}")
-    computed = crc32c.crc32c(data[6:])
+    computed = _core.crc32c(data[6:])
     if computed != stored_crc:
         raise CorruptSnapshotError(
             f"Snapshot is corrupt (CRC is no longer valid). Stored crc: {stored_crc}. Computed crc: {computed}"

@@ -50,7 +50,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import crc32c
 import numpy as np
 
 from seglogfs.engine import _core, legacy, varint
@@ -304,7 +303,7 @@ def legacy_header(header: BatchHeader, batch: bytes | bytearray | memoryview) ->
 
 def compute_crc(batch: bytes | bytearray | memoryview) -> int:
     """CRC-32C of a whole batch's covered bytes (attributes to end)."""
-    return int(crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    return int(_core.crc32c(memoryview(batch)[CRC_START:]))
 
 
 def is_legacy_message(batch: bytes | bytearray | memoryview) -> bool:
@@ -630,7 +629,7 @@ def _framed(
         producer.base_sequence,
         count,
     )
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    struct.pack_into(">I", batch, 17, _core.crc32c(memoryview(batch)[CRC_START:]))
     return batch
 
 
@@ -684,7 +683,7 @@ def _pack_header(
         header.base_sequence,
         count,
     )
-    struct.pack_into(">I", batch, 17, crc32c.crc32c(memoryview(batch)[CRC_START:]))
+    struct.pack_into(">I", batch, 17, _core.crc32c(memoryview(batch)[CRC_START:]))
 
 
 def set_log_append_time(batch: bytearray, timestamp_ms: int) -> None:
