@@ -79,6 +79,7 @@ MARK_BYTES = 32 * 1024
 MEASURE_DELAY_ENV = "SEGLOGFS_TEST_MEASURE_DELAY_MS"
 _MEASURE_DELAY_S = float(os.environ.get(MEASURE_DELAY_ENV, "0") or 0) / 1000
 _SLOW_MEASURE_S = 1.0  # a first measure longer than this is logged
+MEASURE_THREADS = 2  # threads measuring a partition's sealed segments at once (this machine kind's cores)
 
 
 class MeasureStopped(InterruptedError):
@@ -451,6 +452,7 @@ class Layout:
         self.measured = False  # set once a snapshot has measured every segment (the first look)
         self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
         self._progress = (0, 0)  # (segment bytes measured, segment bytes to measure), while measuring
+        self._progress_lock = threading.Lock()  # (the threads of one measure add to it)
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -564,7 +566,7 @@ class Layout:
         known = {layout.segment: (layout, start) for layout, start in zip(self._order, self._starts, strict=True)}
         if segments and segments[0] in known:
             self._front = known[segments[0]][1]  # retention: the first segment left keeps its place
-        order = []
+        order, unmeasured = [], []
         for i, segment in enumerate(segments):
             kept = known.pop(segment, None)
             if kept is not None:
@@ -578,8 +580,9 @@ class Layout:
                 if i == len(segments) - 1:
                     layout.sealed = False  # the last segment may grow
             if not layout.sealed and i < len(segments) - 1:
-                self._extend(layout, last=False)
+                unmeasured.append(layout)
             order.append(layout)
+        self._measure_sealed(unmeasured)
         if self._store is not None and self._store_directory is not None:
             bases = {segment.base_offset for segment in segments}
             for gone in known:
@@ -587,6 +590,39 @@ class Layout:
                     self._store.discard(self._store_directory, gone)
         self.generation += 1
         return order
+
+    def _measure_sealed(self, layouts: list[_SegmentLayout]) -> None:
+        """Measure segments that no longer grow, `MEASURE_THREADS` at once: this thread and
+        helpers it starts (which inherit its CPU priority: a background measure's stay low) each
+        take the next segment; the core releases the GIL while it walks and checks, so the
+        measure runs on both cores. The first error is raised here once every thread is done
+        (the others finish the segment they are on)."""
+        pending = iter(layouts)
+        taking = threading.Lock()
+        errors: list[BaseException] = []
+
+        def measure() -> None:
+            while not errors:
+                with taking:
+                    layout = next(pending, None)
+                if layout is None:
+                    return
+                try:
+                    self._extend(layout, last=False)
+                except BaseException as error:  # raised by the thread that started the measure
+                    errors.append(error)
+
+        helpers = [
+            threading.Thread(target=measure, name=f"measure {self.log.topic}-{self.log.partition}", daemon=True)
+            for _ in range(min(MEASURE_THREADS, len(layouts)) - 1)
+        ]
+        for helper in helpers:
+            helper.start()
+        measure()
+        for helper in helpers:
+            helper.join()
+        if errors:
+            raise errors[0]
 
     def _extend(self, layout: _SegmentLayout, *, last: bool) -> None:
         """Render what the segment gained since the last look (all of it, the first time); a
@@ -608,8 +644,9 @@ class Layout:
                 if _MEASURE_DELAY_S:
                     time.sleep(_MEASURE_DELAY_S)
                 if measuring:
-                    done, total = self._progress
-                    self._progress = (done + header.next_position - header.position, total)
+                    with self._progress_lock:
+                        done, total = self._progress
+                        self._progress = (done + header.next_position - header.position, total)
                 if sibling is None or companion is None:
                     self._note(layout, header, self._measure_batch(header, batch))
                     continue

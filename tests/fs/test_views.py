@@ -20,6 +20,7 @@ from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.json_records import record_to_json
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.segment import LogSegment, read_cached
+from seglogfs.fs import views
 from seglogfs.fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS
 
@@ -77,17 +78,22 @@ def test_view_bytes_equal_a_full_rendering(tmp_path_factory, batches, start, mar
 
 
 class CountingRenderer:
-    """A renderer that counts the batches it measures."""
+    """A renderer that counts the batches it measures, and on which threads (a measure's
+    threads share it)."""
 
     def __init__(self, renderer) -> None:
         self.renderer = renderer
         self.measured = 0
+        self.threads: set[int] = set()
+        self._lock = threading.Lock()
 
     def render_indexed(self, header, batch):
         return self.renderer.render_indexed(header, batch)
 
     def measure(self, header, batch, columns=None):
-        self.measured += 1
+        with self._lock:
+            self.measured += 1
+            self.threads.add(threading.get_ident())
         return self.renderer.measure(header, batch, columns)
 
 
@@ -321,6 +327,59 @@ def test_damaged_bytes_are_reported_by_the_worker_thread_read(tmp_path: Path) ->
     assert view.read_now(0, size) is None
     with pytest.raises(CorruptRecordError):
         view.read(0, size)
+    log.close()
+
+
+def test_sealed_segments_are_measured_on_two_threads(tmp_path: Path, monkeypatch) -> None:
+    """A first measure shares the sealed segments out between this thread and a helper (the core
+    releases the GIL): every batch is measured once and the view reads as a full rendering."""
+    monkeypatch.setattr(views, "_MEASURE_DELAY_S", 0.002)  # (each segment long enough to share out)
+    log = make_log(tmp_path / "t-0")
+    fill(log, 60)
+    assert len(log.segments) >= 4
+    text_format = TextFormat(print_offset=True)
+    counting = CountingRenderer(TextRenderer(text_format, 0))
+    view = View(Layout(log, counting, mark_bytes=64), 0)
+    expected = expected_text(log, 0, text_format)
+    assert view.size() == len(expected)
+    assert view.read(0, len(expected)) == expected
+    assert counting.measured == 60
+    assert len(counting.threads) == 2
+    log.close()
+
+
+def test_a_damaged_sealed_segment_fails_the_measure_after_the_others_are_kept(tmp_path: Path) -> None:
+    """A segment whose batch fails its CRC fails the first measure with that segment's file and
+    position, whichever thread measured it; the sealed segments measured meanwhile are kept in
+    the store, so a measure after the repair reads only the damaged one again."""
+    log = make_log(tmp_path / "t-0")
+    fill(log, 60)
+    log.flush()
+    segments = log.segments
+    assert len(segments) >= 4
+    damaged = segments[2]
+    with open(damaged.log_path, "r+b") as file:
+        file.seek(damaged.size - 3)
+        original = file.read(1)
+        file.seek(damaged.size - 3)
+        file.write(bytes([original[0] ^ 0xFF]))
+    store = LayoutStore(tmp_path / "cache")
+    layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64, store=store, format_key="text")
+    with pytest.raises(CorruptRecordError) as failed:
+        View(layout, 0).size()
+    assert str(damaged.log_path) in str(failed.value)
+    with open(damaged.log_path, "r+b") as file:
+        file.seek(damaged.size - 3)
+        file.write(original)
+    again = CountingRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, again, mark_bytes=64, store=store, format_key="text"), 0)
+    expected = expected_text(log, 0, TextFormat())
+    assert view.read(0, len(expected) + 1) == expected
+    kept = {segment.base_offset for segment in segments[:-1] if segment is not damaged}
+    stored = {int(path.name.split(".")[0]) for path in store.directory(log, "text").glob("*.layout")}
+    assert kept <= stored
+    batches_of = {segment.base_offset: len(list(segment.iter_batches())) for segment in segments}
+    assert again.measured <= batches_of[damaged.base_offset] + batches_of[segments[-1].base_offset]
     log.close()
 
 
