@@ -66,7 +66,7 @@ from seglogfs.engine.records import (
     set_log_append_time,
 )
 from seglogfs.engine.retention import RetentionDecision, segments_below_log_start, segments_to_delete
-from seglogfs.engine.segment import LogSegment, RollParams, TimestampAndOffset
+from seglogfs.engine.segment import LogSegment, TimestampAndOffset
 from seglogfs.engine.segments import LogSegments
 from seglogfs.engine.transaction_index import TransactionIndexBuilder
 
@@ -484,7 +484,8 @@ class PartitionLog:
                 with contextlib.suppress(OSError):  # the cut made durable: a failed write never reappears
                     self.active_segment.flush()
             raise
-        return self._appended_locked(headers, sum(len(b) for b in batches), now_ms)
+        size = len(batches[0]) if len(batches) == 1 else sum(map(len, batches))
+        return self._appended_locked(headers, size, now_ms)
 
     def _track_transaction_locked(
         self, segment: LogSegment, header: BatchHeader, batch: bytes | bytearray | memoryview
@@ -528,15 +529,15 @@ class PartitionLog:
 
     def _maybe_roll(self, messages_bytes: int, header: BatchHeader, now_ms: int) -> LogSegment:
         segment = self.active_segment
-        params = RollParams(
-            max_segment_bytes=self.config.segment_bytes,
-            max_segment_ms=self.config.max_segment_ms,
-            messages_bytes=messages_bytes,
-            max_timestamp_in_messages=header.max_timestamp,
-            max_offset_in_messages=header.last_offset,
-            now_ms=now_ms,
-        )
-        if segment.should_roll(params):
+        config = self.config
+        if segment.rolls_for(
+            messages_bytes,
+            header.max_timestamp,
+            header.last_offset,
+            now_ms,
+            config.segment_bytes,
+            config.max_segment_ms,
+        ):
             return self._roll_locked(header.base_offset, now_ms)
         return segment
 

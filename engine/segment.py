@@ -704,16 +704,26 @@ class LogSegment:
 
     def should_roll(self, params: RollParams) -> bool:
         """Kafka's four roll rules for an append of `params.messages_bytes` bytes."""
-        reached_roll_ms = (
-            self.time_waited_for_roll(params.now_ms, params.max_timestamp_in_messages)
-            > params.max_segment_ms - self.roll_jitter_ms
+        return self.rolls_for(
+            params.messages_bytes,
+            params.max_timestamp_in_messages,
+            params.max_offset_in_messages,
+            params.now_ms,
+            params.max_segment_bytes,
+            params.max_segment_ms,
         )
+
+    def rolls_for(  # noqa: PLR0917 (RollParams' fields, without an object made per append)
+        self, messages_bytes: int, max_timestamp: int, max_offset: int, now_ms: int, max_bytes: int, max_ms: int
+    ) -> bool:
+        """`should_roll` of RollParams(max_bytes, max_ms, messages_bytes, max_timestamp,
+        max_offset, now_ms)."""
         return (
-            self._size > params.max_segment_bytes - params.messages_bytes
-            or (self._size > 0 and reached_roll_ms)
+            self._size > max_bytes - messages_bytes
+            or (self._size > 0 and self.time_waited_for_roll(now_ms, max_timestamp) > max_ms - self.roll_jitter_ms)
             or self.offset_index.is_full
             or self.time_index.is_full
-            or not self.can_convert_to_relative_offset(params.max_offset_in_messages)
+            or not self.can_convert_to_relative_offset(max_offset)
         )
 
     def appends_in_memory(self, most_bytes: int, last_offset: int, now_ms: int, max_bytes: int, max_ms: int) -> bool:
@@ -766,7 +776,7 @@ class LogSegment:
         self._log_dirty = True
         try:
             _write_all(handle, data, physical_position)
-            self._index_appended(memoryview(data), headers, physical_position, max_so_far)
+            self._index_appended(data, headers, physical_position, max_so_far)
             # Published last: a reader bounded by the size never sees a batch that may be cut.
             self._size = physical_position + len(data)
         except BaseException as error:
@@ -838,12 +848,12 @@ class LogSegment:
         self._unlease()
 
     def _index_appended(
-        self, view: memoryview, headers: list[BatchHeader], physical_position: int, max_so_far: TimestampOffset
+        self, data: bytes | bytearray, headers: list[BatchHeader], physical_position: int, max_so_far: TimestampOffset
     ) -> None:
         offset_index, time_index = self.offset_index, self.time_index
         for header in headers:
             if header.max_timestamp > max_so_far.timestamp:
-                batch = view[header.position : header.next_position]
+                batch = memoryview(data)[header.position : header.next_position]
                 max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
             if self._bytes_since_last_index_entry > self.index_interval_bytes:
                 offset_index.append(header.last_offset, physical_position)
