@@ -851,6 +851,7 @@ class LogSegment:
         self, data: bytes | bytearray, headers: list[BatchHeader], physical_position: int, max_so_far: TimestampOffset
     ) -> None:
         offset_index, time_index = self.offset_index, self.time_index
+        before = max_so_far
         for header in headers:
             if header.max_timestamp > max_so_far.timestamp:
                 batch = memoryview(data)[header.position : header.next_position]
@@ -861,8 +862,9 @@ class LogSegment:
                 self._bytes_since_last_index_entry = 0
             physical_position += header.size_in_bytes
             self._bytes_since_last_index_entry += header.size_in_bytes
-        with self._index_lock:  # see max_timestamp_so_far
-            self._max_timestamp_so_far = max_so_far
+        if max_so_far is not before:
+            with self._index_lock:  # see max_timestamp_so_far
+                self._max_timestamp_so_far = max_so_far
 
     def _rebuild_indexes(self, *, truncate: bool) -> int:
         """Re-read every batch, check it and rebuild both indexes; with `truncate`, cut the log
