@@ -105,3 +105,18 @@ def test_json_lines_rendered_in_the_core_are_what_each_record_renders(
     start = base_offset + skip
     kept = [line for r, line in zip(decoded, oracle, strict=True) if r.offset >= start][:room]
     assert renderer.render_some(header, memoryview(batch), start, room) == (b"".join(kept), len(kept))
+
+
+def test_a_character_to_escape_at_every_place_of_the_core_s_blocks() -> None:
+    """The core copies sixteen (and eight) bytes at a time up to a byte it escapes: each escaped,
+    multi-byte or plain-but-high byte at every place of two blocks, alone and two together, is
+    rendered as `record_to_json` renders it."""
+    specials = [b'"', b"\\", b"\n", b"\x00", b"\x1f", b"\x7f", "é".encode(), "😀".encode(), b"\xff"]
+    values = [b"a" * place + special + b"b" * (40 - place) for special in specials for place in range(34)]
+    values += [b"c" * place + b'"\\' + b"d" * (33 - place) for place in range(34)]
+    batch = build_batch(values, keys=[value[::-1] for value in values], timestamps=1_763_800_000_000)
+    header = BatchHeader.parse(batch)
+    oracle = [(record_to_json(r, "t", 0) + "\n").encode() for r in decode_records(header, memoryview(batch))]
+    renderer = JsonLinesRenderer("t", 0)
+    assert renderer.render(header, memoryview(batch)) == b"".join(oracle)
+    assert renderer.measure(header, memoryview(batch)) == sum(map(len, oracle))
