@@ -16,9 +16,17 @@ import numpy as np
 
 from seglogfs.engine import _core
 from seglogfs.engine.columns import RecordColumns, record_columns
+from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.json_records import bytes_json_text, encode_json_string, record_to_json
-from seglogfs.engine.records import BatchHeader, TimestampType, decode_records, records_section
+from seglogfs.engine.records import (
+    BATCH_OVERHEAD_BYTES,
+    CURRENT_MAGIC,
+    BatchHeader,
+    TimestampType,
+    decode_records,
+    records_section,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +123,12 @@ class TextRenderer:
         count = header.records_count
         offsets = np.empty(count, np.int64)
         ends = np.empty(count, np.int64)
+        if header.magic == CURRENT_MAGIC and header.compression is CompressionType.NONE:
+            section: bytes | memoryview = memoryview(batch)[BATCH_OVERHEAD_BYTES:]  # (read in place, not copied)
+        else:
+            section = records_section(header, batch)
         data, rendered = _core.render_text_section(
-            records_section(header, batch),
+            section,
             count,
             header.base_offset,
             header.base_timestamp,
