@@ -453,6 +453,20 @@ static int64_t json_text_size(const uint8_t *data, int64_t length, int *valid) {
     int64_t size = 2;
     Py_ssize_t i = 0;
     while (i < length) {
+#ifdef __SSE2__
+        if (length - i >= 16) { /* sixteen ASCII bytes at a time, each '"' and '\\' counted */
+            const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), control = _mm_set1_epi8(0x1F);
+            __m128i x = _mm_loadu_si128((const __m128i *)(data + i));
+            unsigned odd = (unsigned)_mm_movemask_epi8(_mm_or_si128(x, _mm_cmpeq_epi8(_mm_max_epu8(x, control), control)));
+            if (!odd) {
+                unsigned marks =
+                    (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, backslash)));
+                size += 16 + __builtin_popcount(marks);
+                i += 16;
+                continue;
+            }
+        }
+#endif
         if (length - i >= 8) { /* eight ASCII bytes at a time, each '"' and '\\' counted */
             uint64_t w;
             memcpy(&w, data + i, 8);
