@@ -38,12 +38,15 @@
  *     buffers of `count`). ValueError as record_fields raises it. The GIL is released while it
  *     walks and writes.
  *
- * render_json(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths,
- *             prefix, timestamp_type, ends)
- *     Records without headers as JSON Lines (engine.json_records.record_to_json's format):
- *     `prefix` (the topic and partition part, up to "offset":), the offset, the timestamp, the
- *     timestamp type, key and value as `json_text_sizes` describes them, "headers":[] and a
- *     newline; each line's end position into `ends`. The GIL is released while it writes.
+ * render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
+ *                     prefix, timestamp_type, offsets, ends) -> (bytes, n) or None
+ *     A batch's records with offsets >= `min_offset` as JSON Lines (engine.json_records
+ *     .record_to_json's format), straight from its records section as render_text_section
+ *     renders text: `prefix` (the topic and partition part, up to "offset":), the offset, the
+ *     timestamp, the timestamp type, key and value as `json_text_sizes` describes them,
+ *     "headers":[] and a newline; the n records' offsets and line ends into `offsets` and
+ *     `ends`. None when one of those records has headers (the caller decodes them). The GIL is
+ *     released while it walks, measures and writes.
  *
  * gather(section, starts, lengths, out, out_offsets)
  *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
@@ -590,33 +593,22 @@ static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length, 
     return at;
 }
 
-static PyObject *render_json(PyObject *self, PyObject *args) {
-    Py_buffer section, offsets, timestamps, ks_buf, kl_buf, vs_buf, vl_buf, prefix, kind, ends;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*w*", &section, &offsets, &timestamps, &ks_buf, &kl_buf, &vs_buf,
-                          &vl_buf, &prefix, &kind, &ends))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n = offsets.len / 8;
-    const int64_t *off = offsets.buf, *ts = timestamps.buf, *ks = ks_buf.buf, *kl = kl_buf.buf, *vs = vs_buf.buf,
-                  *vl = vl_buf.buf;
-    int bad = timestamps.len < n * 8 || ks_buf.len < n * 8 || kl_buf.len < n * 8 || vs_buf.len < n * 8 ||
-              vl_buf.len < n * 8 || ends.len < n * 8;
-    for (Py_ssize_t i = 0; !bad && i < n; i++)
-        bad = (kl[i] > 0 && (ks[i] < 0 || ks[i] > section.len - kl[i])) ||
-              (vl[i] > 0 && (vs[i] < 0 || vs[i] > section.len - vl[i]));
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, "render_json: columns of different lengths, or a blob outside the section");
-        goto done;
-    }
+/* The JSON Lines of rows [0, n) of the columns, `end[i]` where row i's line ends; NULL with an
+ * exception when a key or value lies outside the section. */
+static PyObject *json_lines(const uint8_t *data, Py_ssize_t section_len, Py_ssize_t n, const int64_t *off,
+                            const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
+                            const int64_t *vl, const Py_buffer *prefix, const Py_buffer *kind, int64_t *end) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((kl[i] > 0 && (ks[i] < 0 || ks[i] > section_len - kl[i])) ||
+            (vl[i] > 0 && (vs[i] < 0 || vs[i] > section_len - vl[i]))) {
+            PyErr_SetString(PyExc_ValueError, "render_json: a key or value lies outside the section");
+            return NULL;
+        }
     static const char T1[] = ",\"timestamp\":", T2[] = ",\"timestampType\":\"", T3[] = "\",\"key\":",
                       T4[] = ",\"value\":", T5[] = ",\"headers\":[]}\n";
-    Py_ssize_t fixed = prefix.len + kind.len + (Py_ssize_t)(sizeof T1 + sizeof T2 + sizeof T3 + sizeof T4 + sizeof T5 - 5);
-    const uint8_t *data = section.buf;
+    Py_ssize_t fixed = prefix->len + kind->len + (Py_ssize_t)(sizeof T1 + sizeof T2 + sizeof T3 + sizeof T4 + sizeof T5 - 5);
     uint8_t *valid = PyMem_Malloc(n > 0 ? 2 * (size_t)n : 1); /* per record: key, value UTF-8 */
-    if (valid == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    if (valid == NULL) return PyErr_NoMemory();
     Py_ssize_t total = 0;
     Py_BEGIN_ALLOW_THREADS /* (the measure pass scans every byte too) */
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -628,22 +620,21 @@ static PyObject *render_json(PyObject *self, PyObject *args) {
         valid[2 * i + 1] = (uint8_t)value_valid;
     }
     Py_END_ALLOW_THREADS
-    result = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
     if (result == NULL) {
         PyMem_Free(valid);
-        goto done;
+        return NULL;
     }
     uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
-    int64_t *end = ends.buf;
     Py_BEGIN_ALLOW_THREADS
     uint8_t *at = base;
     for (Py_ssize_t i = 0; i < n; i++) {
-        memcpy(at, prefix.buf, prefix.len); at += prefix.len;
+        memcpy(at, prefix->buf, prefix->len); at += prefix->len;
         at = put_decimal(at, off[i]);
         memcpy(at, T1, sizeof T1 - 1); at += sizeof T1 - 1;
         at = put_decimal(at, ts[i]);
         memcpy(at, T2, sizeof T2 - 1); at += sizeof T2 - 1;
-        memcpy(at, kind.buf, kind.len); at += kind.len;
+        memcpy(at, kind->buf, kind->len); at += kind->len;
         memcpy(at, T3, sizeof T3 - 1); at += sizeof T3 - 1;
         at = put_json_text(at, data + (kl[i] > 0 ? ks[i] : 0), kl[i], valid[2 * i]);
         memcpy(at, T4, sizeof T4 - 1); at += sizeof T4 - 1;
@@ -653,16 +644,71 @@ static PyObject *render_json(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     PyMem_Free(valid);
+    return result;
+}
+
+/* render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, prefix,
+ *                     timestamp_type, offsets, ends) -> (bytes, n) or None
+ * The JSON Lines of a batch's records with offsets >= min_offset, straight from its records section, as
+ * render_text_section does for text; None when one of them has headers (rendered record by record). */
+static PyObject *render_json_section(PyObject *self, PyObject *args) {
+    Py_buffer section, prefix, kind, offsets, ends;
+    Py_ssize_t count;
+    long long base_offset, base_timestamp, min_offset;
+    PyObject *append_time_obj;
+    if (!PyArg_ParseTuple(args, "y*nLLOLy*y*w*w*", &section, &count, &base_offset, &base_timestamp, &append_time_obj,
+                          &min_offset, &prefix, &kind, &offsets, &ends))
+        return NULL;
+    PyObject *result = NULL, *lines = NULL;
+    int64_t *fields = NULL;
+    long long append_time = 0;
+    if (append_time_obj != Py_None) {
+        append_time = PyLong_AsLongLong(append_time_obj);
+        if (append_time == -1 && PyErr_Occurred()) goto done;
+    }
+    if (count < 0 || offsets.len < count * 8 || ends.len < count * 8) {
+        PyErr_SetString(PyExc_ValueError, "render_json_section: offsets and ends hold fewer than count int64");
+        goto done;
+    }
+    fields = PyMem_Malloc((size_t)(count ? count : 1) * FIELDS * sizeof(int64_t));
+    if (fields == NULL) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t bad = 0;
+    const char *why = NULL;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = walk((const uint8_t *)section.buf, section.len, count, fields, &bad, &why);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        if (bad == count) PyErr_Format(PyExc_ValueError, "%s of the batch", why);
+        else PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
+        goto done;
+    }
+    int64_t *timestamp_deltas = fields + count, *offset_deltas = fields + 2 * count, *header_counts = fields + 7 * count;
+    Py_ssize_t first = 0;
+    while (first < count && base_offset + offset_deltas[first] < min_offset) first++;
+    Py_ssize_t n = count - first;
+    for (Py_ssize_t i = first; i < count; i++)
+        if (header_counts[i]) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    int64_t *off = offsets.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        off[i] = base_offset + offset_deltas[first + i];
+        timestamp_deltas[first + i] = append_time_obj != Py_None ? append_time : base_timestamp + timestamp_deltas[first + i];
+    }
+    lines = json_lines(section.buf, section.len, n, off, timestamp_deltas + first, fields + 3 * count + first,
+                       fields + 4 * count + first, fields + 5 * count + first, fields + 6 * count + first, &prefix,
+                       &kind, ends.buf);
+    if (lines == NULL) goto done;
+    result = Py_BuildValue("(Nn)", lines, n);
 done:
+    PyMem_Free(fields);
     PyBuffer_Release(&section);
-    PyBuffer_Release(&offsets);
-    PyBuffer_Release(&timestamps);
-    PyBuffer_Release(&ks_buf);
-    PyBuffer_Release(&kl_buf);
-    PyBuffer_Release(&vs_buf);
-    PyBuffer_Release(&vl_buf);
     PyBuffer_Release(&prefix);
     PyBuffer_Release(&kind);
+    PyBuffer_Release(&offsets);
     PyBuffer_Release(&ends);
     return result;
 }
@@ -1124,9 +1170,9 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"render_json", render_json, METH_VARARGS,
-     "render_json(section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths, prefix, "
-     "timestamp_type, ends) -> bytes (see the module)."},
+    {"render_json_section", render_json_section, METH_VARARGS,
+     "render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, prefix, "
+     "timestamp_type, offsets, ends) -> (bytes, n), or None when a record has headers"},
     {"render_text_section", render_text_section, METH_VARARGS,
      "render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, "
      "partition, print_offset, print_key, print_value, separator, line_end, null, offsets, ends) -> (bytes, n)"},

@@ -60,19 +60,19 @@ def render_text_section(
     ends: np.ndarray,
     /,
 ) -> tuple[bytes, int]: ...
-def render_json(
+def render_json_section(
     section: Buffer | np.ndarray,
-    offsets: np.ndarray,
-    timestamps: np.ndarray,
-    key_starts: np.ndarray,
-    key_lengths: np.ndarray,
-    value_starts: np.ndarray,
-    value_lengths: np.ndarray,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int | None,
+    min_offset: int,
     prefix: bytes,
     timestamp_type: bytes,
+    offsets: np.ndarray,
     ends: np.ndarray,
     /,
-) -> bytes: ...
+) -> tuple[bytes, int] | None: ...
 def crc32c(data: Buffer | np.ndarray, /) -> int: ...
 def crc32c_without_hardware(data: Buffer | np.ndarray, /) -> int: ...
 def blob_lengths(blobs: list[bytes | bytearray | None], out: Buffer | np.ndarray, /) -> None: ...

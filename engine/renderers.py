@@ -123,12 +123,8 @@ class TextRenderer:
         count = header.records_count
         offsets = np.empty(count, np.int64)
         ends = np.empty(count, np.int64)
-        if header.magic == CURRENT_MAGIC and header.compression is CompressionType.NONE:
-            section: bytes | memoryview = memoryview(batch)[BATCH_OVERHEAD_BYTES:]  # (read in place, not copied)
-        else:
-            section = records_section(header, batch)
         data, rendered = _core.render_text_section(
-            section,
+            _records_in_place(header, batch),
             count,
             header.base_offset,
             header.base_timestamp,
@@ -230,37 +226,50 @@ class JsonLinesRenderer:
         rendered by the compiled core, but for records with headers."""
         if header.is_control:
             return b"", 0
-        columns = record_columns(header, batch)
-        if bool(columns.header_counts.any()):
+        rendered = self._render_section(header, batch, min_offset)
+        if rendered is None:  # records with headers: one at a time
             lines = self.lines(header, batch, min_offset)[:room]
             return ("\n".join(lines) + "\n").encode() if lines else b"", len(lines)
-        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
-        if first >= len(columns):
-            return b"", 0
-        data, ends = self._render_core(header, columns, first)
+        data, ends, _ = rendered
         return _first_lines(data, ends, room)
 
-    def _render_core(self, header: BatchHeader, columns: RecordColumns, first: int) -> tuple[bytes, np.ndarray]:
-        ends = np.empty(len(columns) - first, np.int64)
-        data = _core.render_json(
-            *columns.from_record(first),
+    def _render_section(
+        self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray] | None:
+        """The lines of the records with offsets ≥ `min_offset`, rendered by the compiled core
+        straight from the records section, where each ends, and their offsets; None when one of
+        them has headers. Raises ValueError when the records section is malformed."""
+        count = header.records_count
+        offsets = np.empty(count, np.int64)
+        ends = np.empty(count, np.int64)
+        rendered = _core.render_json_section(
+            _records_in_place(header, batch),
+            count,
+            header.base_offset,
+            header.base_timestamp,
+            header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+            min_offset,
             self._prefix_bytes,
             header.timestamp_type.display_name.encode(),
+            offsets,
             ends,
         )
-        return data, ends
+        if rendered is None:
+            return None
+        data, lines = rendered
+        return data, ends[:lines], offsets[:lines]
 
     def render_indexed(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> RenderedBatch:
         """`render` of the whole batch, with where each record's line ends."""
         if header.is_control:
             return _NO_RECORDS
-        columns = record_columns(header, batch)
-        if bool(columns.header_counts.any()):
+        rendered = self._render_section(header, batch, _ALL_OFFSETS)
+        if rendered is None:  # records with headers: one at a time
             lines, offsets = self._lines(header, batch, 0)
             encoded = [line.encode() + b"\n" for line in lines]
             return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
-        data, ends = self._render_core(header, columns, 0)
-        return RenderedBatch(data, columns.offsets, ends)
+        data, ends, offsets = rendered
+        return RenderedBatch(data, offsets, ends)
 
     def measure(
         self, header: BatchHeader, batch: bytes | bytearray | memoryview, columns: RecordColumns | None = None
@@ -281,6 +290,14 @@ class JsonLinesRenderer:
         fixed = self._fixed_bytes + len(header.timestamp_type.display_name)
         widths = _decimal_widths(columns.offsets) + _decimal_widths(columns.consumer_timestamps())
         return int(count * fixed + widths.sum() + keys.sum() + values.sum())
+
+
+def _records_in_place(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """The batch's uncompressed records section: where it lies in `batch` (not a copy) when it
+    is stored uncompressed, for the compiled core to read during one call."""
+    if header.magic == CURRENT_MAGIC and header.compression is CompressionType.NONE:
+        return memoryview(batch)[BATCH_OVERHEAD_BYTES:]
+    return records_section(header, batch)
 
 
 def _first_lines(data: bytes, ends: np.ndarray, room: int | None) -> tuple[bytes, int]:
