@@ -593,6 +593,52 @@ static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length, 
     return at;
 }
 
+/* A batch's records walked (as record_fields walks them) into a new array of their fields
+ * (`*fields`: PyMem_Free it), those with offsets >= min_offset from record `*first` on: their
+ * offsets written into `offsets`, and the timestamps consumers see (`append_time_obj`, when not
+ * None, is every record's) over their timestamp deltas. -1 with an exception set. */
+static int walk_batch(const Py_buffer *section, Py_ssize_t count, long long base_offset, long long base_timestamp,
+                      PyObject *append_time_obj, long long min_offset, const Py_buffer *offsets, const Py_buffer *ends,
+                      int64_t **fields, Py_ssize_t *first) {
+    *fields = NULL;
+    long long append_time = 0;
+    if (append_time_obj != Py_None) {
+        append_time = PyLong_AsLongLong(append_time_obj);
+        if (append_time == -1 && PyErr_Occurred()) return -1;
+    }
+    if (count < 0 || offsets->len < count * 8 || ends->len < count * 8) {
+        PyErr_SetString(PyExc_ValueError, "a section renderer: offsets and ends hold fewer than count int64");
+        return -1;
+    }
+    int64_t *walked = PyMem_Malloc((size_t)(count ? count : 1) * FIELDS * sizeof(int64_t));
+    if (walked == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t bad = 0;
+    const char *why = NULL;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = walk((const uint8_t *)section->buf, section->len, count, walked, &bad, &why);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        if (bad == count) PyErr_Format(PyExc_ValueError, "%s of the batch", why);
+        else PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
+        PyMem_Free(walked);
+        return -1;
+    }
+    int64_t *timestamp_deltas = walked + count, *offset_deltas = walked + 2 * count, *off = offsets->buf;
+    Py_ssize_t at = 0;
+    while (at < count && base_offset + offset_deltas[at] < min_offset) at++;
+    for (Py_ssize_t i = at; i < count; i++) {
+        off[i - at] = base_offset + offset_deltas[i];
+        timestamp_deltas[i] = append_time_obj != Py_None ? append_time : base_timestamp + timestamp_deltas[i];
+    }
+    *fields = walked;
+    *first = at;
+    return 0;
+}
+
 /* The JSON Lines of rows [0, n) of the columns, `end[i]` where row i's line ends; NULL with an
  * exception when a key or value lies outside the section. */
 static PyObject *json_lines(const uint8_t *data, Py_ssize_t section_len, Py_ssize_t n, const int64_t *off,
@@ -653,56 +699,27 @@ static PyObject *json_lines(const uint8_t *data, Py_ssize_t section_len, Py_ssiz
  * render_text_section does for text; None when one of them has headers (rendered record by record). */
 static PyObject *render_json_section(PyObject *self, PyObject *args) {
     Py_buffer section, prefix, kind, offsets, ends;
-    Py_ssize_t count;
+    Py_ssize_t count, first;
     long long base_offset, base_timestamp, min_offset;
-    PyObject *append_time_obj;
+    PyObject *append_time_obj, *result = NULL;
+    int64_t *fields = NULL;
     if (!PyArg_ParseTuple(args, "y*nLLOLy*y*w*w*", &section, &count, &base_offset, &base_timestamp, &append_time_obj,
                           &min_offset, &prefix, &kind, &offsets, &ends))
         return NULL;
-    PyObject *result = NULL, *lines = NULL;
-    int64_t *fields = NULL;
-    long long append_time = 0;
-    if (append_time_obj != Py_None) {
-        append_time = PyLong_AsLongLong(append_time_obj);
-        if (append_time == -1 && PyErr_Occurred()) goto done;
-    }
-    if (count < 0 || offsets.len < count * 8 || ends.len < count * 8) {
-        PyErr_SetString(PyExc_ValueError, "render_json_section: offsets and ends hold fewer than count int64");
+    if (walk_batch(&section, count, base_offset, base_timestamp, append_time_obj, min_offset, &offsets, &ends, &fields,
+                   &first) < 0)
         goto done;
-    }
-    fields = PyMem_Malloc((size_t)(count ? count : 1) * FIELDS * sizeof(int64_t));
-    if (fields == NULL) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t bad = 0;
-    const char *why = NULL;
-    int failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = walk((const uint8_t *)section.buf, section.len, count, fields, &bad, &why);
-    Py_END_ALLOW_THREADS
-    if (failed) {
-        if (bad == count) PyErr_Format(PyExc_ValueError, "%s of the batch", why);
-        else PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
-        goto done;
-    }
-    int64_t *timestamp_deltas = fields + count, *offset_deltas = fields + 2 * count, *header_counts = fields + 7 * count;
-    Py_ssize_t first = 0;
-    while (first < count && base_offset + offset_deltas[first] < min_offset) first++;
-    Py_ssize_t n = count - first;
+    const int64_t *header_counts = fields + 7 * count;
     for (Py_ssize_t i = first; i < count; i++)
         if (header_counts[i]) {
-            result = Py_None;
-            Py_INCREF(result);
+            result = Py_NewRef(Py_None);
             goto done;
         }
-    int64_t *off = offsets.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        off[i] = base_offset + offset_deltas[first + i];
-        timestamp_deltas[first + i] = append_time_obj != Py_None ? append_time : base_timestamp + timestamp_deltas[first + i];
-    }
-    lines = json_lines(section.buf, section.len, n, off, timestamp_deltas + first, fields + 3 * count + first,
-                       fields + 4 * count + first, fields + 5 * count + first, fields + 6 * count + first, &prefix,
-                       &kind, ends.buf);
-    if (lines == NULL) goto done;
-    result = Py_BuildValue("(Nn)", lines, n);
+    Py_ssize_t n = count - first;
+    PyObject *lines = json_lines(section.buf, section.len, n, offsets.buf, fields + count + first,
+                                 fields + 3 * count + first, fields + 4 * count + first, fields + 5 * count + first,
+                                 fields + 6 * count + first, &prefix, &kind, ends.buf);
+    if (lines != NULL) result = Py_BuildValue("(Nn)", lines, n);
 done:
     PyMem_Free(fields);
     PyBuffer_Release(&section);
@@ -1112,55 +1129,26 @@ static void release_text_args(text_args_t *a) {
 static PyObject *render_text_section(PyObject *self, PyObject *args) {
     text_args_t a;
     memset(&a, 0, sizeof a);
-    Py_ssize_t count;
+    Py_ssize_t count, first;
     long long base_offset, base_timestamp, min_offset;
-    PyObject *append_time_obj, *label_obj, *partition_obj;
+    PyObject *append_time_obj, *label_obj, *partition_obj, *result = NULL;
     Py_buffer offsets, ends;
+    int64_t *fields = NULL;
     if (!PyArg_ParseTuple(args, "y*nLLOLOOpppy*y*y*w*w*", &a.section, &count, &base_offset, &base_timestamp,
                           &append_time_obj, &min_offset, &label_obj, &partition_obj, &a.print_offset, &a.print_key,
                           &a.print_value, &a.separator, &a.line_end, &a.null, &offsets, &ends))
         return NULL;
-    PyObject *result = NULL, *lines = NULL;
-    int64_t *fields = NULL;
     int have_label = label_obj != Py_None, have_partition = partition_obj != Py_None;
-    long long append_time = 0;
-    if (append_time_obj != Py_None) {
-        append_time = PyLong_AsLongLong(append_time_obj);
-        if (append_time == -1 && PyErr_Occurred()) goto done;
-    }
     if (have_label && PyObject_GetBuffer(label_obj, &a.timestamp_label, PyBUF_SIMPLE) < 0) goto done;
     if (have_partition && PyObject_GetBuffer(partition_obj, &a.partition_field, PyBUF_SIMPLE) < 0) goto done;
-    if (count < 0 || offsets.len < count * 8 || ends.len < count * 8) {
-        PyErr_SetString(PyExc_ValueError, "render_text_section: offsets and ends hold fewer than count int64");
+    if (walk_batch(&a.section, count, base_offset, base_timestamp, append_time_obj, min_offset, &offsets, &ends,
+                   &fields, &first) < 0)
         goto done;
-    }
-    fields = PyMem_Malloc((size_t)(count ? count : 1) * FIELDS * sizeof(int64_t));
-    if (fields == NULL) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t bad = 0;
-    const char *why = NULL;
-    int failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = walk((const uint8_t *)a.section.buf, a.section.len, count, fields, &bad, &why);
-    Py_END_ALLOW_THREADS
-    if (failed) {
-        if (bad == count) PyErr_Format(PyExc_ValueError, "%s of the batch", why);
-        else PyErr_Format(PyExc_ValueError, "record %zd: %s", bad, why);
-        goto done;
-    }
-    int64_t *timestamp_deltas = fields + count, *offset_deltas = fields + 2 * count;
-    Py_ssize_t first = 0;
-    while (first < count && base_offset + offset_deltas[first] < min_offset) first++;
     Py_ssize_t n = count - first;
-    int64_t *off = offsets.buf;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        off[i] = base_offset + offset_deltas[first + i];
-        /* the timestamps consumers see, in place of the deltas */
-        timestamp_deltas[first + i] = append_time_obj != Py_None ? append_time : base_timestamp + timestamp_deltas[first + i];
-    }
-    lines = text_lines(&a, have_label, have_partition, n, off, timestamp_deltas + first, fields + 3 * count + first,
-                       fields + 4 * count + first, fields + 5 * count + first, fields + 6 * count + first, ends.buf);
-    if (lines == NULL) goto done;
-    result = Py_BuildValue("(Nn)", lines, n);
+    PyObject *lines = text_lines(&a, have_label, have_partition, n, offsets.buf, fields + count + first,
+                                 fields + 3 * count + first, fields + 4 * count + first, fields + 5 * count + first,
+                                 fields + 6 * count + first, ends.buf);
+    if (lines != NULL) result = Py_BuildValue("(Nn)", lines, n);
 done:
     PyMem_Free(fields);
     release_text_args(&a);

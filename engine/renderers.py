@@ -120,16 +120,9 @@ class TextRenderer:
         straight from the records section (no columns made: a batch costs one call), where each
         ends, and their offsets. Raises ValueError when the records section is malformed."""
         fmt = self.text_format
-        count = header.records_count
-        offsets = np.empty(count, np.int64)
-        ends = np.empty(count, np.int64)
+        offsets, ends = np.empty((2, header.records_count), np.int64)
         data, rendered = _core.render_text_section(
-            _records_in_place(header, batch),
-            count,
-            header.base_offset,
-            header.base_timestamp,
-            header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
-            min_offset,
+            *_section_args(header, batch, min_offset),
             header.timestamp_type.display_name.encode() + b":" if fmt.print_timestamp else None,
             b"Partition:%d" % self.partition if fmt.print_partition else None,
             fmt.print_offset,
@@ -239,16 +232,9 @@ class JsonLinesRenderer:
         """The lines of the records with offsets ≥ `min_offset`, rendered by the compiled core
         straight from the records section, where each ends, and their offsets; None when one of
         them has headers. Raises ValueError when the records section is malformed."""
-        count = header.records_count
-        offsets = np.empty(count, np.int64)
-        ends = np.empty(count, np.int64)
+        offsets, ends = np.empty((2, header.records_count), np.int64)
         rendered = _core.render_json_section(
-            _records_in_place(header, batch),
-            count,
-            header.base_offset,
-            header.base_timestamp,
-            header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
-            min_offset,
+            *_section_args(header, batch, min_offset),
             self._prefix_bytes,
             header.timestamp_type.display_name.encode(),
             offsets,
@@ -292,12 +278,19 @@ class JsonLinesRenderer:
         return int(count * fixed + widths.sum() + keys.sum() + values.sum())
 
 
-def _records_in_place(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes | memoryview:
-    """The batch's uncompressed records section: where it lies in `batch` (not a copy) when it
-    is stored uncompressed, for the compiled core to read during one call."""
+def _section_args(
+    header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int
+) -> tuple[bytes | memoryview, int, int, int, int | None, int]:
+    """What the core's section renderers take first: the uncompressed records section (where it
+    lies in `batch`, not a copy, when stored uncompressed: the core reads it during the call),
+    the record count, base offset and base timestamp, the time every record shows (a
+    LogAppendTime batch's) or None, and the lowest offset to render."""
     if header.magic == CURRENT_MAGIC and header.compression is CompressionType.NONE:
-        return memoryview(batch)[BATCH_OVERHEAD_BYTES:]
-    return records_section(header, batch)
+        section: bytes | memoryview = memoryview(batch)[BATCH_OVERHEAD_BYTES:]
+    else:
+        section = records_section(header, batch)
+    append_time = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None
+    return section, header.records_count, header.base_offset, header.base_timestamp, append_time, min_offset
 
 
 def _first_lines(data: bytes, ends: np.ndarray, room: int | None) -> tuple[bytes, int]:
