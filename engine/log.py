@@ -109,6 +109,7 @@ class PartitionLog:
         self.directory = directory
         self.topic = topic
         self.partition = partition
+        self._where = f"{topic}-{partition}"  # (in errors, where they happened)
         self.config = config
         self.writable = writable
         self.lock = threading.RLock()
@@ -310,7 +311,7 @@ class PartitionLog:
                 headers=headers,
                 timestamps=ts,
                 max_batch_bytes=self.config.max_message_bytes,
-                where=f"{self.topic}-{self.partition}",
+                where=self._where,
                 base_offset=self._log_end_offset,
                 compression=codec,
                 producer=producer,
@@ -366,7 +367,7 @@ class PartitionLog:
         failure nothing is appended and the file stays at `path` (its offsets may be rewritten:
         a later append assigns them again)."""
         self._check_appendable()
-        where = f"{self.topic}-{self.partition}"
+        where = self._where
         with self.lock:
             with open(path, "r+b") as file:
                 size = os.fstat(file.fileno()).st_size
@@ -426,7 +427,7 @@ class PartitionLog:
         """The headers of `data`'s batches, each checked; errors name `source` (else the input)."""
         headers = list(iter_batch_headers(data))
         consumed = headers[-1].next_position if headers else 0
-        where = f"{self.topic}-{self.partition}"
+        where = self._where
         source = source or f"<input to {where}>"
         if consumed != len(data) or not headers:
             raise CorruptRecordError(source, consumed, "incomplete record batch")

@@ -791,11 +791,12 @@ def encode_batches(
     offset = base_offset
     while pending:
         lo, hi = pending.pop()
+        whole = lo == 0 and hi == n  # (the records as they came: nothing to slice)
         batch = build_batch(
-            values[lo:hi],
-            keys=None if keys is None else keys[lo:hi],
-            headers=None if headers is None else headers[lo:hi],
-            timestamps=timestamps if isinstance(timestamps, int) else timestamps[lo:hi],
+            values if whole else values[lo:hi],
+            keys=keys if keys is None or whole else keys[lo:hi],
+            headers=headers if headers is None or whole else headers[lo:hi],
+            timestamps=timestamps if isinstance(timestamps, int) or whole else timestamps[lo:hi],
             base_offset=offset,
             compression=compression,
             producer=producer,
