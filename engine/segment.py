@@ -1173,7 +1173,9 @@ class _ReadAheadAdvice:
     """Asks the kernel to read ranges of files into the page cache (POSIX_FADV_WILLNEED) from a
     thread of its own. The call allocates the pages and queues their reads itself, which for a
     segment of a GiB takes a good part of the time the disk takes to read it; the scan that asked
-    goes on meanwhile, and finds the pages coming in."""
+    goes on meanwhile, and finds the pages coming in. The thread starts with the first advice and
+    lives as long as the process (a daemon, idle on its queue, in a CLI, a mount or a Spark
+    executor alike); an advice holds its own descriptor only until it is given. Thread-safe."""
 
     def __init__(self) -> None:
         self._ranges: queue.SimpleQueue[tuple[int, int, int]] = queue.SimpleQueue()
