@@ -731,18 +731,15 @@ class LogSegment:
         `last_offset`, is a write to the page cache and nothing more: no roll by any rule
         (`max_bytes`: `segment.bytes`; `max_ms`: the log's `max_segment_ms`), and no file or
         index to open or read first. For an event loop, which must not wait on a disk."""
+        # What `rolls_for` and the append would otherwise open or read: the `.log`, the
+        # indexes, the first batch's timestamp (the time rule) and the largest timestamp.
         if self._handle is None or not self._indexes_ready or self._closed:
+            return False
+        if self._offset_index is None or self._time_index is None:
             return False
         if self._size and (self._rolling_based_timestamp is None or self._max_timestamp_so_far is None):
             return False
-        offset_index, time_index = self._offset_index, self._time_index
-        if offset_index is None or time_index is None or offset_index.is_full or time_index.is_full:
-            return False
-        return (
-            self._size <= max_bytes - most_bytes
-            and (self._size == 0 or self.time_waited_for_roll(now_ms, now_ms) <= max_ms - self.roll_jitter_ms)
-            and self.can_convert_to_relative_offset(last_offset)
-        )
+        return not self.rolls_for(most_bytes, now_ms, last_offset, now_ms, max_bytes, max_ms)
 
     def can_convert_to_relative_offset(self, offset: int) -> bool:
         return 0 <= offset - self.base_offset <= _INT32_MAX
