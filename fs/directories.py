@@ -124,6 +124,22 @@ class _AtLevel(PartitionNode, Directory):
         self.read_committed = read_committed
         self.level = level
 
+    def view_file(self, inode: int, key: tuple[object, ...], name: str, start_offset: int | None) -> ViewFile:
+        """The view `name` in this directory (`.jsonl`: JSON Lines) of its partition at its
+        level, from `start_offset` (None: the log start offset when first used); for
+        `Tree.intern`."""
+        return ViewFile(
+            self.tree,
+            inode,
+            key,
+            join(self.path, name),
+            topic=self.topic,
+            partition=self.partition,
+            jsonl=name.endswith(_JSONL),
+            start_offset=start_offset,
+            read_committed=self.read_committed,
+        )
+
 
 class ViewsDir(_AtLevel):
     """`records`, `records.jsonl`, `by-offset/`, `by-time/`: a partition's views at one level."""
@@ -157,23 +173,11 @@ class ViewsDir(_AtLevel):
         """`records` whose start was removed by retention is a new file (inode) from the new
         log start; the old one stays with whoever holds it, its bytes and size unchanged (a
         follower sees no truncation), and goes when the kernel forgets it."""
-        tree, topic, partition, read_committed = self.tree, self.topic, self.partition, self.read_committed
-        key = ("records", topic, partition, name.endswith(_JSONL), self.level)
+        tree = self.tree
+        key = ("records", self.topic, self.partition, name.endswith(_JSONL), self.level)
 
         def make(inode: int, key: tuple[object, ...]) -> ViewFile:
-            path = join(self.path, name)
-            jsonl = name.endswith(_JSONL)
-            return ViewFile(
-                tree,
-                inode,
-                key,
-                path,
-                topic=topic,
-                partition=partition,
-                jsonl=jsonl,
-                start_offset=None,
-                read_committed=read_committed,
-            )
+            return self.view_file(inode, key, name, None)
 
         node = tree.intern(key, make)
         if node.view is not None and node.view.start_offset < self.log.log_start_offset:

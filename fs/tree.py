@@ -167,22 +167,9 @@ class Tree:
         return node
 
     def offset_view(self, parent: ByOffsetDir | ByTimeDir, name: str, offset: int) -> ViewFile:
-        topic, partition, read_committed = parent.topic, parent.partition, parent.read_committed
-        path = join(parent.path, name)
-        jsonl = name.endswith(".jsonl")
         return self.intern(
-            ("view", topic, partition, path),
-            lambda inode, key: ViewFile(
-                self,
-                inode,
-                key,
-                path,
-                topic=topic,
-                partition=partition,
-                jsonl=jsonl,
-                start_offset=offset,
-                read_committed=read_committed,
-            ),
+            ("view", parent.topic, parent.partition, join(parent.path, name)),
+            lambda inode, key: parent.view_file(inode, key, name, offset),
         )
 
     def create_topic(self, topic: str) -> None:
