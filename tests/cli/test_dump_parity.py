@@ -20,6 +20,7 @@ import crc32c
 from seglogfs.engine.records import ProducerState, build_batch, decode_records, iter_batch_headers
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures
+from tests.engine.test_metadata_log import compact_string, uvarint
 
 # A record line (printRecordMetadata): "| offset: O <TimestampType>: T keySize: K valueSize: V
 # sequence: S headerKeys: [k,...]" for every v2 record, control records included; then for a
@@ -409,22 +410,8 @@ def test_every_cluster_metadata_record_decodes_as_kafka_prints_it() -> None:
                     21: {0}, 23: {0}, 24: {0}, 27: {0}}  # fmt: skip
 
 
-def _compact(text: str | None) -> bytes:
-    raw = None if text is None else text.encode()
-    return bytes([0]) if raw is None else _uvarint(len(raw) + 1) + raw
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _tags(*fields: tuple[int, bytes]) -> bytes:
-    return _uvarint(len(fields)) + b"".join(_uvarint(tag) + _uvarint(len(body)) + body for tag, body in fields)
+    return uvarint(len(fields)) + b"".join(uvarint(tag) + uvarint(len(body)) + body for tag, body in fields)
 
 
 def test_metadata_record_types_the_fixtures_lack(tmp_path: Path) -> None:
@@ -441,31 +428,31 @@ def test_metadata_record_types_the_fixtures_lack(tmp_path: Path) -> None:
         (7, 0, i32(3) + i64(9) + _tags(), {"id": 3, "epoch": 9}),
         (8, 0, i32(3) + i64(10) + _tags(), {"id": 3, "epoch": 10}),
         (9, 0, topic_id + _tags(), {"topicId": "EBESExQVFhcYGRobHB0eHw"}),
-        (10, 0, _compact("User:a") + _compact("User:b") + b"\x03" + _compact("User:c") + _compact("User:d")
-         + i64(1) + i64(2) + i64(3) + _compact("tok") + _tags(),
+        (10, 0, compact_string("User:a") + compact_string("User:b") + b"\x03" + compact_string("User:c")
+         + compact_string("User:d") + i64(1) + i64(2) + i64(3) + compact_string("tok") + _tags(),
          {"owner": "User:a", "requester": "User:b", "renewers": ["User:c", "User:d"], "issueTimestamp": 1,
           "maxTimestamp": 2, "expirationTimestamp": 3, "tokenId": "tok"}),
-        (11, 0, _compact("alice") + b"\x01" + b"\x03ab" + b"\x01" + b"\x02\xff" + i32(4096) + _tags(),
+        (11, 0, compact_string("alice") + b"\x01" + b"\x03ab" + b"\x01" + b"\x02\xff" + i32(4096) + _tags(),
          {"name": "alice", "mechanism": 1, "salt": "YWI=", "storedKey": "", "serverKey": "/w==", "iterations": 4096}),
-        (14, 0, b"\x02" + _compact("user") + _compact(None) + _tags() + _compact("producer_byte_rate")
+        (14, 0, b"\x02" + compact_string("user") + compact_string(None) + _tags() + compact_string("producer_byte_rate")
          + struct.pack(">d", 1e7) + b"\x00" + _tags(),
          {"entity": [{"entityType": "user", "entityName": None}], "key": "producer_byte_rate", "value": 1e7,
           "remove": False}),
-        (18, 0, acl_id + b"\x02" + _compact("orders") + b"\x03" + _compact("User:*") + _compact("*")
+        (18, 0, acl_id + b"\x02" + compact_string("orders") + b"\x03" + compact_string("User:*") + compact_string("*")
          + b"\x03\x03" + _tags(),
          {"id": ids, "resourceType": 2, "resourceName": "orders", "patternType": 3, "principal": "User:*",
           "host": "*", "operation": 3, "permissionType": 3}),
         (19, 0, acl_id + _tags(), {"id": ids}),
-        (22, 0, _compact("alice") + b"\x02" + _tags(), {"name": "alice", "mechanism": 2}),
-        (25, 0, _tags((0, _compact("timed out"))), {"reason": "timed out"}),
+        (22, 0, compact_string("alice") + b"\x02" + _tags(), {"name": "alice", "mechanism": 2}),
+        (25, 0, _tags((0, compact_string("timed out"))), {"reason": "timed out"}),
         (25, 0, _tags(), {}),
-        (26, 0, _compact("tok") + _tags(), {"tokenId": "tok"}),
+        (26, 0, compact_string("tok") + _tags(), {"tokenId": "tok"}),
         (5, 2, i32(1) + topic_id + _tags((0, b"\x02" + i32(4)), (1, i32(-2)), (6, b"\x01"), (8, b"\x00")),
          {"partitionId": 1, "topicId": "EBESExQVFhcYGRobHB0eHw", "isr": [4], "eligibleLeaderReplicas": []}),
         (17, 2, i32(1) + i64(5) + _tags((0, b"\x00"), (2, b"\x02" + acl_id)),
          {"brokerId": 1, "brokerEpoch": 5, "logDirs": [ids]}),
     ]  # fmt: skip
-    values = [b"\x01" + _uvarint(key) + _uvarint(version) + body for key, version, body, _ in cases]
+    values = [b"\x01" + uvarint(key) + uvarint(version) + body for key, version, body, _ in cases]
     values.append(b"\x01\x63\x00")  # api key 99
     log = tmp_path / "00000000000000000000.log"
     log.write_bytes(bytes(build_batch(values, timestamps=1000)))
