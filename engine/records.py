@@ -150,10 +150,14 @@ class Record(NamedTuple):
     headers: tuple[Header, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BatchHeader:
     """The 61 fixed bytes of a v2 batch, parsed; `position` is where the batch starts in its
-    file (or buffer). Reading it never touches the records section."""
+    file (or buffer). Reading it never touches the records section.
+
+    A value: nothing assigns to a header once parsed. Not a frozen dataclass all the same, as
+    every batch read or appended makes one, and a frozen one's construction (a guarded setattr
+    per field) cost 1 µs of a one-record append's 10 µs, against 0.1 µs."""
 
     position: int
     base_offset: int
@@ -231,7 +235,7 @@ class BatchHeader:
         return (self.base_sequence + self.last_offset_delta) & 0x7FFF_FFFF
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LegacyBatchHeader(BatchHeader):
     """A legacy message (magic 0 or 1) seen as a batch, as Kafka's AbstractLegacyRecordBatch
     sees it: `base_offset` is its first record's offset and `last_offset` the message's own
