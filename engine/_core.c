@@ -110,13 +110,21 @@ static int read_long_varint(reader_t *r, int64_t *value) {
     return -2;
 }
 
-/* `read_long_varint`, with the one-byte case (nearly every field of a record) inline. */
+/* `read_long_varint`, with the one- and two-byte cases inline: nearly every field of a record
+ * (a length or an offset delta below 8192). */
 static inline int read_varint(reader_t *r, int64_t *value) {
-    if (r->position < r->end) {
-        uint8_t byte = r->data[r->position];
-        if (byte < 0x80) {
+    Py_ssize_t left = r->end - r->position;
+    if (left > 0) {
+        const uint8_t *p = r->data + r->position;
+        if (p[0] < 0x80) {
             r->position++;
-            *value = (int64_t)(byte >> 1) ^ -(int64_t)(byte & 1);
+            *value = (int64_t)(p[0] >> 1) ^ -(int64_t)(p[0] & 1);
+            return 0;
+        }
+        if (left > 1 && p[1] < 0x80) {
+            uint64_t zigzag = (uint64_t)(p[0] & 0x7F) | (uint64_t)p[1] << 7;
+            r->position += 2;
+            *value = (int64_t)(zigzag >> 1) ^ -(int64_t)(zigzag & 1);
             return 0;
         }
     }
@@ -464,7 +472,8 @@ static int64_t json_text_size(const uint8_t *data, int64_t length, int *valid) {
             if (!odd) {
                 unsigned marks =
                     (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, backslash)));
-                size += 16 + __builtin_popcount(marks);
+                size += 16;
+                for (; marks; marks &= marks - 1) size++; /* (rare; no popcount instruction assumed) */
                 i += 16;
                 continue;
             }
@@ -1015,21 +1024,46 @@ static PyObject *murmur2(PyObject *self, PyObject *args) {
 }
 
 /* -- text rendering ------------------------------------------------------------------------- */
+static const uint64_t POWERS_OF_TEN[20] = {
+    1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL, 100000000ULL, 1000000000ULL,
+    10000000000ULL, 100000000000ULL, 1000000000000ULL, 10000000000000ULL, 100000000000000ULL,
+    1000000000000000ULL, 10000000000000000ULL, 100000000000000000ULL, 1000000000000000000ULL,
+    10000000000000000000ULL,
+};
+
+/* The number of decimal digits of `magnitude`: its bit length times log10(2) (1233 / 4096),
+ * which is exact or one short, corrected by one comparison. (`| 1`: 0 has one digit; setting
+ * the low bit never changes the count, as no power of ten above 1 is odd.) */
+static inline Py_ssize_t digits_of(uint64_t magnitude) {
+    uint64_t m = magnitude | 1;
+    int guess = ((64 - __builtin_clzll(m)) * 1233) >> 12;
+    return guess + (m >= POWERS_OF_TEN[guess]);
+}
+
+static const char DIGIT_PAIRS[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* `value` in decimal at `at`; returns the end. Two digits a division, from the last. */
 static uint8_t *put_decimal(uint8_t *at, int64_t value) {
-    char digits[24];
-    int n = 0;
     uint64_t magnitude = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
-    do { digits[n++] = (char)('0' + magnitude % 10); magnitude /= 10; } while (magnitude);
     if (value < 0) *at++ = '-';
-    while (n) *at++ = (uint8_t)digits[--n];
-    return at;
+    uint8_t *end = at + digits_of(magnitude), *p = end;
+    while (magnitude >= 100) {
+        uint64_t pair = magnitude % 100;
+        magnitude /= 100;
+        p -= 2;
+        memcpy(p, DIGIT_PAIRS + 2 * pair, 2);
+    }
+    if (magnitude >= 10) memcpy(p - 2, DIGIT_PAIRS + 2 * magnitude, 2);
+    else p[-1] = (uint8_t)('0' + magnitude);
+    return end;
 }
 
 static Py_ssize_t decimal_size(int64_t value) {
     uint64_t magnitude = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
-    Py_ssize_t size = value < 0 ? 2 : 1;
-    while (magnitude >= 10) { magnitude /= 10; size++; }
-    return size;
+    return (value < 0) + digits_of(magnitude);
 }
 
 typedef struct {

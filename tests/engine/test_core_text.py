@@ -2,13 +2,17 @@
 null literal) a batch renders, column-wise in C, the very lines the record-at-a-time renderer
 (`TextFormat.render` of each decoded record) gives, with each line's end where it is, and the
 measure equals the rendering's length — for null keys and values, any bytes, negative and large
-offsets and timestamps, LogAppendTime batches, and from any offset of the batch."""
+offsets and timestamps (every int64), LogAppendTime batches, and from any offset of the batch."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seglogfs.engine import _core
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.records import BatchHeader, TimestampType, build_batch, decode_records
 from seglogfs.engine.renderers import TextRenderer
@@ -64,3 +68,36 @@ def test_text_rendered_in_the_core_is_what_each_record_renders(
     assert renderer.lines(header, memoryview(batch), start) == [
         line for r, line in zip(decoded, oracle, strict=True) if r.offset >= start
     ]
+
+
+# Every int64, and the places where a decimal gains a digit: the core's digit count is a guess
+# from the bit length, corrected at the powers of ten.
+_EDGES = sorted({sign * (10**k + d) for k in range(19) for d in (-1, 0, 1) for sign in (1, -1)} | {2**63 - 1, -(2**63)})
+int64s = st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from(_EDGES))
+
+
+@settings(max_examples=300, deadline=None)
+@given(int64s, st.one_of(st.integers(0, 2**63 - 3), st.sampled_from([e for e in _EDGES if 0 <= e < 2**63 - 2])))
+def test_offsets_and_timestamps_of_every_size_are_written_in_decimal(timestamp: int, base_offset: int) -> None:
+    """The core's decimals, through both section renderers: any timestamp (a LogAppendTime
+    batch shows one for every record), offsets up to the largest."""
+    batch = build_batch([b"a", None], timestamps=0, base_offset=base_offset)
+    section = memoryview(batch)[61:]
+    offsets, ends = np.empty((2, 2), np.int64)
+    label, offset_field = b"LogAppendTime:", b"Offset:"
+    text, _ = _core.render_text_section(
+        section, 2, base_offset, 0, timestamp, 0, label, None, True, False, True, b"\t", b"\n", b"null", offsets, ends
+    )
+    expected = [
+        b"%s%d\t%s%d\t%s\n" % (label, timestamp, offset_field, base_offset + i, v)
+        for i, v in enumerate([b"a", b"null"])
+    ]
+    assert text == b"".join(expected)
+    assert ends.tolist() == np.cumsum([len(line) for line in expected]).tolist()
+    rendered = _core.render_json_section(
+        section, 2, base_offset, 0, timestamp, 0, b'{"offset":', b"LogAppendTime", offsets, ends
+    )
+    assert rendered is not None
+    lines = rendered[0].splitlines()
+    assert [json.loads(line)["offset"] for line in lines] == [base_offset, base_offset + 1]
+    assert [json.loads(line)["timestamp"] for line in lines] == [timestamp, timestamp]
