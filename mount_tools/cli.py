@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from seglogfs.engine import DataDir, EngineError, LogDirLockedError
+from seglogfs.engine import DataDir, EngineError, LogDirLockedError, _core
 from seglogfs.engine.check import CheckReport, check_log_dirs
 from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
@@ -66,6 +66,10 @@ from seglogfs.mount_tools.common import (
 from seglogfs.mount_tools.progress import Progress, format_bytes
 
 _PRODUCE_CHUNK_BYTES = 1 << 20
+# Rendered batches (consume, the mount's views) are blocks of up to a few MiB made and freed by
+# the thousand: the allocator keeps freed ones for reuse, rather than map fresh pages for each
+# and fault every page in again (see _core.keep_freed_memory).
+_REUSED_BLOCK_BYTES = 8 << 20
 
 
 # -- produce --------------------------------------------------------------------------------------
@@ -467,6 +471,7 @@ def _say(error: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _core.keep_freed_memory(_REUSED_BLOCK_BYTES)
     parser = build_parser()
     args = parser.parse_args(_normalise(list(sys.argv[1:] if argv is None else argv)))
     handler: Callable[[argparse.Namespace], int] = args.handler
