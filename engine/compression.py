@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 import zlib
 
 import cramjam
@@ -62,8 +63,23 @@ _XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK_BYTES = 32 * 1024
 _LZ4_BLOCK_SIZE = lz4.frame.BLOCKSIZE_MAX64KB
 
-_zstd_compressor = zstandard.ZstdCompressor(level=3)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+# zstd's compressor and decompressor objects hold a context each that two threads must never use
+# at once (shared, they mixed frames up and crashed the process): one of each per thread.
+_zstd = threading.local()
+
+
+def _zstd_compressor() -> zstandard.ZstdCompressor:
+    compressor = getattr(_zstd, "compressor", None)
+    if compressor is None:
+        compressor = _zstd.compressor = zstandard.ZstdCompressor(level=3)
+    return compressor
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    decompressor = getattr(_zstd, "decompressor", None)
+    if decompressor is None:
+        decompressor = _zstd.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 def compress(codec: CompressionType, data: bytes | bytearray | memoryview) -> bytes:
@@ -85,7 +101,7 @@ def compress(codec: CompressionType, data: bytes | bytearray | memoryview) -> by
             store_size=False,
         )
     if codec is CompressionType.ZSTD:
-        return _zstd_compressor.compress(data)
+        return _zstd_compressor().compress(data)
     raise UnsupportedCompressionError(f"unknown compression codec id {int(codec)}")
 
 
@@ -102,7 +118,7 @@ def decompress(codec: CompressionType, data: bytes | memoryview) -> bytes:
         return lz4.frame.decompress(data)
     if codec is CompressionType.ZSTD:
         # Frames written without a content size (Java's streaming writer) need the streaming API.
-        return _zstd_decompressor.decompressobj().decompress(bytes(data))
+        return _zstd_decompressor().decompressobj().decompress(bytes(data))
     raise UnsupportedCompressionError(f"unknown compression codec id {int(codec)}")
 
 

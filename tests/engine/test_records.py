@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import struct
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from seglogfs.engine import _core, varint
-from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.compression import CompressionType, compress, decompress
 from seglogfs.engine.records import (
     BatchHeader,
     ControlType,
@@ -231,3 +233,35 @@ def test_blob_lengths_are_len_and_zero_for_none() -> None:
         _core.blob_lengths([b"a", 5], np.empty(2, np.int64))
     with pytest.raises(ValueError, match="fewer int64"):
         _core.blob_lengths([b"a", b"b"], np.empty(1, np.int64))
+
+
+@pytest.mark.parametrize("codec", list(CompressionType))
+def test_codecs_compress_and_decompress_on_many_threads_at_once(codec: CompressionType) -> None:
+    """Views measure, `consume` renders and the mount appends on several threads at once: each
+    codec gives every thread its own right bytes (a zstd compressor or decompressor shared
+    between threads mixed their frames up)."""
+    rng = random.Random(int(codec))
+    inputs = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 5000))) * 20 for _ in range(8)]
+    frames = [compress(codec, data) for data in inputs]
+    start = threading.Barrier(4)
+    problems: list[str] = []
+
+    def work(worker: int) -> None:
+        start.wait()
+        for round_ in range(150):
+            n = (worker + round_) % len(inputs)
+            try:
+                if (
+                    decompress(codec, frames[n]) != inputs[n]
+                    or decompress(codec, compress(codec, inputs[n])) != inputs[n]
+                ):
+                    problems.append(f"thread {worker}, round {round_}: item {n} came back wrong")
+            except Exception as error:
+                problems.append(f"thread {worker}, round {round_}: item {n}: {error!r}")
+
+    threads = [threading.Thread(target=work, args=(worker,)) for worker in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert problems == []
