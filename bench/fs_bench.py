@@ -48,7 +48,9 @@ from seglogfs.engine import BrokerConfig, DataDir
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-NOW_MS = 1_763_800_000_000
+# The records' time: now, as the mounts' retention (7 days by the real clock) would delete older
+# ones at its first check, five minutes into a mount.
+NOW_MS = int(time.time() * 1000)
 FUSERMOUNT = shutil.which("fusermount3") or "fusermount"
 ROUNDS = 3  # throughput figures: best of this many interleaved rounds
 
