@@ -663,11 +663,12 @@ class PartitionLog:
 
     # -- reading ---------------------------------------------------------------------------------
     def batches(
-        self, start_offset: int, end_offset: int | None = None
+        self, start_offset: int, end_offset: int | None = None, *, checked: bool = True
     ) -> Iterator[tuple[LogSegment, BatchHeader, memoryview]]:
         """Every whole, CRC-checked batch holding offsets in [start, end), in order, across
         segments. Raises CorruptRecordError (path, position) on a batch that fails its check,
-        LogOfflineError for a partition taken offline."""
+        LogOfflineError for a partition taken offline. `checked` false: the batches are not
+        checked here, the caller checks each with its segment's `check` (on other threads)."""
         self.check_online()
         stop = self._log_end_offset if end_offset is None else end_offset
         for segment in self._segments.from_offset(start_offset):
@@ -684,10 +685,8 @@ class PartitionLog:
                     continue
                 if header.base_offset >= stop:
                     return
-                reason = check_batch(header, batch)
-                if reason is not None:
-                    segment.check_not_legacy(header.position)
-                    raise CorruptRecordError(segment.log_path, header.position, reason)
+                if checked:
+                    segment.check(header, batch)
                 yield segment, header, batch
                 position = header.next_position
             if position < size:

@@ -489,10 +489,7 @@ class LogSegment:
         pass checked are not checked again; every other read checks what it reads."""
         for header, batch in self.iter_batches(start_position, end_position, nowait=nowait):
             if not once or header.next_position > self._verified_to:
-                reason = check_batch(header, batch)
-                if reason is not None:
-                    self.check_not_legacy(header.position)
-                    raise CorruptRecordError(self.log_path, header.position, reason)
+                self.check(header, batch)
                 if once and header.position == self._verified_to:
                     self._verified_to = header.next_position
             yield header, batch
@@ -546,6 +543,15 @@ class LogSegment:
             return is_legacy_message(os.pread(handle, LOG_OVERHEAD_BYTES + size, position))
         finally:
             self._unlease()
+
+    def check(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> None:
+        """Check a batch read from this segment whole (magic, length, CRC): CorruptRecordError
+        naming the file and position when it fails, UnsupportedFormatError when it is intact
+        legacy data. Thread-safe."""
+        reason = check_batch(header, batch)
+        if reason is not None:
+            self.check_not_legacy(header.position)
+            raise CorruptRecordError(self.log_path, header.position, reason)
 
     def check_not_legacy(self, position: int) -> None:
         """Where a batch failed its check (or a scan stopped): raise UnsupportedFormatError when
