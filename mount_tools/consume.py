@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import select
 import signal
 import sys
@@ -40,7 +41,7 @@ from typing import BinaryIO
 from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
-from seglogfs.engine.read_ahead import read_ahead
+from seglogfs.engine.read_ahead import map_ahead, read_ahead
 from seglogfs.engine.records import BatchHeader
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.segment import LogSegment
@@ -57,6 +58,8 @@ from seglogfs.mount_tools.common import (
 )
 
 POLL_MS = 100  # how often a follower looks for new records (a console consumer's poll)
+# Threads rendering batches ahead of the writes (the compiled core renders without the GIL).
+RENDER_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,19 +142,37 @@ class _Cursor:
         stop = log.log_end_offset if transactions is None else transactions.catch_up(log)
         if self.position >= stop:
             return
-        for segment, header, batch in read_ahead(log.batches(self.position, stop), _batch_bytes):
+        batches = read_ahead(log.batches(self.position, stop, checked=False), _batch_bytes)
+        if room() is None:  # no message limit: batches are rendered on every core, ahead of the writes
+            start = self.position  # (only the first batch may hold records below it)
+            for lines, records, last_offset in map_ahead(
+                lambda item: self._render(item, start, None), batches, _batch_bytes, workers=RENDER_THREADS
+            ):
+                self.position = last_offset + 1
+                yield lines, records
+            return
+        for item in batches:
             left = room()
             if left is not None and left <= 0:
                 return
-            if transactions is not None and transactions.is_aborted(header):
-                self.position = header.last_offset + 1
-                continue
-            try:
-                lines, records = self.renderer.render_some(header, batch, self.position, left)
-            except Exception as error:  # a codec or varint error inside a batch whose CRC held
-                raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
-            self.position = header.last_offset + 1  # (cut short by `room` only when the consumer ends)
+            lines, records, last_offset = self._render(item, self.position, left)
+            self.position = last_offset + 1  # (cut short by `room` only when the consumer ends)
             yield lines, records
+
+    def _render(
+        self, item: tuple[LogSegment, BatchHeader, memoryview], min_offset: int, room: int | None
+    ) -> tuple[bytes, int, int]:
+        """A batch's lines from `min_offset` (at most `room`; None: all), how many, and the
+        batch's last offset; the batch is checked first. Thread-safe."""
+        segment, header, batch = item
+        segment.check(header, batch)
+        if self.transactions is not None and self.transactions.is_aborted(header):
+            return b"", 0, header.last_offset
+        try:
+            lines, records = self.renderer.render_some(header, batch, min_offset, room)
+        except Exception as error:  # a codec or varint error inside a batch whose CRC held
+            raise CorruptRecordError(segment.log_path, header.position, f"undecodable records: {error}") from None
+        return lines, records, header.last_offset
 
 
 def _batch_bytes(item: tuple[LogSegment, BatchHeader, memoryview]) -> int:

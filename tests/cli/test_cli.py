@@ -511,6 +511,33 @@ def test_consume_reports_undecodable_records_after_the_good_batches(tmp_path: Pa
     ]
 
 
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(tmp_path: Path, fmt: str) -> None:
+    """Batches are checked and rendered on several threads, groups of them at a time: a CRC
+    failure megabytes in still comes after every record before it, as one line naming the
+    file and the batch's position."""
+    from seglogfs.engine.records import compute_crc, iter_batch_headers
+
+    data = tmp_path / "data"
+    lines = [b"line-%06d %s\n" % (n, b"x" * 200) for n in range(30_000)]  # about 6 MB: batches of up to 1 MB
+    run("produce", str(data), "--topic", "t", stdin=b"".join(lines))
+    segment = data / "t-0" / "00000000000000000000.log"
+    content = bytearray(segment.read_bytes())
+    damaged = next(h for h in iter_batch_headers(content) if h.position > 4 << 20)
+    content[damaged.position + 100] ^= 0xFF  # a byte of its records: the CRC no longer holds
+    segment.write_bytes(bytes(content))
+    result = run("consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt, check=False)
+    assert result.returncode == 1
+    printed = result.stdout.splitlines()
+    assert len(printed) == damaged.base_offset
+    assert (b"line-%06d" % (damaged.base_offset - 1)) in printed[-1]
+    computed = compute_crc(content[damaged.position : damaged.next_position])
+    assert result.stderr.decode().splitlines() == [
+        f"seglogfs: {segment}: corrupt record batch at position {damaged.position}: "
+        f"CRC-32C mismatch (stored {damaged.crc}, computed {computed})"
+    ]
+
+
 def test_consume_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`consume | head -1` on a broker's partition: exit 0, nothing on stderr, as `cat` does (it
     said "corrupt record batch … Broken pipe" and exited 1: the write was inside the decoding's

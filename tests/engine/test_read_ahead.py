@@ -1,14 +1,16 @@
-"""engine.read_ahead: the source's items in order, its error after the items before it, and an
-early close that stops the worker thread and closes the source in it."""
+"""engine.read_ahead: the source's items in order (`map_ahead`: their function's results, worked
+out on several threads at once), an error after the items before it, and an early close that
+stops the worker threads (and closes `read_ahead`'s source in its thread)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from seglogfs.engine.read_ahead import read_ahead
+from seglogfs.engine.read_ahead import map_ahead, read_ahead
 
 
 def numbers(count: int, closed: list[str], fail_at: int | None = None) -> Iterator[bytes]:
@@ -60,3 +62,63 @@ def test_an_exception_in_the_caller_stops_the_reader() -> None:
                 raise KeyboardInterrupt
     assert closed == ["read-ahead"]
     assert threading.active_count() == before
+
+
+# -- map_ahead ------------------------------------------------------------------------------------
+def test_mapped_items_come_in_order_in_groups_of_any_size() -> None:
+    for group_bytes, workers in ((1, 2), (7, 3), (1 << 20, 1)):
+        got = list(
+            map_ahead(lambda item: item + b"!", numbers(1000, []), len, workers=workers, group_bytes=group_bytes)
+        )
+        assert got == [b"%d!" % n for n in range(1000)]
+
+
+def test_the_function_runs_on_several_threads_at_once() -> None:
+    """Two items of two groups meet at a barrier: only threads working at the same time pass it."""
+    meeting = threading.Barrier(2, timeout=10)
+
+    def meet(item: bytes) -> str:
+        if item in (b"0", b"1"):
+            meeting.wait()
+        return threading.current_thread().name
+
+    names = list(map_ahead(meet, numbers(10, []), len, workers=2, group_bytes=1))
+    assert names[0] != names[1] and all(name.startswith("map-ahead") for name in names)
+
+
+def test_an_error_of_the_function_comes_after_the_items_before_it() -> None:
+    def check(item: bytes) -> bytes:
+        if item == b"500":
+            raise ValueError("item 500 is bad")
+        return item
+
+    got = []
+    with pytest.raises(ValueError, match="item 500 is bad"):
+        for item in map_ahead(check, numbers(1000, []), len, workers=2, group_bytes=64):
+            got.append(item)
+    assert got == [b"%d" % n for n in range(500)]
+
+
+def test_an_error_of_the_source_comes_after_the_items_before_it() -> None:
+    closed: list[str] = []
+    got = []
+    with pytest.raises(OSError, match="reading item 500"):
+        for item in map_ahead(bytes, numbers(1000, closed, fail_at=500), len, workers=2, group_bytes=64):
+            got.append(item)
+    assert got == [b"%d" % n for n in range(500)]
+    assert closed == ["MainThread"]  # (the source is read in the caller's thread)
+
+
+def test_closing_early_waits_for_the_workers() -> None:
+    before = threading.active_count()
+    started = threading.Event()
+
+    def slow(item: bytes) -> bytes:
+        started.set()
+        time.sleep(0.001)
+        return item
+
+    items = map_ahead(slow, numbers(1_000_000, []), len, workers=2, group_bytes=10)
+    assert next(items) == b"0"
+    items.close()
+    assert started.is_set() and threading.active_count() == before
