@@ -489,6 +489,19 @@ static int64_t json_text_size(const uint8_t *data, int64_t length, int *valid) {
                 continue;
             }
         }
+        if (length - i < 16 && length >= 16) { /* the last bytes of a longer text: its last sixteen, those counted shifted out */
+            const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\'), control = _mm_set1_epi8(0x1F);
+            int left = (int)(length - i);
+            __m128i x = _mm_loadu_si128((const __m128i *)(data + length - 16));
+            unsigned odd = (unsigned)_mm_movemask_epi8(_mm_or_si128(x, _mm_cmpeq_epi8(_mm_max_epu8(x, control), control)));
+            if (!(odd >> (16 - left))) {
+                unsigned marks =
+                    (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, backslash)));
+                size += left;
+                for (marks >>= 16 - left; marks; marks &= marks - 1) size++;
+                break;
+            }
+        }
 #endif
         if (length - i >= 8) { /* eight ASCII bytes at a time, each '"' and '\\' counted */
             uint64_t w;
@@ -585,6 +598,20 @@ static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length, 
         at += plain;
         i += plain;
         at = put_escape(at, data[i++]);
+    }
+    /* The last bytes (fewer than sixteen) of a longer text: its last sixteen loaded, those
+     * already written shifted out of the mask. */
+    while (i < length && length >= 16) {
+        int left = (int)(length - i);
+        __m128i x = _mm_loadu_si128((const __m128i *)(data + length - 16));
+        __m128i special = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, backslash)),
+                                       _mm_cmpeq_epi8(_mm_max_epu8(x, control), control));
+        unsigned mask = (unsigned)_mm_movemask_epi8(special) >> (16 - left);
+        int plain = mask ? __builtin_ctz(mask) : left;
+        memcpy(at, data + i, (size_t)plain);
+        at += plain;
+        i += plain;
+        if (i < length) at = put_escape(at, data[i++]);
     }
 #endif
     while (i < length) {

@@ -109,11 +109,20 @@ def test_json_lines_rendered_in_the_core_are_what_each_record_renders(
 
 def test_a_character_to_escape_at_every_place_of_the_core_s_blocks() -> None:
     """The core copies sixteen (and eight) bytes at a time up to a byte it escapes: each escaped,
-    multi-byte or plain-but-high byte at every place of two blocks, alone and two together, is
-    rendered as `record_to_json` renders it."""
+    multi-byte or plain-but-high byte at every place of two blocks, alone and two together, and
+    at every place of texts of every length around the blocks, is rendered as `record_to_json`
+    renders it."""
     specials = [b'"', b"\\", b"\n", b"\x00", b"\x1f", b"\x7f", "é".encode(), "😀".encode(), b"\xff"]
     values = [b"a" * place + special + b"b" * (40 - place) for special in specials for place in range(34)]
     values += [b"c" * place + b'"\\' + b"d" * (33 - place) for place in range(34)]
+    # ...and in the last bytes of texts of every length around the blocks (read as the text's
+    # last sixteen, those before shifted out)
+    values += [
+        b"e" * place + special + b"f" * (length - place - len(special))
+        for special in specials
+        for length in (16, 17, 23, 31, 32, 33, 47, 48)
+        for place in range(length - len(special) + 1)
+    ]
     batch = build_batch(values, keys=[value[::-1] for value in values], timestamps=1_763_800_000_000)
     header = BatchHeader.parse(batch)
     oracle = [(record_to_json(r, "t", 0) + "\n").encode() for r in decode_records(header, memoryview(batch))]
