@@ -38,6 +38,28 @@ class _End:
         self.error = error
 
 
+def _groups(source: Iterator[T], size_of: Callable[[T], int], group_bytes: int, end: _End) -> Iterator[list[T]]:
+    """`source`'s items in groups of about `group_bytes` (by `size_of`). An error of the source
+    ends them, after the group it cut short, and is kept in `end`."""
+    group: list[T] = []
+    weight = 0
+    while True:
+        try:
+            item = next(source)
+        except StopIteration:
+            break
+        except BaseException as error:  # (raised where the items are taken, after them)
+            end.error = error
+            break
+        group.append(item)
+        weight += size_of(item)
+        if weight >= group_bytes:
+            yield group
+            group, weight = [], 0
+    if group:
+        yield group
+
+
 def read_ahead(
     source: Iterator[T], size_of: Callable[[T], int], *, group_bytes: int = GROUP_BYTES, depth: int = DEPTH
 ) -> Generator[T, None, None]:
@@ -56,21 +78,12 @@ def read_ahead(
         return False
 
     def read() -> None:
-        group: list[T] = []
-        weight = 0
+        end = _End()
         try:
-            for item in source:
-                group.append(item)
-                weight += size_of(item)
-                if weight >= group_bytes:
-                    if not hand(group):
-                        return
-                    group, weight = [], 0
-            if group and not hand(group):
-                return
-            hand(_End())
-        except BaseException as error:  # handed to the caller, raised there
-            hand(_End(error))
+            for group in _groups(source, size_of, group_bytes, end):
+                if not hand(group):
+                    return
+            hand(end)
         finally:
             close = getattr(source, "close", None)
             if close is not None:
@@ -116,27 +129,11 @@ def map_ahead(
             return results, error
         return results, None
 
-    failed: list[Exception] = []  # the source's error: raised once the items before it are out
-
-    def groups() -> Iterator[list[T]]:
-        group: list[T] = []
-        weight = 0
-        try:
-            for item in source:
-                group.append(item)
-                weight += size_of(item)
-                if weight >= group_bytes:
-                    yield group
-                    group, weight = [], 0
-        except Exception as error:
-            failed.append(error)
-        if group:
-            yield group
-
+    end = _End()  # the source's error, raised once the items before it are out
     pending: collections.deque[Future[tuple[list[R], Exception | None]]] = collections.deque()
     pool = ThreadPoolExecutor(workers, thread_name_prefix="map-ahead")
     try:
-        grouped = groups()
+        grouped = _groups(source, size_of, group_bytes, end)
         pending.extend(pool.submit(apply, group) for group in itertools.islice(grouped, 2 * workers))
         while pending:
             done, error = pending.popleft().result()
@@ -144,7 +141,7 @@ def map_ahead(
             yield from done
             if error is not None:
                 raise error
-        if failed:
-            raise failed[0]
+        if end.error is not None:
+            raise end.error
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -41,6 +41,18 @@ def test_an_error_comes_after_the_items_before_it() -> None:
     assert closed == ["read-ahead"]
 
 
+@pytest.mark.parametrize(
+    "ahead", [read_ahead, lambda source, size_of, **kw: map_ahead(bytes, source, size_of, workers=2, **kw)]
+)
+def test_the_items_of_a_group_the_error_cut_short_come_before_it(ahead) -> None:
+    """The error ends a group half full: its items are still handed over, then the error."""
+    got = []
+    with pytest.raises(OSError, match="reading item 500"):
+        for item in ahead(numbers(1000, [], fail_at=500), len, group_bytes=1 << 20):
+            got.append(item)
+    assert got == [b"%d" % n for n in range(500)]
+
+
 def test_closing_early_stops_the_reader_and_closes_the_source_in_it() -> None:
     """The reader is blocked on a full hand-over queue when the caller stops (`| head`): the
     close returns once the reader has let go of the source."""
