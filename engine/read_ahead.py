@@ -1,8 +1,8 @@
 """Work ahead of the caller in worker threads, for long sequential reads (`consume` of a
 partition); a short read costs a thread start for nothing.
 
-* `read_ahead`: while the caller renders batches, the ones after them are read and checked in a
-  worker thread (`os.pread` and CRC-32C release the GIL, so the two run on two cores).
+* `read_ahead`: while the caller checks and renders batches, the ones after them are read in a
+  worker thread (`os.pread` releases the GIL, so the two run on two cores).
 * `map_ahead`: a function of each item (rendering a batch: the compiled core releases the GIL
   while it walks and writes) computed by several threads, on groups of items, ahead of the
   caller.
