@@ -109,7 +109,8 @@ class AppendHandle(Handle):
 
     def write(self, position: int, data: bytes) -> Changes:
         with self._lock:
-            return self.lines.feed(data, self._send)
+            now_ms = self.node.tree.clock()
+            return self.lines.feed(data, lambda lines: self._send(lines, now_ms))
 
     def write_now(self, position: int, data: bytes) -> Changes | None:
         """A small write of plain lines (`echo x >> append`) on the loop, when every partition
@@ -130,7 +131,9 @@ class AppendHandle(Handle):
                 if not log.lock_for_quick_append(most_bytes, records, now_ms):
                     return None
                 held.append(log)
-            return self.lines.feed(data, self._send)
+            # (appended at the time the quick append was judged at: a later one could make a
+            # flush or a roll due, on the loop)
+            return self.lines.feed(data, lambda lines: self._send(lines, now_ms))
         finally:
             for log in held:
                 log.lock.release()
@@ -139,7 +142,7 @@ class AppendHandle(Handle):
     def flush(self) -> Changes:
         # A trailing partial line is a record once the file is closed.
         with self._lock:
-            return self._send(self.lines.finish())
+            return self._send(self.lines.finish(), self.node.tree.clock())
 
     def flush_now(self) -> Changes | None:
         """Nothing to do when no partial line waits (`echo x >> append`); not while a write
@@ -160,10 +163,9 @@ class AppendHandle(Handle):
             log.flush()
         return changes
 
-    def _send(self, lines: list[bytes]) -> Changes:
+    def _send(self, lines: list[bytes], now_ms: int) -> Changes:
         if not lines:
             return Changes()
-        now_ms = self.node.tree.clock()
         produced = self.producer.send(lines, now_ms, self.node.path)
         return self.node.tree.grown(produced.logs)
 

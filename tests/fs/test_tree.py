@@ -144,6 +144,32 @@ def test_append_lines_partial_lines_and_growth(data_dir: DataDir) -> None:
     assert read_all(records.open(os.O_RDONLY)).endswith(b"four\nfive\n")
 
 
+def test_a_quick_append_on_the_loop_appends_at_the_time_it_was_judged_at(data_dir: DataDir, monkeypatch) -> None:
+    """`echo x >> append` is appended on the event loop when it is only a page-cache write. The
+    clock is read once: read again for the append, a second later it made `flush.ms` (1 s) due,
+    and the loop fsynced."""
+    log = data_dir.partition("t", 0)
+    log.flush()
+    log.maybe_flush(NOW_MS)  # the last flush now, nothing unflushed
+    clock = [NOW_MS + 999]
+    tree = Tree(data_dir, MountOptions(), clock=lambda: clock[0])
+    handle = walk(tree, "t/0/append").open(os.O_WRONLY)
+    judge = log.lock_for_quick_append
+
+    def judged_then_a_millisecond_passes(*args: int) -> bool:
+        quick = judge(*args)
+        clock[0] += 1
+        return quick
+
+    monkeypatch.setattr(log, "lock_for_quick_append", judged_then_a_millisecond_passes)
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    assert handle.write_now(0, b"hello\n") is not None  # served on the loop
+    assert fsyncs == []
+    assert [r.value for r in log.records(3)] == [b"hello"]
+
+
 def test_a_bad_line_fails_its_whole_write(data_dir: DataDir) -> None:
     tree = tree_of(data_dir)
     handle = walk(tree, "t/0/append.jsonl").open(os.O_WRONLY)
