@@ -128,11 +128,6 @@ class _SegmentLayout:
     # and appended to again: the same positions may hold other batches now).
     serial: int = field(default_factory=lambda: next(_SERIALS))
 
-    def page_size(self, mark: int) -> int:
-        """The rendered size of the page from mark `mark`."""
-        end = self.marks_view[mark + 1] if mark + 1 < len(self.marks_view) else self.size
-        return end - self.marks_view[mark]
-
     def page_bounds(self, mark: int) -> tuple[int, int]:
         """The file positions of the batches between mark `mark` and the next."""
         end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to
@@ -714,17 +709,19 @@ class Layout:
         return page
 
     def _page_now(self, layout: _SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
-        """`_page` for the event loop, and how many bytes it rendered: the page if it is rendered
-        already, or renders to at most `budget` bytes and its bytes are in the OS page cache (then
-        it is rendered here); else None."""
+        """`_page` for the event loop, and how many segment bytes it rendered: the page if it is
+        rendered already, or holds at most `budget` segment bytes and they are in the OS page
+        cache (then it is rendered here); else None. (By segment bytes, not rendered ones: a
+        page of a view that shows little of each record, `print.value=false` or aborted
+        transactions read_committed, spans a long stretch of the segment.)"""
         start, end = layout.page_bounds(mark)
         key = (self, layout.segment, layout.serial, start, end)
         page = _PAGES.get(key)
-        size = layout.page_size(mark)
-        if page is not None or size > budget:
+        cost = end - start
+        if page is not None or cost > budget:
             return page, 0
         try:
-            return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True)), size
+            return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True)), cost
         except BlockingIOError:
             return None, 0
         except Exception:  # damaged data: left to the worker thread's read, which reports it

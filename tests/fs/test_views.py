@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import BrokerConfig, PartitionLog
+from seglogfs.engine import segment as segment_module
 from seglogfs.engine.config import apply_topic_overrides
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError
@@ -311,6 +312,36 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
     assert view.read(100, 200) == expected[100:300]
     assert view.read_now(100, 200) == expected[100:300]
     assert view.read_now(len(expected) - 5, 10) is None  # past the end: a look at the log first
+    log.close()
+
+
+def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path, monkeypatch) -> None:
+    """A view that shows little of each record (offsets only, values of 20 KB) has pages that span
+    much of the segment: a small read of one is not rendered on the event loop, which would read
+    all of that page's segment bytes first."""
+    if not nowait_reads_work(tmp_path):
+        pytest.skip("this file system cannot tell what is in the page cache: nothing is read on the loop")
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
+    for _ in range(100):
+        log.append_records([b"x" * 20_000], now_ms=NOW_MS)
+    log.roll(NOW_MS)  # (sealed: its measure keeps no page rendered)
+    text_format = TextFormat(print_offset=True, print_value=False)
+    expected = expected_text(log, 0, text_format)
+    monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 500_000)  # a quarter of the segment
+    view = View(Layout(log, TextRenderer(text_format, 0)), 0)
+    assert view.size() == len(expected)  # ~1 KB of text in one page: 2 MB of the segment
+    monkeypatch.setattr(views, "_PAGES", views._PageCache(32 << 20))  # (finding offset 0 rendered it)
+    read_on_the_loop: list[int] = []
+
+    def counted(fd: int, at: int, length: int) -> bytes:
+        read_on_the_loop.append(length)
+        return read_cached(fd, at, length)
+
+    monkeypatch.setattr(segment_module, "read_cached", counted)
+    assert view.read_now(0, 10) is None
+    assert read_on_the_loop == []
+    assert view.read(0, 10) == expected[:10]  # (a worker thread's read)
+    assert view.read_now(0, len(expected)) == expected  # rendered: served from the page cache
     log.close()
 
 
