@@ -656,16 +656,18 @@ class Layout:
                 self._store.save(self._store_directory, layout, self._mark_bytes)
 
     def _note(self, layout: _SegmentLayout, header: BatchHeader, rendered: int) -> None:
-        """One more batch measured into a segment's layout: a mark where a page is full."""
+        """One more batch measured into a segment's layout: a mark where a page is full. The size
+        grows last: a reader on the event loop (which takes a published layout as it stands)
+        finds every byte below the size in the pages."""
         if layout.since_mark >= self._mark_bytes:
             layout.marks_view.append(layout.size)
             layout.marks_file.append(header.position)
             layout.marks_offset.append(header.base_offset)
             layout.since_mark = 0
-        layout.size += rendered
         layout.since_mark += rendered
         layout.scanned_to = header.next_position
         layout.last_batch = (header.position, header.crc)
+        layout.size += rendered
 
     def _sibling_to_measure(self, layout: _SegmentLayout) -> Layout | None:
         """The other format's layout, when this first measure of a segment should measure it
@@ -774,7 +776,11 @@ class Layout:
         if position + length > self.known_size():
             return None
         pieces = list(self._pieces(position, length, now=True))
-        return None if None in pieces else b"".join(pieces)  # type: ignore[arg-type]
+        if None in pieces:
+            return None
+        data = b"".join(pieces)  # type: ignore[arg-type]
+        # (short: a measure changed the layout under the read; a worker thread's read waits for it)
+        return data if len(data) == length else None
 
     def known_size(self) -> int:
         """The total size as last measured (no look at the log, no lock: for the event loop)."""

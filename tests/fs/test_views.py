@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -342,6 +343,59 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
     assert read_on_the_loop == []
     assert view.read(0, 10) == expected[:10]  # (a worker thread's read)
     assert view.read_now(0, len(expected)) == expected  # rendered: served from the page cache
+    log.close()
+
+
+def test_a_read_on_the_loop_during_a_measure_is_whole_or_refused(tmp_path: Path) -> None:
+    """The event loop reads a published layout as it stands while the measuring thread adds a
+    batch to it: stopped at each step of that (a line of `Layout._note`, where the GIL may pass
+    to the loop), a read of every byte below the size it knows gets all of them, or None (a
+    worker thread's read then waits for the measure); never fewer bytes than asked for."""
+    log = make_log(tmp_path / "t-0")
+    view = View(Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=16), 0)
+    for i in range(6):
+        log.append_records([b"record-%d" % i], now_ms=NOW_MS)
+    assert view.size() == len(expected_text(log, 0, TextFormat()))
+    log.append_records([b"record-6"], now_ms=NOW_MS)
+    expected = expected_text(log, 0, TextFormat())
+    at_a_line, go_on, done = threading.Semaphore(0), threading.Semaphore(0), threading.Event()
+    steps: list[int] = []
+
+    def stop_at_each_line(frame, event, arg):  # (sys.settrace's signature)
+        if frame.f_code is not Layout._note.__code__:
+            return None
+
+        def line(frame, event, arg):
+            if event == "line" and not done.is_set():
+                steps.append(frame.f_lineno)
+                at_a_line.release()
+                go_on.acquire()
+            return line
+
+        return line
+
+    def measure() -> None:
+        sys.settrace(stop_at_each_line)
+        try:
+            view.size()
+        finally:
+            sys.settrace(None)
+            at_a_line.release()  # (the end: no more lines)
+
+    measuring = threading.Thread(target=measure)
+    measuring.start()
+    try:
+        while at_a_line.acquire(timeout=10) and measuring.is_alive():
+            known = view.layout.known_size()
+            got = view.read_now(0, known)
+            assert got is None or got == expected[:known], f"after line {steps[-1]}: {got!r}"
+            go_on.release()
+    finally:
+        done.set()  # (a failed check lets the measure run to its end)
+        go_on.release()
+        measuring.join()
+    assert len(steps) >= 4  # (every line of _note was a stop)
+    assert view.read_now(0, len(expected)) == expected
     log.close()
 
 
