@@ -145,22 +145,24 @@ class _Cursor:
         stop = log.log_end_offset if transactions is None else transactions.catch_up(log)
         if self.position >= stop:
             return
-        batches = read_ahead(log.batches(self.position, stop, checked=False), _batch_bytes)
-        if room() is None and self.render_threads > 1:  # no message limit: rendered ahead of the writes
-            start = self.position  # (only the first batch may hold records below it)
-            for lines, records, last_offset in map_ahead(
-                lambda item: self._render(item, start, None), batches, _batch_bytes, workers=self.render_threads
-            ):
-                self.position = last_offset + 1
-                yield lines, records
-            return
-        for item in batches:
-            left = room()
-            if left is not None and left <= 0:
+        # Closed here, however this ends: an error's traceback would keep the reading thread
+        # going (and its segments leased) until the garbage collector got to it.
+        with contextlib.closing(read_ahead(log.batches(self.position, stop, checked=False), _batch_bytes)) as batches:
+            if room() is None and self.render_threads > 1:  # no message limit: rendered ahead of the writes
+                start = self.position  # (only the first batch may hold records below it)
+                for lines, records, last_offset in map_ahead(
+                    lambda item: self._render(item, start, None), batches, _batch_bytes, workers=self.render_threads
+                ):
+                    self.position = last_offset + 1
+                    yield lines, records
                 return
-            lines, records, last_offset = self._render(item, self.position, left)
-            self.position = last_offset + 1  # (cut short by `room` only when the consumer ends)
-            yield lines, records
+            for item in batches:
+                left = room()
+                if left is not None and left <= 0:
+                    return
+                lines, records, last_offset = self._render(item, self.position, left)
+                self.position = last_offset + 1  # (cut short by `room` only when the consumer ends)
+                yield lines, records
 
     def _render(
         self, item: tuple[LogSegment, BatchHeader, memoryview], min_offset: int, room: int | None
@@ -204,9 +206,11 @@ class _Consumer:
         is on the reader's side then) leaves them counted."""
         before = self.count
         for cursor in self.cursors:
-            for lines, records in cursor.rendered(self._room):
-                self.count += records
-                self.out.write(lines)
+            # (closed here when a write fails, `| head`: its reading threads stop now)
+            with contextlib.closing(cursor.rendered(self._room)) as rendered:
+                for lines, records in rendered:
+                    self.count += records
+                    self.out.write(lines)
         return self.count - before
 
 

@@ -538,6 +538,46 @@ def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(
     ]
 
 
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_a_consume_that_fails_leaves_no_thread_reading(tmp_path: Path, fmt: str, capsysbinary, monkeypatch) -> None:
+    """In a process that goes on (an in-process caller of the CLI), a consume that ends in an
+    error has stopped its reading threads when it returns; they do not read on from a closed
+    data dir until the garbage collector gets to the error's traceback."""
+    import gc
+    import threading
+
+    from seglogfs.mount_tools import cli
+
+    data = tmp_path / "data"
+    lines = b"".join(b"line-%06d %s\n" % (n, b"x" * 200) for n in range(150_000))  # 30 MB: more than is read ahead
+    run("produce", str(data), "--topic", "t", stdin=lines)
+    segment = data / "t-0" / "00000000000000000000.log"
+    whole = segment.read_bytes()
+    content = bytearray(whole)
+    content[len(content) // 10] ^= 0xFF  # an early batch fails its CRC
+    segment.write_bytes(bytes(content))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed_pipe = open(write_end, "w")  # noqa: SIM115 (closed at the end)
+    gc.disable()  # (the traceback's cycle stays, as it may for a while in a busy process)
+    try:
+        status = cli.main(["consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt])
+        assert status == 1
+        left = [t.name for t in threading.enumerate() if t.name == "read-ahead" or t.name.startswith("map-ahead")]
+        assert left == []
+        assert b"CRC-32C mismatch" in capsysbinary.readouterr().err
+
+        # The reader goes away (`| head`): the write fails, and the threads stop likewise.
+        monkeypatch.setattr(sys, "stdout", closed_pipe)
+        segment.write_bytes(whole)  # (no damage now: only the pipe fails)
+        status = cli.main(["consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt])
+        left = [t.name for t in threading.enumerate() if t.name == "read-ahead" or t.name.startswith("map-ahead")]
+        assert status == 0 and left == []
+    finally:
+        gc.enable()
+        closed_pipe.close()
+
+
 def test_consume_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`consume | head -1` on a broker's partition: exit 0, nothing on stderr, as `cat` does (it
     said "corrupt record batch … Broken pipe" and exited 1: the write was inside the decoding's
