@@ -442,7 +442,9 @@ class Layout:
         self._bases: list[int] = []
         self._published: tuple[list[_SegmentLayout], list[int]] = ([], [])  # (order, starts), swapped whole
         self.generation = 0  # changes when a segment joins or leaves: positions may move
-        self._tail: tuple[LogSegment, int, int, Page] | None = None  # the growing segment's last page
+        # The growing segment's last page: its segment layout (a cut-back makes a new one, so a
+        # page rendered before it, late, is never grown after it), start, end and batches.
+        self._tail: tuple[_SegmentLayout, int, int, Page] | None = None
         self._truncations = log.truncations  # the log's cut-backs this layout has seen
         self.measured = False  # set once a snapshot has measured every segment (the first look)
         self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
@@ -736,13 +738,13 @@ class Layout:
         segment = layout.segment
         render = self._render_batch
         tail = self._tail
-        grown = tail is not None and tail[0] is segment and tail[1] == start and tail[2] < end
+        grown = tail is not None and tail[0] is layout and tail[1] == start and tail[2] < end
         first = tail[2] if grown and tail is not None else start
         page = [(header, render(header, batch)) for header, batch in segment.checked_batches(first, end, nowait=nowait)]
         if grown and tail is not None:
             page = tail[3] + page
         if not layout.sealed and end == layout.scanned_to:
-            self._tail = (segment, start, end, page)
+            self._tail = (layout, start, end, page)
         return page
 
     def position(self, offset: int) -> tuple[int, int]:

@@ -600,3 +600,39 @@ def test_a_view_not_looking_during_the_cut_back_still_sees_it(tmp_path: Path) ->
     expected = expected_text(log, 0, TextFormat())
     assert view.size() == len(expected) and view.read(0, 1000) == expected
     log.close()
+
+
+def test_a_page_rendered_before_a_cut_back_is_never_grown_after_it(tmp_path: Path) -> None:
+    """A render of the growing segment's last page that finishes after the log cut a failed
+    write back (on another thread: the loop's, a worker's) leaves that page as the one a
+    follower's next read grows: it must not, as its bytes hold the records that were cut."""
+    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log.append_records([b"kept"], now_ms=NOW_MS)
+    layout = Layout(log, TextRenderer(TextFormat(), 0))
+    view = View(layout, 0)
+    stale: list[object] = []
+
+    def render_during_the_write() -> None:
+        assert view.read(0, 1000).startswith(b"kept\nxxxx")  # the first batch of the failing write
+        stale.append(layout._tail)  # what that render leaves, late
+
+    seen = View.size
+
+    def size_and_render(self: View) -> int:
+        size = seen(self)
+        if not stale:
+            render_during_the_write()
+        return size
+
+    View.size = size_and_render  # type: ignore[method-assign]
+    try:
+        failed_write_seen_by(view, log)
+    finally:
+        View.size = seen  # type: ignore[method-assign]
+    assert view.size() == len(b"kept\n")  # the cut seen: the layout measured afresh
+    layout._tail = stale[0]  # type: ignore[assignment]  # the late render finishes now
+    log.append_records([b"y" * 150, b"z" * 150], now_ms=NOW_MS)  # past where the cut write ended
+    expected = expected_text(log, 0, TextFormat())
+    assert view.size() == len(expected)
+    assert view.read(0, 1000) == expected
+    log.close()
