@@ -33,7 +33,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import BinaryIO
@@ -134,7 +134,7 @@ class _Cursor:
             position = self.transactions.catch_up(log)
         self.position = position
 
-    def rendered(self, room: Callable[[], int | None]) -> Iterator[tuple[bytes, int]]:
+    def rendered(self, room: Callable[[], int | None]) -> Generator[tuple[bytes, int], None, None]:
         """The lines of the records from the position to the log end, a batch at a time, with how
         many records each holds; at most `room()` records each time (None: no limit). Records
         retention took meanwhile are skipped, as a consumer that finds its offset out of range
