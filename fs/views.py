@@ -74,6 +74,10 @@ class Renderer(Protocol):
 
 
 MARK_BYTES = 32 * 1024
+# ...and a mark at least every this many segment bytes: a view that shows little of each record
+# (`print.value=false`, aborted transactions read_committed) would otherwise have pages spanning
+# much of a segment, each rendered whole for the smallest read.
+MARK_SEGMENT_BYTES = 1 << 20
 
 # A test hook: milliseconds of sleep per batch measured, to make a measure slow enough to watch.
 MEASURE_DELAY_ENV = "SEGLOGFS_TEST_MEASURE_DELAY_MS"
@@ -661,7 +665,8 @@ class Layout:
         """One more batch measured into a segment's layout: a mark where a page is full. The size
         grows last: a reader on the event loop (which takes a published layout as it stands)
         finds every byte below the size in the pages."""
-        if layout.since_mark >= self._mark_bytes:
+        if layout.since_mark >= self._mark_bytes or header.position - layout.marks_file[-1] >= MARK_SEGMENT_BYTES:
+            # (a page may render to nothing: a read lands on the last of the marks at its place)
             layout.marks_view.append(layout.size)
             layout.marks_file.append(header.position)
             layout.marks_offset.append(header.base_offset)

@@ -328,9 +328,9 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
     log.roll(NOW_MS)  # (sealed: its measure keeps no page rendered)
     text_format = TextFormat(print_offset=True, print_value=False)
     expected = expected_text(log, 0, text_format)
-    monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 500_000)  # a quarter of the segment
+    monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 500_000)  # half a page (MARK_SEGMENT_BYTES)
     view = View(Layout(log, TextRenderer(text_format, 0)), 0)
-    assert view.size() == len(expected)  # ~1 KB of text in one page: 2 MB of the segment
+    assert view.size() == len(expected)  # ~1 KB of text in two pages of 1 MB of the segment
     monkeypatch.setattr(views, "_PAGES", views._PageCache(32 << 20))  # (finding offset 0 rendered it)
     read_on_the_loop: list[int] = []
 
@@ -341,7 +341,7 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
     monkeypatch.setattr(segment_module, "read_cached", counted)
     assert view.read_now(0, 10) is None
     assert read_on_the_loop == []
-    assert view.read(0, 10) == expected[:10]  # (a worker thread's read)
+    assert view.read(0, len(expected)) == expected  # (a worker thread's read)
     assert view.read_now(0, len(expected)) == expected  # rendered: served from the page cache
     log.close()
 
@@ -635,4 +635,30 @@ def test_a_page_rendered_before_a_cut_back_is_never_grown_after_it(tmp_path: Pat
     expected = expected_text(log, 0, TextFormat())
     assert view.size() == len(expected)
     assert view.read(0, 1000) == expected
+    log.close()
+
+
+@pytest.mark.parametrize("text_format", [TextFormat(print_offset=True, print_value=False), TextFormat()])
+def test_pages_span_a_bounded_stretch_of_the_segment(tmp_path: Path, monkeypatch, text_format: TextFormat) -> None:
+    """A view showing little of each record gets a mark every MARK_SEGMENT_BYTES of the segment
+    as well as every MARK_BYTES of its own: a small read renders a bounded page. Every range
+    still reads as the full rendering, and by offset too."""
+    monkeypatch.setattr(views, "MARK_SEGMENT_BYTES", 10_000)
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
+    for n in range(60):
+        log.append_records([b"%d-" % n + b"x" * 2000] * (1 + n % 3), now_ms=NOW_MS)
+    expected = expected_text(log, 0, text_format)
+    layout = Layout(log, TextRenderer(text_format, 0))
+    view = View(layout, 0)
+    assert view.size() == len(expected)
+    (segment_layout,) = layout._published[0]
+    bounds = [segment_layout.page_bounds(mark) for mark in range(len(segment_layout.marks_file))]
+    assert len(bounds) > 10 and all(end - start <= 10_000 + 6_200 for start, end in bounds)  # (+ a batch)
+    rng = random.Random(7)
+    for _ in range(200):
+        at, length = rng.randrange(len(expected)), rng.randrange(1, 300)
+        assert view.read(at, length) == expected[at : at + length]
+    assert view.read(0, len(expected)) == expected
+    for offset in (0, 1, 57, log.log_end_offset - 1):
+        assert View(layout, offset).read(0, len(expected)) == expected_text(log, offset, text_format)
     log.close()
