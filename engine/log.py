@@ -531,13 +531,13 @@ class PartitionLog:
     def _maybe_roll(self, messages_bytes: int, header: BatchHeader, now_ms: int) -> LogSegment:
         segment = self.active_segment
         config = self.config
-        if segment.rolls_for(
-            messages_bytes,
-            header.max_timestamp,
-            header.last_offset,
-            now_ms,
-            config.segment_bytes,
-            config.max_segment_ms,
+        if segment.should_roll(
+            messages_bytes=messages_bytes,
+            max_timestamp=header.max_timestamp,
+            max_offset=header.last_offset,
+            now_ms=now_ms,
+            max_bytes=config.segment_bytes,
+            max_ms=config.max_segment_ms,
         ):
             return self._roll_locked(header.base_offset, now_ms)
         return segment

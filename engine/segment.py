@@ -115,18 +115,6 @@ def _header_fits(view: memoryview | bytes, offset: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class RollParams:
-    """What `should_roll` weighs for an incoming append (Kafka's RollParams)."""
-
-    max_segment_bytes: int
-    max_segment_ms: int
-    messages_bytes: int
-    max_timestamp_in_messages: int
-    max_offset_in_messages: int
-    now_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class FetchSlice:
     """Bytes read from a segment: whole batches from `position`, possibly ending in a partial
     one when the read was bounded by size (as Kafka's FileRecords slices are)."""
@@ -708,22 +696,13 @@ class LogSegment:
             return message_timestamp - self._rolling_based_timestamp
         return now_ms - self.created_ms
 
-    def should_roll(self, params: RollParams) -> bool:
-        """Kafka's four roll rules for an append of `params.messages_bytes` bytes."""
-        return self.rolls_for(
-            params.messages_bytes,
-            params.max_timestamp_in_messages,
-            params.max_offset_in_messages,
-            params.now_ms,
-            params.max_segment_bytes,
-            params.max_segment_ms,
-        )
-
-    def rolls_for(  # noqa: PLR0917 (RollParams' fields, without an object made per append)
-        self, messages_bytes: int, max_timestamp: int, max_offset: int, now_ms: int, max_bytes: int, max_ms: int
+    def should_roll(
+        self, *, messages_bytes: int, max_timestamp: int, max_offset: int, now_ms: int, max_bytes: int, max_ms: int
     ) -> bool:
-        """`should_roll` of RollParams(max_bytes, max_ms, messages_bytes, max_timestamp,
-        max_offset, now_ms)."""
+        """Kafka's roll rules (LogSegment.shouldRoll) for an append of `messages_bytes` bytes whose
+        largest timestamp and offset are `max_timestamp` and `max_offset`: `max_bytes` is
+        `segment.bytes`, `max_ms` the log's `max_segment_ms`. (Arguments, not a RollParams
+        object: this is asked for every append.)"""
         return (
             self._size > max_bytes - messages_bytes
             or (self._size > 0 and self.time_waited_for_roll(now_ms, max_timestamp) > max_ms - self.roll_jitter_ms)
@@ -735,9 +714,9 @@ class LogSegment:
     def appends_in_memory(self, most_bytes: int, last_offset: int, now_ms: int, max_bytes: int, max_ms: int) -> bool:
         """Whether an append of at most `most_bytes` of batches timestamped `now_ms`, up to offset
         `last_offset`, is a write to the page cache and nothing more: no roll by any rule
-        (`max_bytes`: `segment.bytes`; `max_ms`: the log's `max_segment_ms`), and no file or
+        (`should_roll`'s), and no file or
         index to open or read first. For an event loop, which must not wait on a disk."""
-        # What `rolls_for` and the append would otherwise open or read: the `.log`, the
+        # What `should_roll` and the append would otherwise open or read: the `.log`, the
         # indexes, the first batch's timestamp (the time rule) and the largest timestamp.
         if self._handle is None or not self._indexes_ready or self._closed:
             return False
@@ -745,7 +724,14 @@ class LogSegment:
             return False
         if self._size and (self._rolling_based_timestamp is None or self._max_timestamp_so_far is None):
             return False
-        return not self.rolls_for(most_bytes, now_ms, last_offset, now_ms, max_bytes, max_ms)
+        return not self.should_roll(
+            messages_bytes=most_bytes,
+            max_timestamp=now_ms,
+            max_offset=last_offset,
+            now_ms=now_ms,
+            max_bytes=max_bytes,
+            max_ms=max_ms,
+        )
 
     def can_convert_to_relative_offset(self, offset: int) -> bool:
         return 0 <= offset - self.base_offset <= _INT32_MAX

@@ -20,7 +20,7 @@ import pytest
 from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError
 from seglogfs.engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
-from seglogfs.engine.segment import FetchSlice, LogSegment, RollParams, _ReadAheadAdvice, read_cached
+from seglogfs.engine.segment import FetchSlice, LogSegment, _ReadAheadAdvice, read_cached
 from tests.conftest import NOW_MS
 
 INT32_MAX = 2**31 - 1
@@ -99,15 +99,16 @@ def write_nonsense(path: Path, position: int, length: int, rng: random.Random) -
 
 def roll_params(
     *, max_offset: int, now_ms: int, max_segment_ms: int = 300_000, timestamp: int = NO_TIMESTAMP
-) -> RollParams:
-    return RollParams(
-        max_segment_bytes=INT32_MAX,
-        max_segment_ms=max_segment_ms,
-        messages_bytes=1024,
-        max_timestamp_in_messages=timestamp,
-        max_offset_in_messages=max_offset,
-        now_ms=now_ms,
-    )
+) -> dict[str, int]:
+    """LogSegment.should_roll's arguments (Kafka's RollParams in its tests)."""
+    return {
+        "max_bytes": INT32_MAX,
+        "max_ms": max_segment_ms,
+        "messages_bytes": 1024,
+        "max_timestamp": timestamp,
+        "max_offset": max_offset,
+        "now_ms": now_ms,
+    }
 
 
 # -- A. append and read ----------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_offsets_past_int32_need_a_new_segment_at_the_batch_base(make_segment: M
     append(first, batch(0))
     high = 2**31 + 1
 
-    assert first.should_roll(roll_params(max_offset=high + 2, now_ms=NOW_MS))
+    assert first.should_roll(**roll_params(max_offset=high + 2, now_ms=NOW_MS))
     with pytest.raises(OffsetOverflowError):
         append(first, batch(high))
 
@@ -325,7 +326,7 @@ def test_truncating_reopened_empty_segment_resizes_its_indexes(make_segment: Mak
 
     assert not reopened.offset_index.is_full
     assert not reopened.time_index.is_full
-    assert not reopened.should_roll(roll_params(max_offset=100, now_ms=NOW_MS + 500))
+    assert not reopened.should_roll(**roll_params(max_offset=100, now_ms=NOW_MS + 500))
 
 
 # -- C. time index, segment level -------------------------------------------------------------------
@@ -450,8 +451,8 @@ def test_empty_segment_rolls_only_when_next_offset_cannot_be_relative(make_segme
     later = NOW_MS + max_segment_ms + 1
     assert segment.time_waited_for_roll(later, NO_TIMESTAMP) == max_segment_ms + 1
 
-    assert not segment.should_roll(roll_params(max_offset=100, now_ms=later, max_segment_ms=max_segment_ms))
-    assert segment.should_roll(roll_params(max_offset=INT32_MAX + 200, now_ms=later, max_segment_ms=max_segment_ms))
+    assert not segment.should_roll(**roll_params(max_offset=100, now_ms=later, max_segment_ms=max_segment_ms))
+    assert segment.should_roll(**roll_params(max_offset=INT32_MAX + 200, now_ms=later, max_segment_ms=max_segment_ms))
 
 
 # Case 49 (Kafka's truncateTo resets the creation time whenever the segment is empty afterwards,
