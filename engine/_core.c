@@ -686,17 +686,11 @@ static int walk_batch(const Py_buffer *section, Py_ssize_t count, long long base
     return 0;
 }
 
-/* The JSON Lines of rows [0, n) of the columns, `end[i]` where row i's line ends; NULL with an
- * exception when a key or value lies outside the section. */
-static PyObject *json_lines(const uint8_t *data, Py_ssize_t section_len, Py_ssize_t n, const int64_t *off,
-                            const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
-                            const int64_t *vl, const Py_buffer *prefix, const Py_buffer *kind, int64_t *end) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        if ((kl[i] > 0 && (ks[i] < 0 || ks[i] > section_len - kl[i])) ||
-            (vl[i] > 0 && (vs[i] < 0 || vs[i] > section_len - vl[i]))) {
-            PyErr_SetString(PyExc_ValueError, "render_json: a key or value lies outside the section");
-            return NULL;
-        }
+/* The JSON Lines of rows [0, n) of walked columns (every key and value inside the section: `walk`
+ * checked it), `end[i]` where row i's line ends; NULL with an exception. */
+static PyObject *json_lines(const uint8_t *data, Py_ssize_t n, const int64_t *off, const int64_t *ts,
+                            const int64_t *ks, const int64_t *kl, const int64_t *vs, const int64_t *vl,
+                            const Py_buffer *prefix, const Py_buffer *kind, int64_t *end) {
     static const char T1[] = ",\"timestamp\":", T2[] = ",\"timestampType\":\"", T3[] = "\",\"key\":",
                       T4[] = ",\"value\":", T5[] = ",\"headers\":[]}\n";
     Py_ssize_t fixed = prefix->len + kind->len + (Py_ssize_t)(sizeof T1 + sizeof T2 + sizeof T3 + sizeof T4 + sizeof T5 - 5);
@@ -763,7 +757,7 @@ static PyObject *render_json_section(PyObject *self, PyObject *args) {
             goto done;
         }
     Py_ssize_t n = count - first;
-    PyObject *lines = json_lines(section.buf, section.len, n, offsets.buf, fields + count + first,
+    PyObject *lines = json_lines(section.buf, n, offsets.buf, fields + count + first,
                                  fields + 3 * count + first, fields + 4 * count + first, fields + 5 * count + first,
                                  fields + 6 * count + first, &prefix, &kind, ends.buf);
     if (lines != NULL) result = Py_BuildValue("(Nn)", lines, n);
@@ -1121,25 +1115,16 @@ static Py_ssize_t decimal_size(int64_t value) {
 }
 
 typedef struct {
-    Py_buffer section, offsets, timestamps, key_starts, key_lengths, value_starts, value_lengths;
-    Py_buffer timestamp_label, partition_field, separator, line_end, null;
+    Py_buffer section, timestamp_label, partition_field, separator, line_end, null;
     int print_offset, print_key, print_value;
 } text_args_t;
 
-/* The lines of rows [0, n) of the columns, `end[i]` where row i's line ends; NULL with an
- * exception when a key or value lies outside the section. */
+/* The lines of rows [0, n) of walked columns (every key and value inside the section: `walk`
+ * checked it), `end[i]` where row i's line ends; NULL with an exception. */
 static PyObject *text_lines(const text_args_t *a, int have_label, int have_partition, Py_ssize_t n, const int64_t *off,
                             const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
                             const int64_t *vl, int64_t *end) {
     const uint8_t *section = a->section.buf;
-    Py_ssize_t section_len = a->section.len;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if ((kl[i] > 0 && (ks[i] < 0 || ks[i] > section_len - kl[i])) ||
-            (vl[i] > 0 && (vs[i] < 0 || vs[i] > section_len - vl[i]))) {
-            PyErr_SetString(PyExc_ValueError, "render_text: a key or value lies outside the section");
-            return NULL;
-        }
-    }
     int fields = have_label + have_partition + a->print_offset + a->print_key + a->print_value;
     Py_ssize_t separators = fields > 1 ? (fields - 1) * a->separator.len : 0;
     Py_ssize_t total = 0;
@@ -1196,12 +1181,6 @@ static PyObject *text_lines(const text_args_t *a, int have_label, int have_parti
 
 static void release_text_args(text_args_t *a) {
     PyBuffer_Release(&a->section);
-    if (a->offsets.obj) PyBuffer_Release(&a->offsets);
-    if (a->timestamps.obj) PyBuffer_Release(&a->timestamps);
-    if (a->key_starts.obj) PyBuffer_Release(&a->key_starts);
-    if (a->key_lengths.obj) PyBuffer_Release(&a->key_lengths);
-    if (a->value_starts.obj) PyBuffer_Release(&a->value_starts);
-    if (a->value_lengths.obj) PyBuffer_Release(&a->value_lengths);
     if (a->timestamp_label.obj) PyBuffer_Release(&a->timestamp_label);
     if (a->partition_field.obj) PyBuffer_Release(&a->partition_field);
     PyBuffer_Release(&a->separator);
@@ -1211,7 +1190,7 @@ static void release_text_args(text_args_t *a) {
 
 /* render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, partition,
  *                     print_offset, print_key, print_value, separator, line_end, null, offsets, ends)
- * -> (bytes, n): render_text of a batch's records with offsets >= min_offset, straight from its records
+ * -> (bytes, n): the console lines of a batch's records with offsets >= min_offset, straight from its records
  * section (walked here, as record_fields walks it: no columns made); offsets[i] and ends[i] of the n lines.
  * `log_append_time`: None, or the time every record shows (a LogAppendTime batch). */
 static PyObject *render_text_section(PyObject *self, PyObject *args) {
