@@ -83,7 +83,9 @@ MARK_SEGMENT_BYTES = 1 << 20
 MEASURE_DELAY_ENV = "SEGLOGFS_TEST_MEASURE_DELAY_MS"
 _MEASURE_DELAY_S = float(os.environ.get(MEASURE_DELAY_ENV, "0") or 0) / 1000
 _SLOW_MEASURE_S = 1.0  # a first measure longer than this is logged
-MEASURE_THREADS = 2  # threads measuring a partition's sealed segments at once (this machine kind's cores)
+# Threads measuring a partition's sealed segments at once: the cores this process may run on (at
+# most 4), as consume's JSON Lines renderers are counted.
+MEASURE_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
 class MeasureStopped(InterruptedError):

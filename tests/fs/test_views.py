@@ -419,6 +419,7 @@ def test_sealed_segments_are_measured_on_two_threads(tmp_path: Path, monkeypatch
     """A first measure shares the sealed segments out between this thread and a helper (the core
     releases the GIL): every batch is measured once and the view reads as a full rendering."""
     monkeypatch.setattr(views, "_MEASURE_DELAY_S", 0.002)  # (each segment long enough to share out)
+    monkeypatch.setattr(views, "MEASURE_THREADS", 2)  # (whatever this machine's cores)
     log = make_log(tmp_path / "t-0")
     fill(log, 60)
     assert len(log.segments) >= 4
