@@ -107,6 +107,11 @@ class Handle:
     def read(self, position: int, length: int) -> bytes | bytearray:
         raise Refused(errno.EBADF, f"read {self.node.path}")
 
+    def grown_size(self) -> int | None:
+        """For a file that grows while open, a size it has at least now (cheap: on the loop);
+        None for one that does not grow under its readers."""
+        return None
+
     def write(self, position: int, data: bytes) -> Changes:
         raise Refused(errno.EBADF, f"write {self.node.path}")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,6 +48,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _VALID_S = 3600.0  # attributes and entries the tree does not time out stay valid until invalidated
+# A test hook: milliseconds each invalidation a request sends waits first, to hold the kernel's
+# cached sizes stale as long as a test needs (see `read`).
+INVALIDATE_DELAY_ENV = "SEGLOGFS_TEST_INVALIDATE_DELAY_MS"
+_INVALIDATE_DELAY_S = float(os.environ.get(INVALIDATE_DELAY_ENV, "0") or 0) / 1000
 _NAME_MAX = 249  # Kafka's longest topic name
 _ERRNO: list[tuple[type[BaseException], int]] = [
     (ReadOnlyError, errno.EROFS),
@@ -153,6 +158,8 @@ class Operations(pyfuse3.Operations):
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
         self._open_inodes: Counter[int] = Counter()  # open handles per inode
         self._queued: set[int] = set()  # inodes to invalidate soon (no handle open)
+        # Per open inode that grows: a size the kernel holds at least, if it holds one (see `read`).
+        self._size_floor: dict[int, int] = {}
         self._wake = trio.Event()
 
     async def _run(self, work: Callable[[], T], what: str) -> T:
@@ -237,6 +244,7 @@ class Operations(pyfuse3.Operations):
             return
         now = Changes(entries=changes.entries)
         for inode in changes.inodes:
+            self._size_floor.pop(inode, None)  # (a cut-back shrinks a file: no floor holds)
             if self._open_inodes[inode]:
                 now.inodes.append(inode)
             else:
@@ -355,11 +363,41 @@ class Operations(pyfuse3.Operations):
         with _errors(f"read {handle.node.path}"):
             data = handle.read_now(off, size)
         if data is None:
-            return await self._run_interruptible(
+            data = await self._run_interruptible(
                 lambda: handle.read(off, size), f"read {handle.node.path}", self._openers.get(fh, 0)
             )
-        self.requests["read_now"] += 1
+        else:
+            self.requests["read_now"] += 1
+        self._cover_read(handle, off + len(data))
         return data
+
+    def _cover_read(self, handle: Handle, end: int) -> None:
+        """Make sure the kernel holds no size below `end`, where a read is about to end.
+
+        With direct I/O a read returns what the file holds now. That can be more than the size
+        the kernel holds: an append's invalidation may still be on its way. `tail -f` reads to
+        the end and then fstat's; a size below what it read is "file truncated" to it, and it
+        prints the file again from the start.
+
+        The kernel holds a size only from a reply asked for after the inode's last
+        invalidation (it drops older replies), and sizes only grow. So after an invalidation,
+        it holds at least the size the file had just before: `_size_floor`. Invalidating
+        attributes only, with no writeback cache, waits on nothing, so it is done here on the
+        loop, before the reply. A file reading within its floor (`cat` of a sealed view) costs
+        a comparison."""
+        inode = handle.node.inode
+        if end <= self._size_floor.get(inode, 0):
+            return
+        size = handle.grown_size()
+        if size is None:
+            return
+        try:
+            pyfuse3.invalidate_inode(inode, True)
+        except OSError as error:
+            if error.errno != errno.ENOENT:
+                logger.warning("invalidating inode %d: %s", inode, error)
+            return
+        self._size_floor[inode] = max(size, end)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self.requests["write"] += 1
@@ -396,6 +434,7 @@ class Operations(pyfuse3.Operations):
         self._open_inodes[inode] -= 1
         if not self._open_inodes[inode]:
             del self._open_inodes[inode]
+            self._size_floor.pop(inode, None)
         if handle.writable:
             with _errors(f"close {handle.node.path}"):
                 changes = handle.release_now()
@@ -457,6 +496,8 @@ class Operations(pyfuse3.Operations):
 def _invalidate(changes: Changes) -> None:
     """Tell the kernel (in a worker thread: the calls may block). ENOENT: it has forgotten the
     inode or entry, nothing to tell."""
+    if _INVALIDATE_DELAY_S:
+        time.sleep(_INVALIDATE_DELAY_S)
     for inode in changes.inodes:
         try:
             pyfuse3.invalidate_inode(inode, True)

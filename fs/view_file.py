@@ -116,3 +116,6 @@ class ViewHandle(Handle):
     def read(self, position: int, length: int) -> bytes:
         self.view_file.check_online("read")
         return self.view.read(position, length)
+
+    def grown_size(self) -> int:
+        return self.view.known_size()

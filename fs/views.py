@@ -870,6 +870,10 @@ class View:
             return b""
         return self.layout.read(begin + position, min(length, total - begin - position))
 
+    def known_size(self) -> int:
+        """The size as last measured (no look at the log, no lock: for the event loop)."""
+        return max(self.layout.known_size() - self._begin[1], 0)
+
     def read_now(self, position: int, length: int) -> bytes | None:
         """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin

@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from seglogfs.fs.operations import INVALIDATE_DELAY_ENV
 from tests.fs.conftest import Mount, check_mount_log
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
@@ -112,6 +115,28 @@ def test_a_read_only_mount_follows_another_writer(mount, tmp_path: Path) -> None
     m.stop()
     assert m.process.returncode == 0
     check_mount_log(m, [])
+
+
+def test_a_follower_never_reads_past_the_size_fstat_gives(
+    mount, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tail -f` reads to the end, then fstat's: a size below what it read is "file truncated" to
+    it, and it prints the file again. A read returns what the view holds when it is read, which
+    can be more than the size the kernel holds: here the mount's invalidation after taking in
+    another writer's append is held back (a test hook) while the follower reads. (On a writable
+    mount every read makes the kernel ask for the attributes again, for the access time.)"""
+    data = tmp_path / "data"
+    produce(data, ["k\tone"])
+    monkeypatch.setenv(INVALIDATE_DELAY_ENV, "2000")
+    m: Mount = mount(data, "-o", "ro")
+    follower = os.open(m.path / "t" / "0" / "records", os.O_RDONLY)
+    try:
+        assert os.fstat(follower).st_size == 4  # (the kernel holds 4 from here)
+        produce(data, ["k\ttwo"])
+        wait_for(lambda: os.pread(follower, 100, 0) == b"one\ntwo\n", "the second record", timeout=1.5)
+        assert os.fstat(follower).st_size == 8
+    finally:
+        os.close(follower)
 
 
 def test_a_read_only_mount_never_shows_a_batch_being_written(mount, tmp_path: Path) -> None:
