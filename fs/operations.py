@@ -48,10 +48,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _VALID_S = 3600.0  # attributes and entries the tree does not time out stay valid until invalidated
-# A test hook: milliseconds each invalidation a request sends waits first, to hold the kernel's
-# cached sizes stale as long as a test needs (see `read`).
+# Test hooks, to hold the kernel's cached sizes stale as long as a test needs (see `read`):
+# milliseconds each invalidation a request sends waits first, and each getattr's answer.
 INVALIDATE_DELAY_ENV = "SEGLOGFS_TEST_INVALIDATE_DELAY_MS"
 _INVALIDATE_DELAY_S = float(os.environ.get(INVALIDATE_DELAY_ENV, "0") or 0) / 1000
+GETATTR_DELAY_ENV = "SEGLOGFS_TEST_GETATTR_DELAY_MS"
+_GETATTR_DELAY_S = float(os.environ.get(GETATTR_DELAY_ENV, "0") or 0) / 1000
 _NAME_MAX = 249  # Kafka's longest topic name
 _ERRNO: list[tuple[type[BaseException], int]] = [
     (ReadOnlyError, errno.EROFS),
@@ -282,7 +284,10 @@ class Operations(pyfuse3.Operations):
         what = f"getattr {node.path}"
         if ctx is None:
             return await self._run(lambda: self._entry(node), what)
-        return await self._run_interruptible(lambda: self._entry(node), what, ctx.pid)
+        entry = await self._run_interruptible(lambda: self._entry(node), what, ctx.pid)
+        if _GETATTR_DELAY_S:
+            await trio.sleep(_GETATTR_DELAY_S)
+        return entry
 
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
@@ -375,9 +380,11 @@ class Operations(pyfuse3.Operations):
         """Make sure the kernel holds no size below `end`, where a read is about to end.
 
         With direct I/O a read returns what the file holds now. That can be more than the size
-        the kernel holds: an append's invalidation may still be on its way. `tail -f` reads to
-        the end and then fstat's; a size below what it read is "file truncated" to it, and it
-        prints the file again from the start.
+        the kernel holds: an append's invalidation may still be on its way, and meanwhile
+        another process's getattr, answered before the append, may land after the read (the
+        read makes the kernel ask again for the access time only, which that answer satisfies).
+        `tail -f` reads to the end and then fstat's; a size below what it read is "file
+        truncated" to it, and it prints the file again from the start.
 
         The kernel holds a size only from a reply asked for after the inode's last
         invalidation (it drops older replies), and sizes only grow. So after an invalidation,

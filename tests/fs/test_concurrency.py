@@ -8,9 +8,13 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from seglogfs.fs.operations import GETATTR_DELAY_ENV, INVALIDATE_DELAY_ENV
 from tests.conftest import REPO
 from tests.fs.conftest import Mount
 
@@ -71,6 +75,37 @@ def test_four_writers_and_four_followers(mount) -> None:
     check_lines(records.read_bytes(), acked, "records")
     for output in outputs:
         check_lines(output.read_bytes(), acked, output.name)
+
+
+def test_a_stale_stat_never_lands_after_a_read_past_it(mount, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two followers: one's fstat is answered before an append and lands after the other has
+    read the append (the answers are held back by a test hook, and so is the append's
+    invalidation). The reader's next fstat must not give the older size: `tail -f` would call
+    the file truncated and print it again."""
+    monkeypatch.setenv(GETATTR_DELAY_ENV, "1000")
+    monkeypatch.setenv(INVALIDATE_DELAY_ENV, "3000")
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    partition = m.path / "t" / "0"
+    with open(partition / "append", "ab", buffering=0) as writer:
+        writer.write(b"one\n")
+        reader = os.open(partition / "records", os.O_RDONLY)
+        try:
+            assert os.pread(reader, 100, 0) == b"one\n"
+            other = threading.Thread(target=os.fstat, args=(reader,))  # answered 4, a second late
+            other.start()
+            time.sleep(0.2)
+            second = threading.Thread(target=writer.write, args=(b"two\n",))
+            second.start()
+            deadline = time.monotonic() + 0.7
+            while (read := os.pread(reader, 100, 0)) == b"one\n" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert read == b"one\ntwo\n"
+            other.join()
+            assert os.fstat(reader).st_size == len(read)
+            second.join()
+        finally:
+            os.close(reader)
 
 
 def test_unmount_during_writes_loses_no_acknowledged_line(mount, tmp_path: Path) -> None:

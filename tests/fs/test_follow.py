@@ -123,8 +123,7 @@ def test_a_follower_never_reads_past_the_size_fstat_gives(
     """`tail -f` reads to the end, then fstat's: a size below what it read is "file truncated" to
     it, and it prints the file again. A read returns what the view holds when it is read, which
     can be more than the size the kernel holds: here the mount's invalidation after taking in
-    another writer's append is held back (a test hook) while the follower reads. (On a writable
-    mount every read makes the kernel ask for the attributes again, for the access time.)"""
+    another writer's append is held back (a test hook) while the follower reads."""
     data = tmp_path / "data"
     produce(data, ["k\tone"])
     monkeypatch.setenv(INVALIDATE_DELAY_ENV, "2000")
