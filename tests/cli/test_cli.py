@@ -512,14 +512,19 @@ def test_consume_reports_undecodable_records_after_the_good_batches(tmp_path: Pa
 
 
 @pytest.mark.parametrize("fmt", ["text", "jsonl"])
-def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize("pad", [200, 1000])  # text: checked by the reading thread, or by the renderer
+def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(
+    tmp_path: Path, fmt: str, pad: int
+) -> None:
     """Batches are checked and rendered on several threads, groups of them at a time: a CRC
     failure megabytes in still comes after every record before it, as one line naming the
     file and the batch's position."""
     from seglogfs.engine.records import compute_crc, iter_batch_headers
+    from seglogfs.mount_tools.consume import CHECKED_AHEAD_RECORD_BYTES
 
+    assert (pad < CHECKED_AHEAD_RECORD_BYTES) == (pad == 200)
     data = tmp_path / "data"
-    lines = [b"line-%06d %s\n" % (n, b"x" * 200) for n in range(30_000)]  # about 6 MB: batches of up to 1 MB
+    lines = [b"line-%06d %s\n" % (n, b"x" * pad) for n in range(6_000_000 // pad)]  # batches of up to 1 MB
     run("produce", str(data), "--topic", "t", stdin=b"".join(lines))
     segment = data / "t-0" / "00000000000000000000.log"
     content = bytearray(segment.read_bytes())
