@@ -373,7 +373,8 @@ class Operations(pyfuse3.Operations):
             )
         else:
             self.requests["read_now"] += 1
-        self._cover_read(handle, off + len(data))
+        if data:  # (an empty read, at or past the end, returns nothing the kernel might not hold)
+            self._cover_read(handle, off + len(data))
         return data
 
     def _cover_read(self, handle: Handle, end: int) -> None:
@@ -386,12 +387,15 @@ class Operations(pyfuse3.Operations):
         `tail -f` reads to the end and then fstat's; a size below what it read is "file
         truncated" to it, and it prints the file again from the start.
 
-        The kernel holds a size only from a reply asked for after the inode's last
-        invalidation (it drops older replies), and sizes only grow. So after an invalidation,
-        it holds at least the size the file had just before: `_size_floor`. Invalidating
-        attributes only, with no writeback cache, waits on nothing, so it is done here on the
-        loop, before the reply. A file reading within its floor (`cat` of a sealed view) costs
-        a comparison."""
+        An invalidation bumps the inode's attribute version (Linux does, in
+        fuse_reverse_inval_inode), and the kernel drops a reply asked for before that. So it
+        holds a size only from a reply asked for after the inode's last invalidation, and sizes
+        only grow: after an invalidation, it holds at least the size the file had just before,
+        `_size_floor`. (A cut-back, the one shrink, goes through `_tell_kernel`, which drops the
+        floor.) Invalidating attributes only, with no writeback cache, waits on nothing, so it
+        is done here on the loop, before the reply. A read within the floor (`cat` of a view
+        that does not grow meanwhile) costs a comparison; a follower's first read after each
+        append, one invalidation."""
         inode = handle.node.inode
         if end <= self._size_floor.get(inode, 0):
             return
@@ -400,11 +404,10 @@ class Operations(pyfuse3.Operations):
             return
         try:
             pyfuse3.invalidate_inode(inode, True)
-        except OSError as error:
+        except OSError as error:  # (ENOENT: the kernel holds nothing of the inode)
             if error.errno != errno.ENOENT:
-                logger.warning("invalidating inode %d: %s", inode, error)
-            return
-        self._size_floor[inode] = max(size, end)
+                logger.warning("invalidating inode %d: %s (a follower may see the file shrink)", inode, error)
+        self._size_floor[inode] = max(size, end)  # (said once per growth, not once per read)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         self.requests["write"] += 1
