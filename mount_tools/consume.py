@@ -63,9 +63,10 @@ POLL_MS = 100  # how often a follower looks for new records (a console consumer'
 # than it saved (1 GiB of 1 KiB records: 0.25 s in the reading thread, 0.31 s on two more).
 JSONL_RENDER_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
 # Text is rendered in the calling thread. A batch whose records average fewer bytes than this
-# renders slower than it is read, so the reading thread checks its CRC; one of longer records
-# renders at about copy speed, and is checked where it is rendered (else the reading thread is the
-# slower one). 100-byte records consumed 10 % faster so, 1 KiB ones 8 % slower.
+# renders slower than it is read, so the reading thread checks its CRC (when there is no message
+# limit); one of longer records renders at about copy speed, and is checked where it is rendered
+# (else the reading thread is the slower one). 100-byte records consumed 10 % faster so, 1 KiB
+# ones 8 % slower.
 CHECKED_AHEAD_RECORD_BYTES = 512
 
 
@@ -150,11 +151,16 @@ class _Cursor:
         stop = log.log_end_offset if transactions is None else transactions.catch_up(log)
         if self.position >= stop:
             return
-        ahead = room() is None and self.render_threads > 1  # no message limit: rendered ahead of the writes
+        unlimited = room() is None  # no message limit: every batch to the end is printed
+        ahead = unlimited and self.render_threads > 1  # rendered ahead of the writes, on a thread pool
+        # The reading thread checks batches only when all it reads is printed: with a message
+        # limit, a damaged batch past the last record printed is never looked at (as in Kafka's
+        # consumer, which checks a batch when it gets to its records).
+        small_checked = unlimited and not ahead
         read = log.batches(self.position, stop, checked=False)
         # Closed here, however this ends: an error's traceback would keep the reading thread
         # going (and its segments leased) until the garbage collector got to it.
-        with contextlib.closing(read_ahead(read if ahead else _small_checked(read), _batch_bytes)) as batches:
+        with contextlib.closing(read_ahead(_small_checked(read) if small_checked else read, _batch_bytes)) as batches:
             if ahead:
                 start = self.position  # (only the first batch may hold records below it)
                 for lines, records, last_offset in map_ahead(
@@ -170,7 +176,7 @@ class _Cursor:
                 left = room()
                 if left is not None and left <= 0:
                     return
-                lines, records, last_offset = self._render(item, self.position, left, small_checked=True)
+                lines, records, last_offset = self._render(item, self.position, left, small_checked=small_checked)
                 self.position = last_offset + 1  # (cut short by `room` only when the consumer ends)
                 yield lines, records
 

@@ -544,6 +544,30 @@ def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(
 
 
 @pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_consume_stops_at_its_message_limit_before_a_damaged_batch(tmp_path: Path, fmt: str) -> None:
+    """With `--max-messages`, a damaged batch past the last record printed is never looked at
+    (Kafka's consumer checks a batch when it gets to its records): the batches read ahead are
+    checked only where they are printed."""
+    from seglogfs.engine.records import iter_batch_headers
+
+    data = tmp_path / "data"
+    for name in ("first", "second"):  # a batch each, of short records (checked ahead without a limit)
+        run("produce", str(data), "--topic", "t", stdin=b"".join(b"%s-%d\n" % (name.encode(), n) for n in range(20)))
+    segment = data / "t-0" / "00000000000000000000.log"
+    content = bytearray(segment.read_bytes())
+    second = list(iter_batch_headers(content))[1]
+    content[second.position + 70] ^= 0xFF  # a byte of its records: the CRC no longer holds
+    segment.write_bytes(bytes(content))
+    args = ["consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt]
+    limited = run(*args, "--max-messages", "20")
+    assert limited.stdout.count(b"first-") == 20 and b"second-" not in limited.stdout
+    assert limited.stderr.decode().splitlines() == ["Processed a total of 20 messages"]
+    whole = run(*args, check=False)
+    assert whole.returncode == 1 and whole.stdout.count(b"first-") == 20
+    assert f"{segment}: corrupt record batch at position {second.position}: CRC-32C mismatch" in whole.stderr.decode()
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
 def test_a_consume_that_fails_leaves_no_thread_reading(tmp_path: Path, fmt: str, capsysbinary, monkeypatch) -> None:
     """In a process that goes on (an in-process caller of the CLI), a consume that ends in an
     error has stopped its reading threads when it returns; they do not read on from a closed
