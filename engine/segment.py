@@ -93,6 +93,10 @@ from seglogfs.engine.records import (
 from seglogfs.engine.transaction_index import TransactionIndex
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
+# iter_headers: after a batch of at most _SMALL_BATCH_BYTES it reads _HEADER_WINDOW_BYTES (the
+# headers of the next batches too), after a larger one just the next header.
+_HEADER_WINDOW_BYTES = 64 * 1024
+_SMALL_BATCH_BYTES = 8 * 1024
 _MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
 _INT32_MAX = 2**31 - 1
 
@@ -541,6 +545,16 @@ class LogSegment:
             self.check_not_legacy(header.position)
             raise CorruptRecordError(self.log_path, header.position, reason)
 
+    def checked_batch(self, header: BatchHeader) -> bytes:
+        """The whole batch a header from `iter_headers` heads, checked (see `check`)."""
+        handle = self._lease()
+        try:
+            batch = os.pread(handle, header.size_in_bytes, header.position)
+        finally:
+            self._unlease()
+        self.check(header, batch)
+        return batch
+
     def check_not_legacy(self, position: int) -> None:
         """Where a batch failed its check (or a scan stopped): raise UnsupportedFormatError when
         a legacy message whose CRC-32 holds starts at `position` all the same (a wrapper whose
@@ -574,27 +588,41 @@ class LogSegment:
             self._unlease()
 
     def iter_headers(self, position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
-        """Batch headers from `position`, reading 61 bytes per batch rather than whole batches:
-        what a seek through a segment needs."""
+        """Batch headers from `position` up to `end_position` (default: the size now), without
+        reading whole batches: after a large batch, the next header alone (61 bytes); after a
+        small one, `_HEADER_WINDOW_BYTES` at once, which holds the headers of the batches that
+        follow. A seek through a segment or a scan of its headers then costs a read per large
+        batch, or about one read of the file when batches are small (one record each, say),
+        rather than a read per batch. Stops where `iter_batches` does."""
         end = self._size if end_position is None else end_position
         if position + MIN_ENTRY_BYTES > end:
             return
         handle = self._lease()
         try:
+            window, window_at = memoryview(b""), position  # file bytes read, and where they start
+            small = True  # (the first read is a window: a seek from an index entry crosses a few batches)
             while position + MIN_ENTRY_BYTES <= end:
-                raw = os.pread(handle, min(BATCH_OVERHEAD_BYTES, end - position), position)
-                if not _header_fits(raw, 0):
-                    return
-                header = BatchHeader.parse(raw, 0, position)
+                offset = position - window_at
+                if not _header_fits(window, offset):
+                    wanted = _HEADER_WINDOW_BYTES if small else BATCH_OVERHEAD_BYTES
+                    window, window_at, offset = (
+                        memoryview(os.pread(handle, min(wanted, end - position), position)),
+                        position,
+                        0,
+                    )
+                    if not _header_fits(window, 0):
+                        return
+                header = BatchHeader.parse(window, offset, position)
                 if _impossible_length(header) or header.next_position > end:
                     return
-                if isinstance(header, LegacyBatchHeader) and header.size_in_bytes > len(raw):
+                if isinstance(header, LegacyBatchHeader) and offset + header.size_in_bytes > len(window):
                     # A legacy wrapper's first offset and records need all of its bytes.
                     whole = os.pread(handle, header.size_in_bytes, position)
                     if len(whole) < header.size_in_bytes:
                         return
                     header = BatchHeader.parse(whole, 0, position)
                 yield header
+                small = header.size_in_bytes <= _SMALL_BATCH_BYTES
                 position = header.next_position
         finally:
             self._unlease()

@@ -293,6 +293,22 @@ def test_dump_deep_iteration(log_path, capsys):
     )
 
 
+@pytest.mark.parametrize("log_path", LOG_FILES, ids=_ids(LOG_FILES))
+def test_headers_read_alone_are_those_of_the_whole_batches(log_path):
+    """LogSegment.iter_headers (a window of headers after small batches, a header after large
+    ones) gives the batches kafka-python finds, as iter_batches parses them."""
+    config = BrokerConfig.load(log_dirs=[log_path.parent.parent]).topic_defaults
+    segment = segment_for(log_path.parent, int(log_path.name.split(".")[0]), config, writable=False, now_ms=NOW_MS)
+    try:
+        headers = list(segment.iter_headers())
+        assert headers == [header for header, _ in segment.iter_batches()]
+    finally:
+        segment.close()
+    assert [(h.position, h.base_offset, h.last_offset) for h in headers] == [
+        (batch.position, batch.base_offset, batch.last_offset) for batch in decode_log(log_path)
+    ]
+
+
 # -- 3. indexes rebuilt byte for byte -------------------------------------------------------------
 def rebuild_indexes(log_path: Path, tmp_path: Path) -> Path:
     """Copy only the `.log` under `tmp_path`, recover it as a writable segment with the default

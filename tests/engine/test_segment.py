@@ -592,3 +592,49 @@ def test_read_ahead_advice_has_its_own_descriptor_and_gives_up_quietly(tmp_path:
         advice.read_ahead(fd, 0, 1 << 20)
     finally:
         os.close(fd)
+
+
+def test_iter_headers_reads_a_window_after_small_batches_and_a_header_after_large_ones(
+    make_segment: MakeSegment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Headers read alone are the headers of the whole batches, from any batch and up to any
+    end: batches of one byte to 200 KB, each side of the 8 KiB turn-over. A scan of large
+    batches reads a header each, not the batches."""
+    rng = random.Random(7)
+    segment = make_segment(0, index_interval_bytes=4096)
+    offset, sizes = 0, [1, 100, 8000, 8300, 200_000, 50, 9000, 3, 120_000, 120_000, 10, 10, 10]
+    for size in sizes + [rng.choice([20, 300, 7000, 9000, 70_000]) for _ in range(200)]:
+        count = max(1, size // 1000)
+        data = batch(offset, *("x" * (size // count),) * count)
+        append(segment, data)
+        offset += count
+    whole = [header for header, _ in segment.iter_batches()]
+    assert list(segment.iter_headers()) == whole
+    for first in [0, 1, 4, 5, 11, 100, len(whole) - 1]:
+        for last in [first, first + 3, len(whole) - 1]:
+            end = whole[min(last, len(whole) - 1)].next_position - (last % 2)  # the last batch cut short, or not
+            expected = [h for h in whole[first:] if h.next_position <= end]
+            assert list(segment.iter_headers(whole[first].position, end)) == expected, (first, last)
+
+    large = make_segment(1_000_000)
+    for n in range(40):
+        append(large, batch(1_000_000 + n * 50, *("y" * 2000,) * 50))  # 100 KB each
+    read = 0
+    small = make_segment(2_000_000, index_interval_bytes=4096)
+    for n in range(3000):
+        append(small, batch(2_000_000 + n, "z" * 60))  # one record each, about 130 bytes
+    reads = 0
+    real_pread = os.pread
+
+    def counted(fd: int, length: int, position: int) -> bytes:
+        nonlocal read, reads
+        data = real_pread(fd, length, position)
+        read += len(data)
+        reads += 1
+        return data
+
+    monkeypatch.setattr(os, "pread", counted)
+    assert len(list(large.iter_headers())) == 40
+    assert read < 64 * 1024 + 40 * 61 < large.size // 50
+    assert len(list(small.iter_headers())) == 3000
+    assert reads - 41 <= small.size // (64 * 1024) + 1  # a read a window, not a read a batch
