@@ -692,6 +692,33 @@ class PartitionLog:
             if position < size:
                 segment.check_not_legacy(position)  # legacy messages too short to parse as batches
 
+    def batch_headers(
+        self, start_offset: int, end_offset: int | None = None
+    ) -> Iterator[tuple[LogSegment, BatchHeader]]:
+        """The headers of the batches `batches` would give, without reading the batches whole
+        (LogSegment.iter_headers) and so without checking them: for a scan that needs few of
+        them (the caller checks those, `LogSegment.checked_batch`)."""
+        self.check_online()
+        stop = self._log_end_offset if end_offset is None else end_offset
+        for segment in self._segments.from_offset(start_offset):
+            if segment.base_offset >= stop:
+                return
+            size = segment.size  # (read-only: as the last `refresh` found it)
+            first = segment.translate_offset(start_offset) if start_offset > segment.base_offset else None
+            if start_offset > segment.base_offset and first is None:
+                continue
+            position = first.position if first is not None else 0
+            for header in segment.iter_headers(position, size):
+                if header.last_offset < start_offset:
+                    position = header.next_position
+                    continue
+                if header.base_offset >= stop:
+                    return
+                yield segment, header
+                position = header.next_position
+            if position < size:
+                segment.check_not_legacy(position)  # legacy messages too short to parse as batches
+
     def records(self, start_offset: int, end_offset: int | None = None) -> Iterator[Record]:
         """User records with offsets in [start, end), skipping control batches."""
         stop = self._log_end_offset if end_offset is None else end_offset

@@ -10,6 +10,8 @@ of the engine's tracker.
 
 from __future__ import annotations
 
+import os
+import re
 import struct
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
+import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from seglogfs.engine import BrokerConfig, DataDir
@@ -214,3 +217,57 @@ def test_the_tracker_finds_the_aborted_and_open_transactions(tmp_path: Path) -> 
         assert [(t.producer_id, t.first_offset, t.last_offset) for t in tracker.aborted] == [(2, 4, 9), (1, 10, 12)]
         assert tracker.catch_up(log) == 15  # nothing new: the same answer, nothing read twice
         assert tracker.next_offset == log.log_end_offset
+
+
+def test_the_tracker_reads_headers_and_markers_only(tmp_path: Path, monkeypatch) -> None:
+    """The corpus followed by large plain batches: the tracker reads each batch's header and
+    each transaction marker whole (what it needs), not the partition, and finds what a tracker
+    fed every whole batch finds."""
+    data = tmp_path / "data"
+    model = build_corpus(data)
+    config = BrokerConfig.load(log_dirs=[data])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition("txn", 0)
+        for _ in range(20):
+            log.append_records([b"v" * 1000] * 100, now_ms=NOW_MS)  # about 100 KB a batch
+    with DataDir.open(config, read_only=True, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition("txn", 0)
+        whole = TransactionTracker()
+        for _, header, batch in log.batches(log.log_start_offset):
+            whole.add(header, batch)
+        read = 0
+        real_pread = os.pread
+
+        def counted(fd: int, length: int, position: int) -> bytes:
+            nonlocal read
+            got = real_pread(fd, length, position)
+            read += len(got)
+            return got
+
+        monkeypatch.setattr(os, "pread", counted)
+        tracker = TransactionTracker()
+        assert tracker.catch_up(log) == whole.last_stable_offset(log.log_end_offset) == 15
+        assert read < log.size_in_bytes() // 10
+    assert tracker.open_transactions == whole.open_transactions == model.first_open
+    assert tracker.aborted == whole.aborted and len(tracker.aborted) == 2
+
+
+def test_a_damaged_transaction_marker_is_reported_by_the_tracker(tmp_path: Path) -> None:
+    """A marker is read whole and checked: a damaged one is an error naming file and position,
+    not a transaction left open (or aborted) by mistake."""
+    from seglogfs.engine.errors import CorruptRecordError
+    from seglogfs.engine.records import iter_batch_headers
+
+    data = tmp_path / "data"
+    build_corpus(data)
+    segment = data / "txn-0" / "00000000000000000000.log"
+    content = bytearray(segment.read_bytes())
+    marker = next(h for h in iter_batch_headers(content) if h.is_control)
+    content[marker.next_position - 1] ^= 0xFF  # the last byte of its record: the CRC no longer holds
+    segment.write_bytes(bytes(content))
+    expected = re.escape(f"{segment}: corrupt record batch at position {marker.position}")
+    with (
+        DataDir.open(BrokerConfig.load(log_dirs=[data]), read_only=True, now_ms=NOW_MS) as data_dir,
+        pytest.raises(CorruptRecordError, match=expected),
+    ):
+        TransactionTracker().catch_up(data_dir.partition("txn", 0))
