@@ -669,28 +669,11 @@ class PartitionLog:
         segments. Raises CorruptRecordError (path, position) on a batch that fails its check,
         LogOfflineError for a partition taken offline. `checked` false: the batches are not
         checked here, the caller checks each with its segment's `check` (on other threads)."""
-        self.check_online()
-        stop = self._log_end_offset if end_offset is None else end_offset
-        for segment in self._segments.from_offset(start_offset):
-            if segment.base_offset >= stop:
-                return
-            size = segment.size  # (read-only: as the last `refresh` found it)
-            first = segment.translate_offset(start_offset) if start_offset > segment.base_offset else None
-            position = first.position if first is not None else 0
-            if start_offset > segment.base_offset and first is None:
-                continue
-            for header, batch in segment.iter_batches(position, size):
-                if header.last_offset < start_offset:
-                    position = header.next_position
-                    continue
-                if header.base_offset >= stop:
-                    return
-                if checked:
-                    segment.check(header, batch)
-                yield segment, header, batch
-                position = header.next_position
-            if position < size:
-                segment.check_not_legacy(position)  # legacy messages too short to parse as batches
+        for segment, header, batch in self._scan(start_offset, end_offset, whole=True):
+            assert batch is not None
+            if checked:
+                segment.check(header, batch)
+            yield segment, header, batch
 
     def batch_headers(
         self, start_offset: int, end_offset: int | None = None
@@ -698,6 +681,14 @@ class PartitionLog:
         """The headers of the batches `batches` would give, without reading the batches whole
         (LogSegment.iter_headers) and so without checking them: for a scan that needs few of
         them (the caller checks those, `LogSegment.checked_batch`)."""
+        for segment, header, _ in self._scan(start_offset, end_offset, whole=False):
+            yield segment, header
+
+    def _scan(
+        self, start_offset: int, end_offset: int | None, *, whole: bool
+    ) -> Iterator[tuple[LogSegment, BatchHeader, memoryview | None]]:
+        """The batches holding offsets in [start, end), across segments: whole (unchecked) or
+        (not `whole`) their headers only, with None."""
         self.check_online()
         stop = self._log_end_offset if end_offset is None else end_offset
         for segment in self._segments.from_offset(start_offset):
@@ -708,13 +699,18 @@ class PartitionLog:
             if start_offset > segment.base_offset and first is None:
                 continue
             position = first.position if first is not None else 0
-            for header in segment.iter_headers(position, size):
+            read: Iterator[tuple[BatchHeader, memoryview | None]] = (
+                segment.iter_batches(position, size)
+                if whole
+                else ((header, None) for header in segment.iter_headers(position, size))
+            )
+            for header, batch in read:
                 if header.last_offset < start_offset:
                     position = header.next_position
                     continue
                 if header.base_offset >= stop:
                     return
-                yield segment, header
+                yield segment, header, batch
                 position = header.next_position
             if position < size:
                 segment.check_not_legacy(position)  # legacy messages too short to parse as batches
