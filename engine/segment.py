@@ -93,8 +93,9 @@ from seglogfs.engine.records import (
 from seglogfs.engine.transaction_index import TransactionIndex
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
-# iter_headers: after a batch of at most _SMALL_BATCH_BYTES it reads _HEADER_WINDOW_BYTES (the
-# headers of the next batches too), after a larger one just the next header.
+# iter_headers: after two batches of at most _SMALL_BATCH_BYTES in a row it reads a window of
+# the headers that follow, from _FIRST_WINDOW_BYTES up to _HEADER_WINDOW_BYTES; else a header.
+_FIRST_WINDOW_BYTES = 4 * 1024
 _HEADER_WINDOW_BYTES = 64 * 1024
 _SMALL_BATCH_BYTES = 8 * 1024
 _MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
@@ -589,27 +590,35 @@ class LogSegment:
 
     def iter_headers(self, position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
         """Batch headers from `position` up to `end_position` (default: the size now), without
-        reading whole batches: after a large batch, the next header alone (61 bytes); after a
-        small one, `_HEADER_WINDOW_BYTES` at once, which holds the headers of the batches that
-        follow. A seek through a segment or a scan of its headers then costs a read per large
-        batch, or about one read of the file when batches are small (one record each, say),
-        rather than a read per batch. Stops where `iter_batches` does."""
+        reading whole batches. Each read is the next header alone (61 bytes), or, after two
+        small batches in a row, a window that holds the headers of the batches that follow:
+        4 KiB, doubling up to `_HEADER_WINDOW_BYTES` while windows hold more than one header.
+        A scan costs a read per large batch, about one read of the file when batches are small
+        (one record each, say), and at most a small window's waste where sizes alternate.
+        Stops where `iter_batches` does."""
         end = self._size if end_position is None else end_position
         if position + MIN_ENTRY_BYTES > end:
             return
         handle = self._lease()
         try:
             window, window_at = memoryview(b""), position  # file bytes read, and where they start
-            small = True  # (the first read is a window: a seek from an index entry crosses a few batches)
+            window_bytes, windowed, headers_read = _FIRST_WINDOW_BYTES, False, 0  # (of the last read)
+            small_run = 0  # small batches in a row just before `position`
             while position + MIN_ENTRY_BYTES <= end:
                 offset = position - window_at
                 if not _header_fits(window, offset):
-                    wanted = _HEADER_WINDOW_BYTES if small else BATCH_OVERHEAD_BYTES
+                    if windowed:
+                        window_bytes = (
+                            min(2 * window_bytes, _HEADER_WINDOW_BYTES) if headers_read > 1 else _FIRST_WINDOW_BYTES
+                        )
+                    windowed = small_run >= 2
+                    wanted = window_bytes if windowed else BATCH_OVERHEAD_BYTES
                     window, window_at, offset = (
                         memoryview(os.pread(handle, min(wanted, end - position), position)),
                         position,
                         0,
                     )
+                    headers_read = 0
                     if not _header_fits(window, 0):
                         return
                 header = BatchHeader.parse(window, offset, position)
@@ -622,7 +631,8 @@ class LogSegment:
                         return
                     header = BatchHeader.parse(whole, 0, position)
                 yield header
-                small = header.size_in_bytes <= _SMALL_BATCH_BYTES
+                headers_read += 1
+                small_run = small_run + 1 if header.size_in_bytes <= _SMALL_BATCH_BYTES else 0
                 position = header.next_position
         finally:
             self._unlease()

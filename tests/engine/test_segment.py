@@ -598,8 +598,9 @@ def test_iter_headers_reads_a_window_after_small_batches_and_a_header_after_larg
     make_segment: MakeSegment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Headers read alone are the headers of the whole batches, from any batch and up to any
-    end: batches of one byte to 200 KB, each side of the 8 KiB turn-over. A scan of large
-    batches reads a header each, not the batches."""
+    end: batches of one byte to 200 KB, each side of the 8 KiB turn-over. A scan reads a
+    header a large batch, a window of headers where small batches come in a row, and wastes
+    little where sizes alternate."""
     rng = random.Random(7)
     segment = make_segment(0, index_interval_bytes=4096)
     offset, sizes = 0, [1, 100, 8000, 8300, 200_000, 50, 9000, 3, 120_000, 120_000, 10, 10, 10]
@@ -616,25 +617,37 @@ def test_iter_headers_reads_a_window_after_small_batches_and_a_header_after_larg
             expected = [h for h in whole[first:] if h.next_position <= end]
             assert list(segment.iter_headers(whole[first].position, end)) == expected, (first, last)
 
-    large = make_segment(1_000_000)
-    for n in range(40):
-        append(large, batch(1_000_000 + n * 50, *("y" * 2000,) * 50))  # 100 KB each
-    read = 0
-    small = make_segment(2_000_000, index_interval_bytes=4096)
+    def filled(base: int, pattern: list[int], times: int) -> LogSegment:
+        """A segment of batches of these record counts (2 KB records: 1 → 2 KB, 50 → 100 KB)."""
+        segment = make_segment(base, index_interval_bytes=1 << 20)
+        for n, count in enumerate(pattern * times):
+            append(segment, batch(base + 100 * n, *("y" * 2000,) * count))
+        return segment
+
+    large = filled(1_000_000, [50], 40)  # 100 KB batches
+    alternating = filled(2_000_000, [1, 50], 100)  # a small batch, a large one
+    two_small = filled(3_000_000, [1, 1, 50], 60)  # two small, a large one
+    tiny = make_segment(4_000_000, index_interval_bytes=4096)
     for n in range(3000):
-        append(small, batch(2_000_000 + n, "z" * 60))  # one record each, about 130 bytes
-    reads = 0
+        append(tiny, batch(4_000_000 + n, "z" * 60))  # one record each, about 130 bytes
+    read = reads = 0
     real_pread = os.pread
 
     def counted(fd: int, length: int, position: int) -> bytes:
         nonlocal read, reads
         data = real_pread(fd, length, position)
-        read += len(data)
-        reads += 1
+        read, reads = read + len(data), reads + 1
         return data
 
+    def scanned(segment: LogSegment, batches: int) -> tuple[int, int]:
+        """(bytes, reads) of a scan of the segment's headers."""
+        nonlocal read, reads
+        read = reads = 0
+        assert len(list(segment.iter_headers())) == batches
+        return read, reads
+
     monkeypatch.setattr(os, "pread", counted)
-    assert len(list(large.iter_headers())) == 40
-    assert read < 64 * 1024 + 40 * 61 < large.size // 50
-    assert len(list(small.iter_headers())) == 3000
-    assert reads - 41 <= small.size // (64 * 1024) + 1  # a read a window, not a read a batch
+    assert scanned(large, 40) == (40 * 61, 40)  # a header a batch
+    assert scanned(alternating, 200)[0] == 200 * 61  # no window: never two small batches in a row
+    assert scanned(two_small, 180)[0] <= 60 * (2 * 61 + 4096)  # a first window's waste at most, each time
+    assert scanned(tiny, 3000)[1] <= tiny.size // (64 * 1024) + 8  # a read a window (growing to 64 KiB)
