@@ -31,6 +31,7 @@ from seglogfs.engine.records import BatchHeader, ControlType, control_type, deco
 
 if TYPE_CHECKING:
     from seglogfs.engine.log import PartitionLog
+    from seglogfs.engine.segment import LogSegment
 
 READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level values
 
@@ -112,16 +113,25 @@ class TransactionTracker:
         a writer may have moved meanwhile. `before_each` is called before each batch (a long
         first read that may be stopped raises there).
 
-        Only the batch headers are read, but for transaction markers (their record says commit
-        or abort), which are read whole and checked: a partition without transactions costs a
-        read per large batch, not a read of the partition. (A batch's records are checked where
-        they are read for a reader.)"""
+        Only batch headers are read, except for the batches the tracking rests on, which are
+        read whole and checked: those of transactions and markers (a marker's record says commit
+        or abort), and the two batches where offsets go back (one's header is damaged). So a
+        partition without transactions costs a read per large batch, not a read of the
+        partition, and a damaged header cannot hold a transaction open unseen. (Any other
+        batch's records are checked where a reader reads them.)"""
         start = max(self.next_offset, log.log_start_offset)
+        previous: tuple[LogSegment, BatchHeader] | None = None
         for segment, header in log.batch_headers(start):
             if before_each is not None:
                 before_each()
-            marker = header.is_transactional and header.is_control and header.last_offset >= self.next_offset
-            self.add(header, segment.checked_batch(header) if marker else b"")
+            batch = b""
+            if header.is_transactional or header.is_control:
+                batch = segment.checked_batch(header)
+            if previous is not None and header.base_offset <= previous[1].last_offset:
+                previous[0].checked_batch(previous[1])
+                segment.checked_batch(header)
+            self.add(header, batch)
+            previous = segment, header
         return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
 
     def is_aborted(self, header: BatchHeader) -> bool:

@@ -252,9 +252,23 @@ def test_the_tracker_reads_headers_and_markers_only(tmp_path: Path, monkeypatch)
     assert tracker.aborted == whole.aborted and len(tracker.aborted) == 2
 
 
-def test_a_damaged_transaction_marker_is_reported_by_the_tracker(tmp_path: Path) -> None:
-    """A marker is read whole and checked: a damaged one is an error naming file and position,
-    not a transaction left open (or aborted) by mistake."""
+_TRANSACTIONAL_BIT, _LAST_OFFSET_DELTA_AT = 0x10, 23
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "a marker's record",  # (the CRC no longer holds: every damage below is to CRC-covered bytes)
+        "a marker's control bit",  # then it looks like a transaction's data
+        "a marker's transactional bit",  # then it looks like no transaction's
+        "a plain batch's transactional bit",  # then it opens a transaction that never ends
+        "a plain batch's last offset delta",  # then the batches after it look seen already
+    ],
+)
+def test_a_damaged_batch_the_tracking_rests_on_is_reported(tmp_path: Path, damage: str) -> None:
+    """The batches the tracker acts on are read whole and checked: damage to one is an error
+    naming file and position, not a transaction left open (or aborted) by mistake, which would
+    hold read_committed readers back without a word."""
     from seglogfs.engine.errors import CorruptRecordError
     from seglogfs.engine.records import iter_batch_headers
 
@@ -262,10 +276,26 @@ def test_a_damaged_transaction_marker_is_reported_by_the_tracker(tmp_path: Path)
     build_corpus(data)
     segment = data / "txn-0" / "00000000000000000000.log"
     content = bytearray(segment.read_bytes())
-    marker = next(h for h in iter_batch_headers(content) if h.is_control)
-    content[marker.next_position - 1] ^= 0xFF  # the last byte of its record: the CRC no longer holds
+    headers = list(iter_batch_headers(content))
+    marker = next(h for h in headers if h.is_control)
+    plain = next(h for h in headers if not h.is_transactional and h is not headers[-1])
+    if damage == "a marker's record":
+        damaged = marker
+        content[marker.next_position - 1] ^= 0xFF
+    elif damage == "a marker's control bit":
+        damaged = marker
+        content[marker.position + _ATTRIBUTES_AT + 1] &= ~_CONTROL_BIT
+    elif damage == "a marker's transactional bit":
+        damaged = marker
+        content[marker.position + _ATTRIBUTES_AT + 1] &= ~_TRANSACTIONAL_BIT
+    elif damage == "a plain batch's transactional bit":
+        damaged = plain
+        content[plain.position + _ATTRIBUTES_AT + 1] |= _TRANSACTIONAL_BIT
+    else:
+        damaged = plain
+        struct.pack_into(">i", content, plain.position + _LAST_OFFSET_DELTA_AT, plain.last_offset_delta + 5)
     segment.write_bytes(bytes(content))
-    expected = re.escape(f"{segment}: corrupt record batch at position {marker.position}")
+    expected = re.escape(f"{segment}: corrupt record batch at position {damaged.position}")
     with (
         DataDir.open(BrokerConfig.load(log_dirs=[data]), read_only=True, now_ms=NOW_MS) as data_dir,
         pytest.raises(CorruptRecordError, match=expected),
