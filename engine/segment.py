@@ -751,9 +751,9 @@ class LogSegment:
 
     def appends_in_memory(self, most_bytes: int, last_offset: int, now_ms: int, max_bytes: int, max_ms: int) -> bool:
         """Whether an append of at most `most_bytes` of batches timestamped `now_ms`, up to offset
-        `last_offset`, is a write to the page cache and nothing more: no roll by any rule
-        (`should_roll`'s), and no file or
-        index to open or read first. For an event loop, which must not wait on a disk."""
+        `last_offset`, is a write to the page cache and nothing more: no roll by any of
+        `should_roll`'s rules, and no file or index to open or read first. For an event loop,
+        which must not wait on a disk."""
         # What `should_roll` and the append would otherwise open or read: the `.log`, the
         # indexes, the first batch's timestamp (the time rule) and the largest timestamp.
         if self._handle is None or not self._indexes_ready or self._closed:

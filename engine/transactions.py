@@ -89,7 +89,7 @@ class TransactionTracker:
 
     def add(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> None:
         """Take in the next batch of the log (CRC checked by the caller). Only a transaction
-        marker's bytes are read: of any other batch, the header is enough."""
+        marker's bytes are used: of any other batch, the header is enough (`b""` will do)."""
         if header.last_offset < self.next_offset:
             return  # seen already
         self.next_offset = header.last_offset + 1
@@ -124,13 +124,11 @@ class TransactionTracker:
         for segment, header in log.batch_headers(start):
             if before_each is not None:
                 before_each()
-            batch = b""
-            if header.is_transactional or header.is_control:
-                batch = segment.checked_batch(header)
+            whole = header.is_transactional or header.is_control
             if previous is not None and header.base_offset <= previous[1].last_offset:
                 previous[0].checked_batch(previous[1])
-                segment.checked_batch(header)
-            self.add(header, batch)
+                whole = True
+            self.add(header, segment.checked_batch(header) if whole else b"")
             previous = segment, header
         return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
 
