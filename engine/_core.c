@@ -48,6 +48,19 @@
  *     `ends`. None when one of those records has headers (the caller decodes them). The GIL is
  *     released while it walks, measures and writes.
  *
+ * render_text_range(fd, start, end, size, create_label, append_label, partition_field, print_offset,
+ *                   print_key, print_value, separator, line_end, null) -> bytes or None
+ * render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes or None
+ *     The batches of a file's bytes [start, end), read from `fd` by the core itself, rendered as
+ *     render_text_section and render_json_section render each (`create_label`/`append_label`:
+ *     the timestamp label of CreateTime and of LogAppendTime batches, both None when not
+ *     shown; `create_kind`/`append_kind` likewise for JSON Lines), in one call with the GIL
+ *     released once: `size` bytes. None, rather than other bytes, when the range is not that:
+ *     a batch that is not v2, cut short or past `end`, whose CRC does not hold or whose
+ *     records section is malformed, a compressed batch, a record with headers (JSON Lines),
+ *     a read that fails or comes back short, a rendering of another size. Control batches
+ *     render to nothing. The caller renders such a range batch by batch, which says why.
+ *
  * gather(section, starts, lengths, out, out_offsets)
  *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
  *     null, which takes no bytes) is copied into `out` one after the other, from
@@ -84,8 +97,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #define KEEP_MOST (32 << 20)
@@ -142,40 +158,47 @@ static inline int read_varint(reader_t *r, int64_t *value) {
     return read_long_varint(r, value);
 }
 
+/* The fields of the record at the reader's position, as `walk` lays them out a column each (f[0]
+ * its start ... f[7] its header count), the reader moved past it; -1 with `*why` when it is
+ * malformed. */
+static inline int walk_record(reader_t *r, int64_t *f, const char **why) {
+    int64_t length, skip, value;
+    f[0] = r->position;
+    if (read_varint(r, &length) != 0) { *why = "its length is not a varint"; return -1; }
+    if (length < 0 || length > r->end - r->position) { *why = "its length runs past the records section"; return -1; }
+    reader_t body = {r->data, r->position + length, r->position};
+    r->position += length;
+    if (body.position >= body.end) { *why = "it has no attributes"; return -1; }
+    body.position++; /* attributes: unused in v2 records */
+    if (read_varint(&body, &f[1]) != 0) { *why = "its timestamp delta runs past it"; return -1; }
+    if (read_varint(&body, &f[2]) != 0) { *why = "its offset delta runs past it"; return -1; }
+    if (read_varint(&body, &value) != 0 || value < -1) { *why = "its key length is bad"; return -1; }
+    f[4] = value;
+    f[3] = body.position;
+    skip = value > 0 ? value : 0;
+    if (skip > body.end - body.position) { *why = "its key runs past it"; return -1; }
+    body.position += skip;
+    if (read_varint(&body, &value) != 0 || value < -1) { *why = "its value length is bad"; return -1; }
+    f[6] = value;
+    f[5] = body.position;
+    skip = value > 0 ? value : 0;
+    if (skip > body.end - body.position) { *why = "its value runs past it"; return -1; }
+    body.position += skip;
+    if (read_varint(&body, &value) != 0 || value < 0) { *why = "its header count is bad"; return -1; }
+    f[7] = value;
+    return 0;
+}
+
 /* Walk the records into `out`, column by column (field k of record i at out[k * count + i]); on
    failure, `*bad` is the record and `*why` a reason. */
 static int walk(const uint8_t *data, Py_ssize_t size, Py_ssize_t count, int64_t *out, Py_ssize_t *bad,
                 const char **why) {
     reader_t r = {data, size, 0};
-    int64_t *starts = out, *timestamp_deltas = out + count, *offset_deltas = out + 2 * count;
-    int64_t *key_starts = out + 3 * count, *key_lengths = out + 4 * count, *value_starts = out + 5 * count;
-    int64_t *value_lengths = out + 6 * count, *header_counts = out + 7 * count;
+    int64_t f[FIELDS];
     for (Py_ssize_t i = 0; i < count; i++) {
-        int64_t length, skip, value;
         *bad = i;
-        starts[i] = r.position;
-        if (read_varint(&r, &length) != 0) { *why = "its length is not a varint"; return -1; }
-        if (length < 0 || length > size - r.position) { *why = "its length runs past the records section"; return -1; }
-        reader_t body = {data, r.position + length, r.position};
-        r.position += length;
-        if (body.position >= body.end) { *why = "it has no attributes"; return -1; }
-        body.position++; /* attributes: unused in v2 records */
-        if (read_varint(&body, &timestamp_deltas[i]) != 0) { *why = "its timestamp delta runs past it"; return -1; }
-        if (read_varint(&body, &offset_deltas[i]) != 0) { *why = "its offset delta runs past it"; return -1; }
-        if (read_varint(&body, &value) != 0 || value < -1) { *why = "its key length is bad"; return -1; }
-        key_lengths[i] = value;
-        key_starts[i] = body.position;
-        skip = value > 0 ? value : 0;
-        if (skip > body.end - body.position) { *why = "its key runs past it"; return -1; }
-        body.position += skip;
-        if (read_varint(&body, &value) != 0 || value < -1) { *why = "its value length is bad"; return -1; }
-        value_lengths[i] = value;
-        value_starts[i] = body.position;
-        skip = value > 0 ? value : 0;
-        if (skip > body.end - body.position) { *why = "its value runs past it"; return -1; }
-        body.position += skip;
-        if (read_varint(&body, &value) != 0 || value < 0) { *why = "its header count is bad"; return -1; }
-        header_counts[i] = value;
+        if (walk_record(&r, f, why) != 0) return -1;
+        for (int k = 0; k < FIELDS; k++) out[k * count + i] = f[k];
     }
     if (r.position != size) { *bad = count; *why = "bytes follow the last record"; return -1; }
     return 0;
@@ -686,18 +709,17 @@ static int walk_batch(const Py_buffer *section, Py_ssize_t count, long long base
     return 0;
 }
 
-/* The JSON Lines of rows [0, n) of walked columns (every key and value inside the section: `walk`
- * checked it), `end[i]` where row i's line ends; NULL with an exception. */
-static PyObject *json_lines(const uint8_t *data, Py_ssize_t n, const int64_t *off, const int64_t *ts,
-                            const int64_t *ks, const int64_t *kl, const int64_t *vs, const int64_t *vl,
-                            const Py_buffer *prefix, const Py_buffer *kind, int64_t *end) {
-    static const char T1[] = ",\"timestamp\":", T2[] = ",\"timestampType\":\"", T3[] = "\",\"key\":",
-                      T4[] = ",\"value\":", T5[] = ",\"headers\":[]}\n";
-    Py_ssize_t fixed = prefix->len + kind->len + (Py_ssize_t)(sizeof T1 + sizeof T2 + sizeof T3 + sizeof T4 + sizeof T5 - 5);
-    uint8_t *valid = PyMem_Malloc(n > 0 ? 2 * (size_t)n : 1); /* per record: key, value UTF-8 */
-    if (valid == NULL) return PyErr_NoMemory();
-    Py_ssize_t total = 0;
-    Py_BEGIN_ALLOW_THREADS /* (the measure pass scans every byte too) */
+static const char JSON_T1[] = ",\"timestamp\":", JSON_T2[] = ",\"timestampType\":\"", JSON_T3[] = "\",\"key\":",
+                  JSON_T4[] = ",\"value\":", JSON_T5[] = ",\"headers\":[]}\n";
+#define JSON_FIXED (sizeof JSON_T1 + sizeof JSON_T2 + sizeof JSON_T3 + sizeof JSON_T4 + sizeof JSON_T5 - 5)
+
+/* The size of the JSON Lines of rows [0, n) of walked columns (every key and value inside the
+ * section: `walk` checked it); valid[2i], valid[2i + 1]: whether row i's key and value are UTF-8.
+ * Needs no GIL. */
+static inline Py_ssize_t json_lines_size(const uint8_t *data, Py_ssize_t n, const int64_t *off, const int64_t *ts,
+                                  const int64_t *ks, const int64_t *kl, const int64_t *vs, const int64_t *vl,
+                                  Py_ssize_t prefix_len, Py_ssize_t kind_len, uint8_t *valid) {
+    Py_ssize_t fixed = prefix_len + kind_len + (Py_ssize_t)JSON_FIXED, total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int key_valid, value_valid;
         total += fixed + decimal_size(off[i]) + decimal_size(ts[i]) +
@@ -706,6 +728,42 @@ static PyObject *json_lines(const uint8_t *data, Py_ssize_t n, const int64_t *of
         valid[2 * i] = (uint8_t)key_valid;
         valid[2 * i + 1] = (uint8_t)value_valid;
     }
+    return total;
+}
+
+/* Write those lines from `at`, as json_lines_size measured them; end[i] (when `end` is not NULL)
+ * where row i's line ends, counted from `base`. Returns where the last ends. Needs no GIL. */
+static inline uint8_t *put_json_lines(uint8_t *base, uint8_t *at, const uint8_t *data, Py_ssize_t n, const int64_t *off,
+                               const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
+                               const int64_t *vl, const uint8_t *prefix, Py_ssize_t prefix_len, const uint8_t *kind,
+                               Py_ssize_t kind_len, const uint8_t *valid, int64_t *end) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(at, prefix, prefix_len); at += prefix_len;
+        at = put_decimal(at, off[i]);
+        memcpy(at, JSON_T1, sizeof JSON_T1 - 1); at += sizeof JSON_T1 - 1;
+        at = put_decimal(at, ts[i]);
+        memcpy(at, JSON_T2, sizeof JSON_T2 - 1); at += sizeof JSON_T2 - 1;
+        memcpy(at, kind, kind_len); at += kind_len;
+        memcpy(at, JSON_T3, sizeof JSON_T3 - 1); at += sizeof JSON_T3 - 1;
+        at = put_json_text(at, data + (kl[i] > 0 ? ks[i] : 0), kl[i], valid[2 * i]);
+        memcpy(at, JSON_T4, sizeof JSON_T4 - 1); at += sizeof JSON_T4 - 1;
+        at = put_json_text(at, data + (vl[i] > 0 ? vs[i] : 0), vl[i], valid[2 * i + 1]);
+        memcpy(at, JSON_T5, sizeof JSON_T5 - 1); at += sizeof JSON_T5 - 1;
+        if (end != NULL) end[i] = at - base;
+    }
+    return at;
+}
+
+/* The JSON Lines of rows [0, n) of walked columns, `end[i]` where row i's line ends; NULL with an
+ * exception. */
+static PyObject *json_lines(const uint8_t *data, Py_ssize_t n, const int64_t *off, const int64_t *ts,
+                            const int64_t *ks, const int64_t *kl, const int64_t *vs, const int64_t *vl,
+                            const Py_buffer *prefix, const Py_buffer *kind, int64_t *end) {
+    uint8_t *valid = PyMem_Malloc(n > 0 ? 2 * (size_t)n : 1); /* per record: key, value UTF-8 */
+    if (valid == NULL) return PyErr_NoMemory();
+    Py_ssize_t total;
+    Py_BEGIN_ALLOW_THREADS /* (the measure pass scans every byte too) */
+    total = json_lines_size(data, n, off, ts, ks, kl, vs, vl, prefix->len, kind->len, valid);
     Py_END_ALLOW_THREADS
     PyObject *result = PyBytes_FromStringAndSize(NULL, total);
     if (result == NULL) {
@@ -714,21 +772,8 @@ static PyObject *json_lines(const uint8_t *data, Py_ssize_t n, const int64_t *of
     }
     uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
     Py_BEGIN_ALLOW_THREADS
-    uint8_t *at = base;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        memcpy(at, prefix->buf, prefix->len); at += prefix->len;
-        at = put_decimal(at, off[i]);
-        memcpy(at, T1, sizeof T1 - 1); at += sizeof T1 - 1;
-        at = put_decimal(at, ts[i]);
-        memcpy(at, T2, sizeof T2 - 1); at += sizeof T2 - 1;
-        memcpy(at, kind->buf, kind->len); at += kind->len;
-        memcpy(at, T3, sizeof T3 - 1); at += sizeof T3 - 1;
-        at = put_json_text(at, data + (kl[i] > 0 ? ks[i] : 0), kl[i], valid[2 * i]);
-        memcpy(at, T4, sizeof T4 - 1); at += sizeof T4 - 1;
-        at = put_json_text(at, data + (vl[i] > 0 ? vs[i] : 0), vl[i], valid[2 * i + 1]);
-        memcpy(at, T5, sizeof T5 - 1); at += sizeof T5 - 1;
-        end[i] = at - base;
-    }
+    put_json_lines(base, base, data, n, off, ts, ks, kl, vs, vl, prefix->buf, prefix->len, kind->buf, kind->len, valid,
+                   end);
     Py_END_ALLOW_THREADS
     PyMem_Free(valid);
     return result;
@@ -1119,36 +1164,38 @@ typedef struct {
     int print_offset, print_key, print_value;
 } text_args_t;
 
-/* The lines of rows [0, n) of walked columns (every key and value inside the section: `walk`
- * checked it), `end[i]` where row i's line ends; NULL with an exception. */
-static PyObject *text_lines(const text_args_t *a, int have_label, int have_partition, Py_ssize_t n, const int64_t *off,
-                            const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
-                            const int64_t *vl, int64_t *end) {
-    const uint8_t *section = a->section.buf;
-    int fields = have_label + have_partition + a->print_offset + a->print_key + a->print_value;
+/* The size of the console lines of rows [0, n) of walked columns (every key and value inside the
+ * section: `walk` checked it); `label` NULL: no timestamps shown. Needs no GIL. */
+static inline Py_ssize_t text_lines_size(const text_args_t *a, const Py_buffer *label, int have_partition, Py_ssize_t n,
+                                  const int64_t *off, const int64_t *ts, const int64_t *kl, const int64_t *vl) {
+    int fields = (label != NULL) + have_partition + a->print_offset + a->print_key + a->print_value;
     Py_ssize_t separators = fields > 1 ? (fields - 1) * a->separator.len : 0;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t size = separators + a->line_end.len;
-        if (have_label) size += a->timestamp_label.len + decimal_size(ts[i]);
+        if (label != NULL) size += label->len + decimal_size(ts[i]);
         if (have_partition) size += a->partition_field.len;
         if (a->print_offset) size += 7 + decimal_size(off[i]);
         if (a->print_key) size += kl[i] < 0 ? a->null.len : kl[i];
         if (a->print_value) size += vl[i] < 0 ? a->null.len : vl[i];
         total += size;
     }
-    PyObject *result = PyBytes_FromStringAndSize(NULL, total);
-    if (result == NULL) return NULL;
-    uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
-    Py_BEGIN_ALLOW_THREADS
-    uint8_t *at = base;
+    return total;
+}
+
+/* Write those lines from `at`; end[i] (when `end` is not NULL) where row i's line ends, counted
+ * from `base`. Returns where the last ends. Needs no GIL. */
+static inline uint8_t *put_text_lines(const text_args_t *a, const Py_buffer *label, int have_partition, Py_ssize_t n,
+                               const uint8_t *section, const int64_t *off, const int64_t *ts, const int64_t *ks,
+                               const int64_t *kl, const int64_t *vs, const int64_t *vl, uint8_t *base, uint8_t *at,
+                               int64_t *end) {
     for (Py_ssize_t i = 0; i < n; i++) {
         int first = 1;
 #define SEPARATE() do { if (!first) { memcpy(at, a->separator.buf, a->separator.len); at += a->separator.len; } first = 0; } while (0)
-        if (have_label) {
+        if (label != NULL) {
             SEPARATE();
-            memcpy(at, a->timestamp_label.buf, a->timestamp_label.len);
-            at = put_decimal(at + a->timestamp_label.len, ts[i]);
+            memcpy(at, label->buf, label->len);
+            at = put_decimal(at + label->len, ts[i]);
         }
         if (have_partition) {
             SEPARATE();
@@ -1173,8 +1220,22 @@ static PyObject *text_lines(const text_args_t *a, int have_label, int have_parti
 #undef SEPARATE
         memcpy(at, a->line_end.buf, a->line_end.len);
         at += a->line_end.len;
-        end[i] = at - base;
+        if (end != NULL) end[i] = at - base;
     }
+    return at;
+}
+
+/* The lines of rows [0, n) of walked columns, `end[i]` where row i's line ends; NULL with an
+ * exception. */
+static PyObject *text_lines(const text_args_t *a, int have_label, int have_partition, Py_ssize_t n, const int64_t *off,
+                            const int64_t *ts, const int64_t *ks, const int64_t *kl, const int64_t *vs,
+                            const int64_t *vl, int64_t *end) {
+    const Py_buffer *label = have_label ? &a->timestamp_label : NULL;
+    PyObject *result = PyBytes_FromStringAndSize(NULL, text_lines_size(a, label, have_partition, n, off, ts, kl, vl));
+    if (result == NULL) return NULL;
+    uint8_t *base = (uint8_t *)PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    put_text_lines(a, label, have_partition, n, a->section.buf, off, ts, ks, kl, vs, vl, base, base, end);
     Py_END_ALLOW_THREADS
     return result;
 }
@@ -1224,10 +1285,174 @@ done:
     return result;
 }
 
+/* -- a range of batches, rendered whole ------------------------------------------------------ */
+static inline uint32_t be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline uint64_t be64(const uint8_t *p) { return (uint64_t)be32(p) << 32 | be32(p + 4); }
+
+#define BATCH_HEADER_BYTES 61
+#define ATTRIBUTE_COMPRESSION 0x07
+#define ATTRIBUTE_LOG_APPEND_TIME 0x08
+#define ATTRIBUTE_CONTROL 0x20
+
+typedef struct {
+    int json;
+    text_args_t text;           /* text: its section is unused (each batch's own) */
+    Py_buffer labels[2];        /* text: the CreateTime and LogAppendTime labels (obj NULL: not shown) */
+    int have_partition;
+    Py_buffer prefix, kinds[2]; /* JSON Lines: the prefix, "CreateTime" and "LogAppendTime" */
+} range_args_t;
+
+/* Read the file's bytes [start, end) and render its batches into `out` (`size` bytes): 1 when they
+ * fill it exactly; 0 when the range holds anything else — a batch that is not v2, whose length,
+ * CRC or records section is wrong, a compressed batch, a record with headers in JSON Lines, a
+ * short or failed read, a rendering of another size. Control batches render to nothing. Needs
+ * no GIL. */
+static int render_range_into(const range_args_t *a, int fd, int64_t start, int64_t end, uint8_t *out,
+                             Py_ssize_t size) {
+    int64_t length = end - start;
+    uint8_t *data = malloc(length > 0 ? (size_t)length : 1), *at = out, *limit = out + size;
+    int ok = 0;
+    if (data == NULL) return 0;
+    for (int64_t done = 0; done < length;) {
+        ssize_t got = pread(fd, data + done, (size_t)(length - done), start + done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) goto done;
+        done += got;
+    }
+    for (int64_t position = 0; position < length;) {
+        const uint8_t *batch = data + position;
+        if (length - position < BATCH_HEADER_BYTES) goto done;
+        int64_t batch_bytes = 12 + (int64_t)(int32_t)be32(batch + 8);
+        if (batch_bytes < BATCH_HEADER_BYTES || batch_bytes > length - position || batch[16] != 2) goto done;
+        if (crc32c_of(batch + 21, (size_t)(batch_bytes - 21), crc32c_hardware) != be32(batch + 17)) goto done;
+        position += batch_bytes;
+        unsigned attributes = (unsigned)batch[21] << 8 | batch[22];
+        if (attributes & ATTRIBUTE_COMPRESSION) goto done;
+        if (attributes & ATTRIBUTE_CONTROL) continue;
+        /* Each record walked as `walk` walks it, and its line written at once, while it is in the cache. */
+        int64_t count = (int32_t)be32(batch + 57), base_offset = (int64_t)be64(batch);
+        int64_t base_timestamp = (int64_t)be64(batch + 27), max_timestamp = (int64_t)be64(batch + 35);
+        int log_append_time = (attributes & ATTRIBUTE_LOG_APPEND_TIME) != 0;
+        const uint8_t *section = batch + BATCH_HEADER_BYTES;
+        const Py_buffer *kind = &a->kinds[log_append_time];
+        const Py_buffer *label = a->labels[log_append_time].obj != NULL ? &a->labels[log_append_time] : NULL;
+        reader_t r = {section, batch_bytes - BATCH_HEADER_BYTES, 0};
+        int64_t f[FIELDS];
+        const char *why;
+        if (count < 0) goto done;
+        for (int64_t i = 0; i < count; i++) {
+            if (walk_record(&r, f, &why) != 0) goto done;
+            int64_t offset = base_offset + f[2], timestamp = log_append_time ? max_timestamp : base_timestamp + f[1];
+            if (a->json) {
+                uint8_t valid[2];
+                if (f[7] != 0) goto done;
+                Py_ssize_t need = json_lines_size(section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
+                                                  a->prefix.len, kind->len, valid);
+                if (need > limit - at) goto done;
+                at = put_json_lines(out, at, section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
+                                    a->prefix.buf, a->prefix.len, kind->buf, kind->len, valid, NULL);
+            } else {
+                Py_ssize_t need = text_lines_size(&a->text, label, a->have_partition, 1, &offset, &timestamp, &f[4], &f[6]);
+                if (need > limit - at) goto done;
+                at = put_text_lines(&a->text, label, a->have_partition, 1, section, &offset, &timestamp, &f[3], &f[4],
+                                    &f[5], &f[6], out, at, NULL);
+            }
+        }
+        if (r.position != r.end) goto done;
+    }
+    ok = at == limit;
+done:
+    free(data);
+    return ok;
+}
+
+/* The bytes object of `size` the range renders into, or None; the GIL released while it reads and
+ * renders. */
+static PyObject *render_range(const range_args_t *a, int fd, long long start, long long end, Py_ssize_t size) {
+    if (start < 0 || end < start || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a range renderer: a bad range or size");
+        return NULL;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL) return NULL;
+    int ok;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    Py_BEGIN_ALLOW_THREADS
+    ok = render_range_into(a, fd, start, end, out, size);
+    Py_END_ALLOW_THREADS
+    if (ok) return result;
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+static void release_optional(Py_buffer *buffer) {
+    if (buffer->obj != NULL) PyBuffer_Release(buffer);
+}
+
+static int optional_buffer(PyObject *object, Py_buffer *buffer) {
+    return object == Py_None ? 0 : PyObject_GetBuffer(object, buffer, PyBUF_SIMPLE);
+}
+
+/* render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key,
+ *                   print_value, separator, line_end, null) -> bytes or None */
+static PyObject *render_text_range(PyObject *self, PyObject *args) {
+    range_args_t a;
+    memset(&a, 0, sizeof a);
+    int fd;
+    long long start, end;
+    Py_ssize_t size;
+    PyObject *create_obj, *append_obj, *partition_obj, *result = NULL;
+    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*", &fd, &start, &end, &size, &create_obj, &append_obj,
+                          &partition_obj, &a.text.print_offset, &a.text.print_key, &a.text.print_value,
+                          &a.text.separator, &a.text.line_end, &a.text.null))
+        return NULL;
+    if ((create_obj == Py_None) != (append_obj == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "render_text_range: both timestamp labels, or neither");
+        goto done;
+    }
+    if (optional_buffer(create_obj, &a.labels[0]) < 0 || optional_buffer(append_obj, &a.labels[1]) < 0 ||
+        optional_buffer(partition_obj, &a.text.partition_field) < 0)
+        goto done;
+    a.have_partition = partition_obj != Py_None;
+    result = render_range(&a, fd, start, end, size);
+done:
+    release_optional(&a.labels[0]);
+    release_optional(&a.labels[1]);
+    release_optional(&a.text.partition_field);
+    PyBuffer_Release(&a.text.separator);
+    PyBuffer_Release(&a.text.line_end);
+    PyBuffer_Release(&a.text.null);
+    return result;
+}
+
+/* render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes or None */
+static PyObject *render_json_range(PyObject *self, PyObject *args) {
+    range_args_t a;
+    memset(&a, 0, sizeof a);
+    a.json = 1;
+    int fd;
+    long long start, end;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "iLLny*y*y*", &fd, &start, &end, &size, &a.prefix, &a.kinds[0], &a.kinds[1]))
+        return NULL;
+    PyObject *result = render_range(&a, fd, start, end, size);
+    PyBuffer_Release(&a.prefix);
+    PyBuffer_Release(&a.kinds[0]);
+    PyBuffer_Release(&a.kinds[1]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"render_json_section", render_json_section, METH_VARARGS,
      "render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, prefix, "
      "timestamp_type, offsets, ends) -> (bytes, n), or None when a record has headers"},
+    {"render_text_range", render_text_range, METH_VARARGS,
+     "render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key, "
+     "print_value, separator, line_end, null) -> bytes, or None (see the module)"},
+    {"render_json_range", render_json_range, METH_VARARGS,
+     "render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes, or None (see the module)"},
     {"render_text_section", render_text_section, METH_VARARGS,
      "render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, "
      "partition, print_offset, print_key, print_value, separator, line_end, null, offsets, ends) -> (bytes, n)"},

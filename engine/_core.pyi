@@ -60,6 +60,25 @@ def render_text_section(
     ends: np.ndarray,
     /,
 ) -> tuple[bytes, int]: ...
+def render_text_range(
+    fd: int,
+    start: int,
+    end: int,
+    size: int,
+    create_label: bytes | None,
+    append_label: bytes | None,
+    partition_field: bytes | None,
+    print_offset: bool,
+    print_key: bool,
+    print_value: bool,
+    separator: bytes,
+    line_end: bytes,
+    null: bytes,
+    /,
+) -> bytes | None: ...
+def render_json_range(
+    fd: int, start: int, end: int, size: int, prefix: bytes, create_kind: bytes, append_kind: bytes, /
+) -> bytes | None: ...
 def render_json_section(
     section: Buffer | np.ndarray,
     count: int,

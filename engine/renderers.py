@@ -44,6 +44,9 @@ class RenderedBatch:
         return len(self.data) - (int(self.ends[first - 1]) if first else 0)
 
 
+# What a record shows of its timestamp type, CreateTime's then LogAppendTime's (a range renderer's).
+_TIME_KINDS = tuple(kind.display_name.encode() for kind in (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME))
+_TIME_LABELS = tuple(kind + b":" for kind in _TIME_KINDS)
 _SMALL_BATCH_RECORDS = 8  # batches this small are decoded record by record (see TextRenderer)
 _ALL_OFFSETS = -(1 << 63)  # a min_offset below every record's
 _NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))
@@ -97,6 +100,30 @@ class TextRenderer:
             return RenderedBatch(b"".join(lines), np.array([r.offset for r in records], np.int64), _ends(lines))
         data, ends, offsets = self._render_section(header, batch, _ALL_OFFSETS)
         return RenderedBatch(data, offsets, ends)
+
+    def render_range(self, fd: int, start: int, end: int, size: int) -> bytes | None:
+        """The rendering of the batches the file `fd` holds in [start, end), when they render to
+        `size` bytes in one call of the core, which reads them itself and holds the GIL once: v2
+        batches, uncompressed, intact. None otherwise (headers shown, or a batch the range
+        cannot take): the caller renders batch by batch, which says what is wrong."""
+        fmt = self.text_format
+        if fmt.print_headers:
+            return None
+        return _core.render_text_range(
+            fd,
+            start,
+            end,
+            size,
+            _TIME_LABELS[0] if fmt.print_timestamp else None,
+            _TIME_LABELS[1] if fmt.print_timestamp else None,
+            b"Partition:%d" % self.partition if fmt.print_partition else None,
+            fmt.print_offset,
+            fmt.print_key,
+            fmt.print_value,
+            fmt.key_separator,
+            fmt.line_separator,
+            fmt.null_literal,
+        )
 
     def measure(
         self, header: BatchHeader, batch: bytes | bytearray | memoryview, columns: RecordColumns | None = None
@@ -207,6 +234,10 @@ class JsonLinesRenderer:
             )
         ]
         return lines, offsets
+
+    def render_range(self, fd: int, start: int, end: int, size: int) -> bytes | None:
+        """`TextRenderer.render_range` for JSON Lines (None also when a record has headers)."""
+        return _core.render_json_range(fd, start, end, size, self._prefix_bytes, *_TIME_KINDS)
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` as UTF-8, each ended by a newline."""

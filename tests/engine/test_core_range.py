@@ -1,0 +1,156 @@
+"""The compiled core's range renderers (`TextRenderer.render_range`, `JsonLinesRenderer.render_range`):
+the batches of a file's byte range, read by the core itself and rendered in one call, are the very
+bytes the batch-at-a-time renderers give, for any console-consumer options, LogAppendTime
+batches, control batches (nothing), null keys and values, bytes that are not UTF-8 and records
+with headers (text: not shown). Anything the range does not render whole gives None, never other
+bytes: a compressed or damaged batch, JSON Lines of a record with headers, a size that is not the
+rendering's, a range that does not start and end at batches, a file cut short, a bad descriptor."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.console_formats import TextFormat
+from seglogfs.engine.records import BatchHeader, ProducerState, TimestampType, build_batch
+from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+
+formats = st.builds(
+    TextFormat,
+    print_timestamp=st.booleans(),
+    print_partition=st.booleans(),
+    print_offset=st.booleans(),
+    print_key=st.booleans(),
+    print_value=st.booleans(),
+    key_separator=st.sampled_from([b"\t", b" | ", b""]),
+    line_separator=st.sampled_from([b"\n", b"\r\n", b""]),
+    null_literal=st.sampled_from([b"null", b"", b"NULL!"]),
+)
+blobs = st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=20).map(str.encode))
+batches = st.lists(
+    st.tuples(
+        st.lists(st.tuples(blobs, blobs), min_size=1, max_size=30),
+        st.sampled_from([TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME]),
+        st.sampled_from(["data", "data", "data", "control", "headers"]),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+def _file(tmp: Path, spec: list) -> tuple[Path, list[bytearray]]:
+    """The batches of `spec` one after the other in a file, offsets following on."""
+    built, offset = [], 0
+    for records, timestamp_type, kind in spec:
+        if kind == "control":
+            batch = build_batch(
+                [b"\x00\x00\x00\x00\x00\x00"],
+                keys=[b"\x00\x00\x00\x00"],
+                timestamps=1_763_800_000_000,
+                base_offset=offset,
+                is_control=True,
+                producer=ProducerState(7, 0, -1, is_transactional=True),
+            )
+            offset += 1
+        else:
+            batch = build_batch(
+                [value for _, value in records],
+                keys=[key for key, _ in records],
+                headers=[[("h", b"v")] for _ in records] if kind == "headers" else None,
+                timestamps=[1_763_800_000_000 + 7 * i for i in range(len(records))],
+                base_offset=offset,
+                timestamp_type=timestamp_type,
+            )
+            offset += len(records)
+        built.append(batch)
+    path = tmp / "00000000000000000000.log"
+    path.write_bytes(b"".join(built))
+    return path, built
+
+
+def _rendered(renderer, built: list[bytearray]) -> bytes:
+    return b"".join(renderer.render_indexed(BatchHeader.parse(b), memoryview(b)).data for b in built)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(formats, batches, st.integers(0, 9), st.data())
+def test_a_range_renders_what_its_batches_render_one_by_one(tmp_path: Path, fmt, spec, partition, data) -> None:
+    path, built = _file(tmp_path, spec)
+    first = data.draw(st.integers(0, len(built) - 1))
+    last = data.draw(st.integers(first + 1, len(built)))
+    start = sum(len(b) for b in built[:first])
+    end = start + sum(len(b) for b in built[first:last])
+    some = built[first:last]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        text = TextRenderer(fmt, partition)
+        want = _rendered(text, some)
+        assert text.render_range(fd, start, end, len(want)) == want
+        jsonl = JsonLinesRenderer('topic "ü"', partition)
+        has_headers = any(kind == "headers" for _, _, kind in spec[first:last])
+        want = _rendered(jsonl, some)
+        assert jsonl.render_range(fd, start, end, len(want)) == (None if has_headers else want)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def plain(tmp_path: Path) -> tuple[Path, list[bytearray], TextRenderer, bytes]:
+    spec = [([(b"k%d" % i, b"value %d" % i) for i in range(20)], TimestampType.CREATE_TIME, "data")] * 3
+    path, built = _file(tmp_path, spec)
+    renderer = TextRenderer(TextFormat(print_key=True, print_offset=True), 0)
+    return path, built, renderer, _rendered(renderer, built)
+
+
+def _render(path: Path, renderer, start: int, end: int, size: int) -> bytes | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return renderer.render_range(fd, start, end, size)
+    finally:
+        os.close(fd)
+
+
+def test_the_range_and_size_must_be_the_renderings_exactly(plain) -> None:
+    path, built, renderer, want = plain
+    end = sum(len(b) for b in built)
+    assert _render(path, renderer, 0, end, len(want)) == want
+    assert _render(path, renderer, 0, end, len(want) - 1) is None
+    assert _render(path, renderer, 0, end, len(want) + 1) is None
+    assert _render(path, renderer, 0, end - 1, len(want)) is None  # ends inside a batch
+    assert _render(path, renderer, 1, end, len(want)) is None  # starts inside one
+    assert _render(path, renderer, 0, end + 100, len(want)) is None  # past the file's end
+    assert _render(path, renderer, 0, 0, 0) == b""
+    with pytest.raises(ValueError, match="bad range"):
+        _render(path, renderer, 10, 5, 0)
+
+
+def test_a_damaged_batch_is_left_to_the_batch_renderers(plain) -> None:
+    path, built, renderer, want = plain
+    data = bytearray(path.read_bytes())
+    data[len(built[0]) + 70] ^= 0x01  # a record byte of the second batch: its CRC no longer holds
+    path.write_bytes(bytes(data))
+    assert _render(path, renderer, 0, len(data), len(want)) is None
+    assert _render(path, renderer, 0, len(built[0]), len(_rendered(renderer, built[:1]))) is not None
+
+
+def test_compressed_batches_and_shown_headers_are_left_to_the_batch_renderers(tmp_path: Path) -> None:
+    batch = build_batch([b"a", b"b"], timestamps=1, compression=CompressionType.GZIP)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(bytes(batch))
+    for renderer in (TextRenderer(TextFormat(), 0), JsonLinesRenderer("t", 0)):
+        want = _rendered(renderer, [batch])
+        assert _render(path, renderer, 0, len(batch), len(want)) is None
+    shown = TextRenderer(TextFormat(print_headers=True), 0)
+    assert _render(path, shown, 0, len(batch), 4) is None
+
+
+def test_a_bad_descriptor_gives_none(plain) -> None:
+    path, built, renderer, want = plain
+    fd = os.open(path, os.O_RDONLY)
+    os.close(fd)
+    assert renderer.render_range(fd, 0, sum(len(b) for b in built), len(want)) is None
