@@ -60,9 +60,10 @@ import mmap
 import os
 import queue
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -91,6 +92,8 @@ from seglogfs.engine.records import (
     offset_of_max_timestamp,
 )
 from seglogfs.engine.transaction_index import TransactionIndex
+
+T = TypeVar("T")
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
 # iter_headers: after two batches of at most _SMALL_BATCH_BYTES in a row it reads a window of
@@ -469,6 +472,15 @@ class LogSegment:
                     yield header, whole
                     offset = header.size_in_bytes
                 position += offset
+        finally:
+            self._unlease()
+
+    def with_descriptor(self, work: Callable[[int], T]) -> T:
+        """`work(fd)` with the `.log` file's descriptor, held open until it returns (for a call
+        of the core that reads the file itself). OSError when the segment is closed."""
+        handle = self._lease()
+        try:
+            return work(handle)
         finally:
             self._unlease()
 

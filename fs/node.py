@@ -100,11 +100,11 @@ class Handle:
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    def read_now(self, position: int, length: int) -> bytes | bytearray | None:
+    def read_now(self, position: int, length: int) -> bytes | bytearray | memoryview | None:
         """`read` when it needs neither the disk nor much work (on the loop), else None."""
         return None
 
-    def read(self, position: int, length: int) -> bytes | bytearray:
+    def read(self, position: int, length: int) -> bytes | bytearray | memoryview:
         raise Refused(errno.EBADF, f"read {self.node.path}")
 
     def grown_size(self) -> int | None:

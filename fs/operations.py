@@ -360,7 +360,7 @@ class Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, direct_io=True, nonseekable=not handle.seekable)
 
     # pyfuse3 replies with any contiguous buffer: a mirror read returns the buffer it read into.
-    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray:  # type: ignore[override]
+    async def read(self, fh: int, off: int, size: int) -> bytes | bytearray | memoryview:  # type: ignore[override]
         self.requests["read"] += 1
         handle = self._handle(fh)
         # A read that needs neither the disk nor much rendering is served on the loop: handing

@@ -108,12 +108,12 @@ class ViewHandle(Handle):
         self.view_file.tree.view_closed(self.view_file)
         return Changes()
 
-    def read_now(self, position: int, length: int) -> bytes | None:
+    def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         if self.view_file.log.offline_reason is not None:
             return None  # the worker thread's read says why
         return self.view.read_now(position, length)
 
-    def read(self, position: int, length: int) -> bytes:
+    def read(self, position: int, length: int) -> bytes | memoryview:
         self.view_file.check_online("read")
         return self.view.read(position, length)
 

@@ -14,7 +14,10 @@ The batches between two marks are a page: read with one small read of the segmen
 kept in a small cache, so `position(N)` is a bisection to the segment, then to the mark at or
 below N, then one page; `read` is the pages it covers. Whatever the partition's size, that is a
 look-up plus a small read. A view over sealed segments never changes; the active segment's part
-only grows.
+only grows. A reader that reads on from where its last read ended (`cat`, `grep`) has the pages
+after it rendered ahead, on a thread of their own, many pages a call of the engine's core, which
+reads, checks and renders them with the GIL released (`_RenderAhead`): the rendering runs on
+another core while the event loop serves the reads.
 
 A layout is derived data. A segment is measured by rendering it once (the active segment only
 for what was appended since the last look); a segment replaced by compaction or removed by
@@ -47,7 +50,7 @@ import threading
 import time
 import zlib
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +74,8 @@ class Renderer(Protocol):
     def render_indexed(self, header: BatchHeader, batch: memoryview) -> RenderedBatch: ...
 
     def measure(self, header: BatchHeader, batch: memoryview, columns: RecordColumns | None = None) -> int: ...
+
+    def render_range(self, fd: int, start: int, end: int, size: int) -> bytes | None: ...
 
 
 MARK_BYTES = 32 * 1024
@@ -108,6 +113,14 @@ class MeasureProgress:
 # `grep`) ran at two thirds of the speed that way.
 INLINE_RENDER_BYTES = 1280 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
+# A sequential reader's next pages are rendered ahead of it (`_RenderAhead`), this many segment
+# bytes past its last read, at most `AHEAD_PAGES` pages, by one core call per `AHEAD_CALL_BYTES`
+# at most: a call holds the GIL once, so the loop serving the reads is barely held up, and the
+# rendering runs on the other core.
+AHEAD_BYTES = 16 << 20
+AHEAD_PAGES = 256
+AHEAD_CALL_BYTES = 4 << 20
+_AHEAD_CACHE_BYTES = 32 << 20
 UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
 
 
@@ -400,6 +413,106 @@ class _PageCache:
 _PAGES = _PageCache(_PAGE_CACHE_BYTES)
 
 
+class _RenderAhead:
+    """Pages rendered ahead of sequential readers on a thread of their own, a run of pages a call
+    of the core (`Renderer.render_range`), kept as each page's bytes by (layout, segment, serial,
+    mark), bounded in bytes. A run the core does not render (compressed or damaged batches, a
+    file cut short) is left to the readers, who render it page by page and say what is wrong.
+    Thread-safe."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._pages: OrderedDict[tuple[object, ...], tuple[bytes, int, int]] = OrderedDict()
+        self._bytes = 0
+        self._pending: dict[tuple[object, ...], threading.Event] = {}  # asked for, not rendered yet
+        self._runs: deque[tuple[Layout, _SegmentLayout, list[int]]] = deque()
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def get(self, key: tuple[object, ...]) -> tuple[bytes, int, int] | None:
+        """The page's span (rendering, start, end), if it was rendered ahead."""
+        with self._lock:
+            page = self._pages.get(key)
+            if page is not None:
+                self._pages.move_to_end(key)
+            return page
+
+    def pending(self, key: tuple[object, ...]) -> threading.Event | None:
+        """Set once the page under `key` is rendered ahead or given up; None when not asked for."""
+        with self._lock:
+            return self._pending.get(key)
+
+    def ask(self, layout: Layout, segment_layout: _SegmentLayout, marks: range, *, whole: bool) -> None:
+        """Render the pages `marks` of a segment layout ahead, but those kept or asked for already
+        (every mark a complete page: its bounds never change); their last pages only when they
+        make three quarters of a call's worth, unless `whole` (the marks reach the last complete page)."""
+        with self._lock:
+            run: list[int] = []
+            run_bytes = 0
+            for mark in marks:
+                key = _page_key(layout, segment_layout, mark)
+                if key in self._pages or key in self._pending:
+                    continue
+                start, end = segment_layout.page_bounds(mark)
+                if run and (run[-1] != mark - 1 or run_bytes + end - start > AHEAD_CALL_BYTES):
+                    self._runs.append((layout, segment_layout, run))
+                    run, run_bytes = [], 0
+                self._pending[key] = threading.Event()
+                run.append(mark)
+                run_bytes += end - start
+            if run and (run_bytes >= AHEAD_CALL_BYTES * 3 // 4 or whole):
+                self._runs.append((layout, segment_layout, run))
+            else:  # (a short run waits until the reader is closer: fewer, longer calls)
+                for mark in run:
+                    del self._pending[_page_key(layout, segment_layout, mark)]
+            if not self._runs:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._render_runs, name="render ahead", daemon=True)
+                self._thread.start()
+            self._work.notify()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until every page asked for is rendered or given up (for tests); False on timeout."""
+        with self._lock:
+            return self._work.wait_for(lambda: not self._pending, timeout)
+
+    def _render_runs(self) -> None:
+        while True:
+            with self._lock:
+                while not self._runs:
+                    self._work.wait()
+                layout, segment_layout, run = self._runs.popleft()
+            pages: list[tuple[bytes, int, int]] = []
+            try:
+                pages = layout.render_run(segment_layout, run)
+            except Exception as error:  # left to the readers, who report it
+                logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
+            with self._lock:
+                for mark, page in zip(run, pages, strict=False):
+                    self._pages[_page_key(layout, segment_layout, mark)] = page
+                    self._bytes += page[2] - page[1]
+                for mark in run:
+                    self._pending.pop(_page_key(layout, segment_layout, mark)).set()
+                while self._bytes > self.capacity_bytes and self._pages:
+                    _, (_, start, end) = self._pages.popitem(last=False)
+                    self._bytes -= end - start
+                self._work.notify_all()
+
+
+def _joined(pieces: list[memoryview]) -> bytes | memoryview:
+    """Pieces as one buffer: the piece itself when there is one (no copy)."""
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _page_key(layout: Layout, segment_layout: _SegmentLayout, mark: int) -> tuple[object, ...]:
+    return (layout, segment_layout.segment, segment_layout.serial, mark)
+
+
+_AHEAD = _RenderAhead(_AHEAD_CACHE_BYTES)
+
+
 class Layout:
     """The rendering of one partition in one format, read_uncommitted or (`read_committed`)
     read_committed. Thread-safe: one thread at a time brings it up to date (`snapshot`, under
@@ -456,6 +569,11 @@ class Layout:
         self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
         self._progress = (0, 0)  # (segment bytes measured, segment bytes to measure), while measuring
         self._progress_lock = threading.Lock()  # (the threads of one measure add to it)
+        # Rendering ahead of sequential readers (`_pieces`): read_uncommitted layouts only, whose
+        # pages are their batches' renderings whole. Where recent reads ended, to tell a read
+        # that goes on from one.
+        self._renders_ahead = not read_committed
+        self._read_ends: deque[int] = deque(maxlen=8)
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -774,12 +892,13 @@ class Layout:
             return at, total
         return at, total
 
-    def read(self, position: int, length: int) -> bytes:
+    def read(self, position: int, length: int) -> bytes | memoryview:
         """Up to `length` layout bytes from `position`; none from positions of segments that are
-        gone (removed by retention while a reader held a view)."""
-        return b"".join(piece for piece in self._pieces(position, length, now=False) if piece is not None)
+        gone (removed by retention while a reader held a view). A view of a rendering, not a
+        copy, when one holds them all."""
+        return _joined([piece for piece in self._pieces(position, length, now=False) if piece is not None])
 
-    def read_now(self, position: int, length: int) -> bytes | None:
+    def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`length` layout bytes from `position` when they are measured and their pages rendered
         or cheap to render from the OS page cache (cheap enough for the event loop), else None."""
         if position + length > self.known_size():
@@ -787,7 +906,7 @@ class Layout:
         pieces = list(self._pieces(position, length, now=True))
         if None in pieces:
             return None
-        data = b"".join(pieces)  # type: ignore[arg-type]
+        data = _joined(pieces)  # type: ignore[arg-type]
         # (short: a measure changed the layout under the read; a worker thread's read waits for it)
         return data if len(data) == length else None
 
@@ -797,13 +916,19 @@ class Layout:
         return starts[-1] + order[-1].size if order else 0
 
     def _pieces(self, position: int, length: int, *, now: bool) -> Iterator[memoryview | None]:
-        """The layout bytes [position, position + length) as pieces of rendered pages (views, not
-        copies); with `now`, None (and the end) at the first page `_page_now` cannot give within
-        the read's rendering budget."""
+        """The layout bytes [position, position + length) as pieces of renderings (views, not
+        copies: pages rendered ahead together make one piece); with `now`, None (and the end)
+        at the first page `_page_now` cannot give within the read's rendering budget. A read
+        that goes on from where an earlier one ended has the pages after it rendered ahead
+        (`_RenderAhead`)."""
         order, starts = self._published
+        sequential = self._renders_ahead and position in self._read_ends
+        self._read_ends.append(position + length)
         wanted = length
         budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
+        last: tuple[_SegmentLayout, int] | None = None
+        piece: tuple[bytes, int, int] | None = None  # (rendering, start, end) not yet yielded
         while slot < len(order) and wanted > 0:
             layout = order[slot]
             local = position + length - wanted - starts[slot]
@@ -811,26 +936,90 @@ class Layout:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
                 while mark < len(layout.marks_view) and wanted > 0:
-                    if now:
-                        page, cost = self._page_now(layout, mark, budget)
-                        budget -= cost
-                    else:
-                        page = self._page(layout, mark)
-                    if page is None:
+                    spans = self._page_spans(layout, mark, budget if now else None)
+                    if spans is None:
                         yield None
                         return
-                    for _, rendered in page:
-                        size = len(rendered.data)
-                        if at + size > local:
-                            begin = max(local - at, 0)
-                            piece = memoryview(rendered.data)[begin : begin + wanted]
-                            wanted -= len(piece)
-                            yield piece
+                    budget -= spans[1]
+                    for data, low, high in spans[0]:
+                        if at + high - low > local:
+                            begin = low + max(local - at, 0)
+                            end = min(high, begin + wanted)
+                            wanted -= end - begin
+                            if piece is not None and piece[0] is data and piece[2] == begin:
+                                piece = (data, piece[1], end)
+                            else:
+                                if piece is not None:
+                                    yield memoryview(piece[0])[piece[1] : piece[2]]
+                                piece = (data, begin, end)
                             if wanted <= 0:
                                 break
-                        at += size
+                        at += high - low
+                    last = (layout, mark)
                     mark += 1
             slot += 1
+        if piece is not None:
+            yield memoryview(piece[0])[piece[1] : piece[2]]
+        if sequential and last is not None:
+            self._ask_ahead(*last)
+
+    def _page_spans(
+        self, layout: _SegmentLayout, mark: int, budget: int | None
+    ) -> tuple[list[tuple[bytes, int, int]], int] | None:
+        """A page's bytes as spans (rendering, start, end) of the renderings they are kept in, and
+        the segment bytes rendered for them: rendered ahead, cached, or rendered now. With a
+        `budget` (a read on the event loop, which never waits), None when `_page_now` cannot
+        give the page; a page still being rendered ahead is rendered here too. Without (a
+        worker thread's read), a page being rendered ahead is waited for."""
+        key = _page_key(self, layout, mark)
+        if self._renders_ahead:
+            ahead = _AHEAD.get(key)
+            if ahead is None and budget is None:
+                rendering = _AHEAD.pending(key)
+                if rendering is not None:
+                    rendering.wait()
+                    ahead = _AHEAD.get(key)
+            if ahead is not None:
+                return [ahead], 0
+        page: Page | None
+        if budget is None:
+            page, cost = self._page(layout, mark), 0
+        else:
+            page, cost = self._page_now(layout, mark, budget)
+        if page is None:
+            return None
+        return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost
+
+    def _ask_ahead(self, layout: _SegmentLayout, mark: int) -> None:
+        """Have the complete pages after `mark` rendered ahead, up to `AHEAD_BYTES` of the segment
+        past it and `AHEAD_PAGES` pages (a segment that still grows has one incomplete page,
+        its last)."""
+        complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
+        first = mark + 1
+        if first >= complete:
+            return
+        last = min(complete, first + AHEAD_PAGES)
+        last = max(
+            bisect.bisect_left(layout.marks_file, layout.marks_file[first] + AHEAD_BYTES, first, last), first + 1
+        )
+        _AHEAD.ask(self, layout, range(first, last), whole=last == complete)
+
+    def render_run(self, layout: _SegmentLayout, marks: list[int]) -> list[tuple[bytes, int, int]]:
+        """Complete pages `marks` (consecutive) of a segment layout rendered by one call of the
+        core: each page's span (rendering, start, end) of it; none when the core does not
+        render them."""
+        start, end = layout.marks_file[marks[0]], layout.page_bounds(marks[-1])[1]
+        after = marks[-1] + 1
+        edges = [
+            *layout.marks_view[marks[0] : after],
+            layout.marks_view[after] if after < len(layout.marks_view) else layout.size,
+        ]
+        data = layout.segment.with_descriptor(
+            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0])
+        )
+        if data is None:
+            return []
+        return [(data, a - edges[0], b - edges[0]) for a, b in itertools.pairwise(edges)]
 
 
 class View:
@@ -864,7 +1053,7 @@ class View:
         begin, total = self._extent()
         return total - begin
 
-    def read(self, position: int, length: int) -> bytes:
+    def read(self, position: int, length: int) -> bytes | memoryview:
         begin, total = self._extent()
         if position >= total - begin:
             return b""
@@ -874,7 +1063,7 @@ class View:
         """The size as last measured (no look at the log, no lock: for the event loop)."""
         return max(self.layout.known_size() - self._begin[1], 0)
 
-    def read_now(self, position: int, length: int) -> bytes | None:
+    def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin
         if generation != self.layout.generation:

@@ -384,6 +384,33 @@ def test_cat_moves_a_megabyte_a_request(mount, tmp_path: Path) -> None:
     assert reads <= os.stat(segment).st_size // (1 << 20) + 2, f"{reads} read requests"
 
 
+def test_sequential_readers_get_every_byte_of_pages_rendered_ahead(mount, tmp_path: Path) -> None:
+    """`cat`, `grep`, `wc` and `| head` on a partition of several segments, two readers at
+    once: a sequential reader's pages are rendered ahead by the core (text and JSON Lines), and
+    every reader gets the records, whole and in order, as `consume` prints them."""
+    data = tmp_path / "data"
+    records = [b"record-%06d " % i + b"y" * (i % 150) for i in range(150_000)]  # about 13 MiB
+    cli = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+    produce = [*cli, "produce", str(data), "--topic", "t", "--override", "log.segment.bytes=4000000"]
+    subprocess.run(produce, input=b"\n".join(records) + b"\n", cwd=REPO, check=True, capture_output=True, timeout=60)
+    consume = [*cli, "consume", str(data), "--topic", "t", "--from-beginning", "--format", "jsonl"]
+    jsonl = subprocess.run(consume, cwd=REPO, check=True, capture_output=True, timeout=60).stdout
+    m: Mount = mount(data, "-o", "ro")
+    view = m.path / "t" / "0" / "records"
+    assert len(list((m.path / ".logdir" / "t-0").glob("*.log"))) >= 3
+    text = b"\n".join(records) + b"\n"
+    both = sh(f"cat {view} > {tmp_path}/a & cat {view} > {tmp_path}/b; wait")
+    assert both.returncode == 0
+    assert (tmp_path / "a").read_bytes() == text and (tmp_path / "b").read_bytes() == text
+    assert sh(f"cat {view}.jsonl").stdout == jsonl
+    assert sh(f"grep -c 'record-1.*yyyyyyyyyy$' {view}").stdout == b"%d\n" % sum(
+        1 for r in records if r.startswith(b"record-1") and r.endswith(b"y" * 10)
+    )
+    assert sh(f"wc -l < {view}").stdout.strip() == b"150000"
+    assert sh(f"head -c 5000000 {view} | tail -c 20").stdout == text[5_000_000 - 20 : 5_000_000]
+    assert sh(f"cat {view}").stdout == text  # (after a reader that went away mid-file)
+
+
 def test_one_line_appends_are_served_on_the_loop_unless_they_roll(mount) -> None:
     """`printf … >> append` appends on the event loop when the append is only a write to the
     page cache; one that rolls the segment (files created, the old one flushed) goes to a worker

@@ -92,6 +92,9 @@ class CountingRenderer:
     def render_indexed(self, header, batch):
         return self.renderer.render_indexed(header, batch)
 
+    def render_range(self, fd, start, end, size):
+        return self.renderer.render_range(fd, start, end, size)
+
     def measure(self, header, batch, columns=None):
         with self._lock:
             self.measured += 1
@@ -662,4 +665,125 @@ def test_pages_span_a_bounded_stretch_of_the_segment(tmp_path: Path, monkeypatch
     assert view.read(0, len(expected)) == expected
     for offset in (0, 1, 57, log.log_end_offset - 1):
         assert View(layout, offset).read(0, len(expected)) == expected_text(log, offset, text_format)
+    log.close()
+
+
+class RangeCountingRenderer:
+    """A renderer that counts the batches it renders one by one and the ranges the core renders
+    whole (`render_range`) or leaves to it."""
+
+    def __init__(self, renderer) -> None:
+        self.renderer = renderer
+        self.batches = 0
+        self.ranges: list[bool] = []  # per range asked: rendered whole
+
+    def render_indexed(self, header, batch):
+        self.batches += 1
+        return self.renderer.render_indexed(header, batch)
+
+    def measure(self, header, batch, columns=None):
+        return self.renderer.measure(header, batch, columns)
+
+    def render_range(self, fd, start, end, size):
+        rendered = self.renderer.render_range(fd, start, end, size)
+        self.ranges.append(rendered is not None)
+        return rendered
+
+
+def read_as_the_mount_does(view: View, chunk: int) -> bytes:
+    """The whole view in `chunk`-byte reads one after the other, each served as the mount serves
+    it: on the loop when it can be (`read_now`), else by a worker thread (`read`). Between two
+    reads, the pages asked for are rendered ahead (as they are while a slow reader thinks)."""
+    out, size = bytearray(), view.size()
+    while len(out) < size:
+        data = view.read_now(len(out), min(chunk, size - len(out)))
+        out += data if data is not None else view.read(len(out), chunk)
+        assert views._AHEAD.settle(10), "rendering ahead did not end"
+    return bytes(out)
+
+
+@pytest.fixture
+def small_ahead(monkeypatch) -> None:
+    """Render-ahead sized for small logs: calls of 4 KiB, 16 KiB ahead of the reader."""
+    monkeypatch.setattr(views, "AHEAD_CALL_BYTES", 4096)
+    monkeypatch.setattr(views, "AHEAD_BYTES", 16384)
+
+
+def many_batches(log: PartitionLog) -> None:
+    for n in range(300):
+        log.append_records([b"%d-%d-" % (n, i) + b"x" * 40 for i in range(1 + n % 4)], now_ms=NOW_MS)
+
+
+@pytest.mark.usefixtures("small_ahead")
+@pytest.mark.parametrize("jsonl", [False, True])
+def test_a_sequential_reader_s_pages_are_rendered_ahead_by_the_core(tmp_path: Path, jsonl: bool) -> None:
+    """Reads that go on from the last one have the pages after them rendered ahead, a run of
+    pages a core call; the reader gets the same bytes, most of them from those calls."""
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    expected = expected_jsonl(log, 0) if jsonl else expected_text(log, 0, TextFormat())
+    renderer = RangeCountingRenderer(JsonLinesRenderer("t", 0) if jsonl else TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    assert view.size() == len(expected)
+    batches = renderer.batches  # (none: a first measure measures, it does not render)
+    assert read_as_the_mount_does(view, 1000) == expected
+    assert renderer.ranges and all(renderer.ranges), renderer.ranges
+    assert renderer.batches - batches < 300 // 3, "most pages were rendered batch by batch"
+    assert read_as_the_mount_does(View(view.layout, 77), 700) == (
+        expected_jsonl(log, 77) if jsonl else expected_text(log, 77, TextFormat())
+    )
+    log.close()
+
+
+@pytest.mark.usefixtures("small_ahead")
+def test_pages_the_core_does_not_render_whole_are_rendered_batch_by_batch(tmp_path: Path) -> None:
+    """Compressed batches: the core's range renderer leaves them (None); the reader still gets
+    every byte, rendered page by page."""
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000", "compression.type": "gzip"})
+    many_batches(log)
+    expected = expected_text(log, 0, TextFormat())
+    renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    assert read_as_the_mount_does(view, 1000) == expected
+    assert renderer.ranges and not any(renderer.ranges)
+    log.close()
+
+
+@pytest.mark.usefixtures("small_ahead")
+def test_a_damaged_batch_ahead_of_a_reader_is_reported_by_its_read(tmp_path: Path) -> None:
+    """A batch damaged after the measure, ahead of a sequential reader: the run holding it is
+    not rendered ahead, and the read that reaches it raises CorruptRecordError (the mount's
+    EIO, named in its log) after every byte before it was read right; it never waits."""
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    log.flush()
+    expected = expected_text(log, 0, TextFormat())
+    renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    assert view.size() == len(expected)
+    segment = log.segments[2]
+    with open(segment.log_path, "r+b") as damaged:  # a record's byte in the third segment
+        damaged.seek(segment.size // 2)
+        byte = damaged.read(1)
+        damaged.seek(-1, os.SEEK_CUR)
+        damaged.write(bytes([byte[0] ^ 0x40]))
+    out = bytearray()
+    with pytest.raises(CorruptRecordError, match=segment.log_path.name):
+        while len(out) < len(expected):
+            data = view.read_now(len(out), 1000)
+            out += data if data is not None else view.read(len(out), 1000)
+            assert views._AHEAD.settle(10), "rendering ahead did not end"
+    assert len(out) > 0 and bytes(out) == expected[: len(out)]
+    assert False in renderer.ranges  # (the core left the damaged run)
+    log.close()
+
+
+@pytest.mark.usefixtures("small_ahead")
+def test_read_committed_layouts_are_not_rendered_ahead(tmp_path: Path) -> None:
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512, read_committed=True), 0)
+    assert read_as_the_mount_does(view, 1000) == expected_text(log, 0, TextFormat())
+    assert renderer.ranges == []
     log.close()
