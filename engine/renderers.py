@@ -58,6 +58,18 @@ class TextRenderer:
     def __init__(self, text_format: TextFormat, partition: int) -> None:
         self.text_format = text_format
         self.partition = partition
+        fmt = text_format
+        # What the core's text renderers take after the timestamp label: the partition field
+        # (None: not shown), the fields shown, the separators and the null literal.
+        self._fields_shown = (
+            b"Partition:%d" % partition if fmt.print_partition else None,
+            fmt.print_offset,
+            fmt.print_key,
+            fmt.print_value,
+            fmt.key_separator,
+            fmt.line_separator,
+            fmt.null_literal,
+        )
 
     def lines(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> list[bytes]:
         """The lines (separator included) of the batch's records with offsets ≥ `min_offset`;
@@ -116,13 +128,7 @@ class TextRenderer:
             size,
             _TIME_LABELS[0] if fmt.print_timestamp else None,
             _TIME_LABELS[1] if fmt.print_timestamp else None,
-            b"Partition:%d" % self.partition if fmt.print_partition else None,
-            fmt.print_offset,
-            fmt.print_key,
-            fmt.print_value,
-            fmt.key_separator,
-            fmt.line_separator,
-            fmt.null_literal,
+            *self._fields_shown,
         )
 
     def measure(
@@ -148,19 +154,14 @@ class TextRenderer:
         ends, and their offsets. Raises ValueError when the records section is malformed."""
         fmt = self.text_format
         offsets, ends = np.empty((2, header.records_count), np.int64)
-        data, rendered = _core.render_text_section(
+        arguments = (
             *_section_args(header, batch, min_offset),
             header.timestamp_type.display_name.encode() + b":" if fmt.print_timestamp else None,
-            b"Partition:%d" % self.partition if fmt.print_partition else None,
-            fmt.print_offset,
-            fmt.print_key,
-            fmt.print_value,
-            fmt.key_separator,
-            fmt.line_separator,
-            fmt.null_literal,
+            *self._fields_shown,
             offsets,
             ends,
         )
+        data, rendered = _core.render_text_section(*arguments)
         return data, ends[:rendered], offsets[:rendered]
 
     def _sizes(self, header: BatchHeader, columns: RecordColumns) -> np.ndarray:

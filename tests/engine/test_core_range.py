@@ -19,18 +19,8 @@ from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.records import BatchHeader, ProducerState, TimestampType, build_batch
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from tests.engine.test_core_text import formats
 
-formats = st.builds(
-    TextFormat,
-    print_timestamp=st.booleans(),
-    print_partition=st.booleans(),
-    print_offset=st.booleans(),
-    print_key=st.booleans(),
-    print_value=st.booleans(),
-    key_separator=st.sampled_from([b"\t", b" | ", b""]),
-    line_separator=st.sampled_from([b"\n", b"\r\n", b""]),
-    null_literal=st.sampled_from([b"null", b"", b"NULL!"]),
-)
 blobs = st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=20).map(str.encode))
 batches = st.lists(
     st.tuples(
