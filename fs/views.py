@@ -426,6 +426,9 @@ class _RenderAhead:
         self._bytes = 0
         self._pending: dict[tuple[object, ...], threading.Event] = {}  # asked for, not rendered yet
         self._runs: deque[tuple[Layout, _SegmentLayout, list[int]]] = deque()
+        # Segment layouts a run of which the core did not render whole (compressed batches, most
+        # often): not asked again, their readers render page by page.
+        self._declined: set[tuple[object, ...]] = set()
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -448,6 +451,8 @@ class _RenderAhead:
         (every mark a complete page: its bounds never change); their last pages only when they
         make three quarters of a call's worth, unless `whole` (the marks reach the last complete page)."""
         with self._lock:
+            if (layout, segment_layout.segment, segment_layout.serial) in self._declined:
+                return
             run: list[int] = []
             run_bytes = 0
             for mark in marks:
@@ -484,12 +489,16 @@ class _RenderAhead:
                 while not self._runs:
                     self._work.wait()
                 layout, segment_layout, run = self._runs.popleft()
+                declined = (layout, segment_layout.segment, segment_layout.serial) in self._declined
             pages: list[tuple[bytes, int, int]] = []
             try:
-                pages = layout.render_run(segment_layout, run)
+                if not declined:  # (asked before an earlier run of the same segment was declined)
+                    pages = layout.render_run(segment_layout, run)
             except Exception as error:  # left to the readers, who report it
                 logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
             with self._lock:
+                if not pages:
+                    self._declined.add((layout, segment_layout.segment, segment_layout.serial))
                 for mark, page in zip(run, pages, strict=False):
                     self._pages[_page_key(layout, segment_layout, mark)] = page
                     self._bytes += page[2] - page[1]

@@ -746,6 +746,8 @@ def test_pages_the_core_does_not_render_whole_are_rendered_batch_by_batch(tmp_pa
     view = View(Layout(log, renderer, mark_bytes=512), 0)
     assert read_as_the_mount_does(view, 1000) == expected
     assert renderer.ranges and not any(renderer.ranges)
+    # Declined once per segment, not asked again at every read.
+    assert len(renderer.ranges) <= len(log.segments), renderer.ranges
     log.close()
 
 
