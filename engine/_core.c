@@ -49,7 +49,7 @@
  *     released while it walks, measures and writes.
  *
  * render_text_range(fd, start, end, size, create_label, append_label, partition_field, print_offset,
- *                   print_key, print_value, separator, line_end, null) -> bytes or None
+ *                   print_key, print_value, separator, line_end, null, small_batch_records) -> bytes or None
  * render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes or None
  *     The batches of a file's bytes [start, end), read from `fd` by the core itself, rendered as
  *     render_text_section and render_json_section render each (`create_label`/`append_label`:
@@ -58,8 +58,10 @@
  *     released once: `size` bytes. None, rather than other bytes, when the range is not that:
  *     a batch that is not v2, cut short or past `end`, whose CRC does not hold or whose
  *     records section is malformed, a compressed batch, a record with headers (JSON Lines),
- *     a read that fails or comes back short, a rendering of another size. Control batches
- *     render to nothing. The caller renders such a range batch by batch, which says why.
+ *     a read that fails or comes back short, a rendering of another size, an offset or time
+ *     past int64, a negative last offset delta, and in text a record with headers in a batch of
+ *     at most `small_batch_records` (which the caller decodes record by record, checking its
+ *     headers). Control batches render to nothing. The caller renders such a range batch by batch, which says why.
  *
  * gather(section, starts, lengths, out, out_offsets)
  *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
@@ -1301,6 +1303,7 @@ typedef struct {
     text_args_t text;           /* text: its section is unused (each batch's own) */
     Py_buffer labels[2];        /* text: the CreateTime and LogAppendTime labels (obj NULL: not shown) */
     int have_partition;
+    Py_ssize_t small_batch_records; /* text: batches this small are decoded record by record in Python */
     Py_buffer prefix, kinds[2]; /* JSON Lines: the prefix, "CreateTime" and "LogAppendTime" */
 } range_args_t;
 
@@ -1330,6 +1333,8 @@ static int render_range_into(const range_args_t *a, int fd, int64_t start, int64
         position += batch_bytes;
         unsigned attributes = (unsigned)batch[21] << 8 | batch[22];
         if (attributes & ATTRIBUTE_COMPRESSION) goto done;
+        /* A negative last offset delta or record count: what check_batch refuses. */
+        if ((int32_t)be32(batch + 23) < 0 || (int32_t)be32(batch + 57) < 0) goto done;
         if (attributes & ATTRIBUTE_CONTROL) continue;
         /* Each record walked as `walk` walks it, and its line written at once, while it is in the cache. */
         int64_t count = (int32_t)be32(batch + 57), base_offset = (int64_t)be64(batch);
@@ -1341,10 +1346,13 @@ static int render_range_into(const range_args_t *a, int fd, int64_t start, int64
         reader_t r = {section, batch_bytes - BATCH_HEADER_BYTES, 0};
         int64_t f[FIELDS];
         const char *why;
-        if (count < 0) goto done;
         for (int64_t i = 0; i < count; i++) {
             if (walk_record(&r, f, &why) != 0) goto done;
-            int64_t offset = base_offset + f[2], timestamp = log_append_time ? max_timestamp : base_timestamp + f[1];
+            /* An offset or time past int64 (which Python's record-at-a-time path would print whole), and, in
+             * text, headers in a batch that path decodes (it checks them), are left to the batch renderers. */
+            int64_t offset, timestamp = max_timestamp;
+            if (__builtin_add_overflow(base_offset, f[2], &offset)) goto done;
+            if (!log_append_time && __builtin_add_overflow(base_timestamp, f[1], &timestamp)) goto done;
             if (a->json) {
                 uint8_t valid[2];
                 if (f[7] != 0) goto done;
@@ -1354,6 +1362,7 @@ static int render_range_into(const range_args_t *a, int fd, int64_t start, int64
                 at = put_json_lines(out, at, section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
                                     a->prefix.buf, a->prefix.len, kind->buf, kind->len, valid, NULL);
             } else {
+                if (f[7] != 0 && count <= a->small_batch_records) goto done;
                 Py_ssize_t need = text_lines_size(&a->text, label, a->have_partition, 1, &offset, &timestamp, &f[4], &f[6]);
                 if (need > limit - at) goto done;
                 at = put_text_lines(&a->text, label, a->have_partition, 1, section, &offset, &timestamp, &f[3], &f[4],
@@ -1396,7 +1405,7 @@ static int optional_buffer(PyObject *object, Py_buffer *buffer) {
 }
 
 /* render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key,
- *                   print_value, separator, line_end, null) -> bytes or None */
+ *                   print_value, separator, line_end, null, small_batch_records) -> bytes or None */
 static PyObject *render_text_range(PyObject *self, PyObject *args) {
     range_args_t a;
     memset(&a, 0, sizeof a);
@@ -1404,9 +1413,9 @@ static PyObject *render_text_range(PyObject *self, PyObject *args) {
     long long start, end;
     Py_ssize_t size;
     PyObject *create_obj, *append_obj, *partition_obj, *result = NULL;
-    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*", &fd, &start, &end, &size, &create_obj, &append_obj,
+    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*n", &fd, &start, &end, &size, &create_obj, &append_obj,
                           &partition_obj, &a.text.print_offset, &a.text.print_key, &a.text.print_value,
-                          &a.text.separator, &a.text.line_end, &a.text.null))
+                          &a.text.separator, &a.text.line_end, &a.text.null, &a.small_batch_records))
         return NULL;
     if ((create_obj == Py_None) != (append_obj == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "render_text_range: both timestamp labels, or neither");
@@ -1450,7 +1459,7 @@ static PyMethodDef methods[] = {
      "timestamp_type, offsets, ends) -> (bytes, n), or None when a record has headers"},
     {"render_text_range", render_text_range, METH_VARARGS,
      "render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key, "
-     "print_value, separator, line_end, null) -> bytes, or None (see the module)"},
+     "print_value, separator, line_end, null, small_batch_records) -> bytes, or None (see the module)"},
     {"render_json_range", render_json_range, METH_VARARGS,
      "render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes, or None (see the module)"},
     {"render_text_section", render_text_section, METH_VARARGS,

@@ -74,6 +74,7 @@ def render_text_range(
     separator: bytes,
     line_end: bytes,
     null: bytes,
+    small_batch_records: int,
     /,
 ) -> bytes | None: ...
 def render_json_range(

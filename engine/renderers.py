@@ -129,6 +129,7 @@ class TextRenderer:
             _TIME_LABELS[0] if fmt.print_timestamp else None,
             _TIME_LABELS[1] if fmt.print_timestamp else None,
             *self._fields_shown,
+            _SMALL_BATCH_RECORDS,
         )
 
     def measure(

@@ -2,23 +2,26 @@
 the batches of a file's byte range, read by the core itself and rendered in one call, are the very
 bytes the batch-at-a-time renderers give, for any console-consumer options, LogAppendTime
 batches, control batches (nothing), null keys and values, bytes that are not UTF-8 and records
-with headers (text: not shown). Anything the range does not render whole gives None, never other
+with headers (text: not shown; in batches small enough to be decoded record by record, left to
+that path, which checks them). Anything the range does not render whole gives None, never other
 bytes: a compressed or damaged batch, JSON Lines of a record with headers, a size that is not the
 rendering's, a range that does not start and end at batches, a file cut short, a bad descriptor."""
 
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from seglogfs.engine import _core
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.records import BatchHeader, ProducerState, TimestampType, build_batch
-from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.renderers import _SMALL_BATCH_RECORDS, JsonLinesRenderer, TextRenderer
 from tests.engine.test_core_text import formats
 
 blobs = st.one_of(st.none(), st.binary(max_size=40), st.text(max_size=20).map(str.encode))
@@ -80,9 +83,12 @@ def test_a_range_renders_what_its_batches_render_one_by_one(tmp_path: Path, fmt,
     try:
         text = TextRenderer(fmt, partition)
         want = _rendered(text, some)
-        assert text.render_range(fd, start, end, len(want)) == want
-        jsonl = JsonLinesRenderer('topic "ü"', partition)
         has_headers = any(kind == "headers" for _, _, kind in spec[first:last])
+        small_with_headers = any(
+            kind == "headers" and len(records) <= _SMALL_BATCH_RECORDS for records, _, kind in spec[first:last]
+        )
+        assert text.render_range(fd, start, end, len(want)) == (None if small_with_headers else want)
+        jsonl = JsonLinesRenderer('topic "ü"', partition)
         want = _rendered(jsonl, some)
         assert jsonl.render_range(fd, start, end, len(want)) == (None if has_headers else want)
     finally:
@@ -144,3 +150,38 @@ def test_a_bad_descriptor_gives_none(plain) -> None:
     fd = os.open(path, os.O_RDONLY)
     os.close(fd)
     assert renderer.render_range(fd, 0, sum(len(b) for b in built), len(want)) is None
+
+
+def test_what_the_batch_renderers_print_or_refuse_otherwise_is_left_to_them(tmp_path: Path) -> None:
+    """Where the record-at-a-time path would print or refuse what the core cannot match, the
+    range gives None: a time past int64 (Python prints it whole; C would wrap it to a number of
+    the same width), a negative last offset delta or record count (check_batch refuses it), and
+    in text, headers in a batch small enough to be decoded record by record (its headers checked)."""
+    renderer = TextRenderer(TextFormat(print_timestamp=True), 0)
+    path = tmp_path / "00000000000000000000.log"
+
+    def rendered(batches: list[bytearray]) -> bytes | None:
+        path.write_bytes(b"".join(batches))
+        size = len(_rendered(renderer, batches))
+        return _render(path, renderer, 0, len(path.read_bytes()), size)
+
+    assert rendered([build_batch([b"v"], timestamps=2**63 - 1)]) is not None
+    over = build_batch([b"v", b"w"], timestamps=[2**63 - 2, 2**63 - 1])
+    struct.pack_into(">q", over, 27, 2**63 - 1)  # base now the maximum: the second record's time is past it
+    _fix_crc(over)
+    assert b"9223372036854775808" in _rendered(renderer, [over])
+    assert rendered([over]) is None
+    for field in (23, 57):  # last offset delta, record count
+        negative = build_batch([b"v"], timestamps=1)
+        struct.pack_into(">i", negative, field, -1)
+        _fix_crc(negative)
+        path.write_bytes(bytes(negative))
+        assert _render(path, renderer, 0, len(negative), 0) is None
+    small = build_batch([b"v"], timestamps=1, headers=[[("h", b"x")]])
+    assert rendered([small]) is None
+    large = build_batch([b"v"] * 9, timestamps=1, headers=[[("h", b"x")]] * 9)
+    assert rendered([large]) == _rendered(renderer, [large])
+
+
+def _fix_crc(batch: bytearray) -> None:
+    struct.pack_into(">I", batch, 17, _core.crc32c(bytes(batch[21:])))
