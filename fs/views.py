@@ -113,14 +113,17 @@ class MeasureProgress:
 # `grep`) ran at two thirds of the speed that way.
 INLINE_RENDER_BYTES = 1280 * 1024
 _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
-# A sequential reader's next pages are rendered ahead of it (`_RenderAhead`), this many segment
-# bytes past its last read, at most `AHEAD_PAGES` pages, by one core call per `AHEAD_CALL_BYTES`
-# at most: a call holds the GIL once, so the loop serving the reads is barely held up, and the
-# rendering runs on the other core.
+# A sequential reader's next pages are rendered ahead of it (`_RenderAhead`): this many bytes of
+# segment, and of rendering, past its last read, at most `AHEAD_PAGES` pages, a core call per
+# `AHEAD_CALL_BYTES` at most. A call holds the GIL once, so the loop serving the reads is barely
+# held up, and the rendering runs on the other core.
 AHEAD_BYTES = 16 << 20
 AHEAD_PAGES = 256
 AHEAD_CALL_BYTES = 4 << 20
 _AHEAD_CACHE_BYTES = 32 << 20
+_AHEAD_SEGMENTS_KEPT = 1024  # segment layouts whose asks are remembered (the latest)
+_AHEAD_WAIT_S = 5.0  # a worker thread's read waits this long for a page rendered ahead, then renders it
+_DECLINED = -1
 UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
 
 
@@ -151,6 +154,11 @@ class _SegmentLayout:
         """The file positions of the batches between mark `mark` and the next."""
         end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to
         return self.marks_file[mark], end
+
+    def view_bounds(self, mark: int) -> tuple[int, int]:
+        """Where the page at mark `mark` lies in the segment's rendering."""
+        end = self.marks_view[mark + 1] if mark + 1 < len(self.marks_view) else self.size
+        return self.marks_view[mark], end
 
 
 _LAYOUT_DIRECTORY = re.compile(r".+-[0-9]+\.[0-9a-f]{24}")  # see LayoutStore.directory
@@ -426,9 +434,11 @@ class _RenderAhead:
         self._bytes = 0
         self._pending: dict[tuple[object, ...], threading.Event] = {}  # asked for, not rendered yet
         self._runs: deque[tuple[Layout, _SegmentLayout, list[int]]] = deque()
-        # Segment layouts a run of which the core did not render whole (compressed batches, most
-        # often): not asked again, their readers render page by page.
-        self._declined: set[tuple[object, ...]] = set()
+        # Per segment layout (the latest few): how far its pages were asked for, so a sequential
+        # reader's next ask looks only past that; _DECLINED once the core did not render a run of
+        # it whole (compressed batches, most often): not asked again, its readers render it page
+        # by page.
+        self._asked: OrderedDict[tuple[object, ...], int] = OrderedDict()
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -448,35 +458,51 @@ class _RenderAhead:
 
     def ask(self, layout: Layout, segment_layout: _SegmentLayout, marks: range, *, whole: bool) -> None:
         """Render the pages `marks` of a segment layout ahead, but those kept or asked for already
-        (every mark a complete page: its bounds never change); their last pages only when they
-        make three quarters of a call's worth, unless `whole` (the marks reach the last complete page)."""
+        (every mark a complete page: its bounds never change), in runs of at most
+        `AHEAD_CALL_BYTES` of segment or of rendering; the last run only when it makes three
+        quarters of that, unless `whole` (the marks reach the last complete page)."""
+        segment_key = (layout, segment_layout.segment, segment_layout.serial)
         with self._lock:
-            if (layout, segment_layout.segment, segment_layout.serial) in self._declined:
+            asked_to = self._asked.get(segment_key, marks.start)
+            if asked_to == _DECLINED:
                 return
+            first = asked_to if marks.start < asked_to <= marks.stop else marks.start  # (else: a reader went back)
             run: list[int] = []
             run_bytes = 0
-            for mark in marks:
+            for mark in range(first, marks.stop):
                 key = _page_key(layout, segment_layout, mark)
                 if key in self._pages or key in self._pending:
                     continue
-                start, end = segment_layout.page_bounds(mark)
-                if run and (run[-1] != mark - 1 or run_bytes + end - start > AHEAD_CALL_BYTES):
-                    self._runs.append((layout, segment_layout, run))
+                cost = max(_span(segment_layout.page_bounds(mark)), _span(segment_layout.view_bounds(mark)))
+                if run and (run[-1] != mark - 1 or run_bytes + cost > AHEAD_CALL_BYTES):
+                    self._queue(layout, segment_layout, run)
                     run, run_bytes = [], 0
-                self._pending[key] = threading.Event()
                 run.append(mark)
-                run_bytes += end - start
+                run_bytes += cost
             if run and (run_bytes >= AHEAD_CALL_BYTES * 3 // 4 or whole):
-                self._runs.append((layout, segment_layout, run))
-            else:  # (a short run waits until the reader is closer: fewer, longer calls)
-                for mark in run:
-                    del self._pending[_page_key(layout, segment_layout, mark)]
+                self._queue(layout, segment_layout, run)
+            elif run:  # (a short run waits until the reader is closer: fewer, longer calls)
+                self._note_asked(segment_key, run[0])
             if not self._runs:
                 return
             if self._thread is None:
                 self._thread = threading.Thread(target=self._render_runs, name="render ahead", daemon=True)
                 self._thread.start()
             self._work.notify()
+
+    def _queue(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> None:
+        for mark in run:
+            self._pending[_page_key(layout, segment_layout, mark)] = threading.Event()
+        self._runs.append((layout, segment_layout, run))
+        self._note_asked((layout, segment_layout.segment, segment_layout.serial), run[-1] + 1)
+
+    def _note_asked(self, segment_key: tuple[object, ...], asked_to: int) -> None:
+        if self._asked.get(segment_key) == _DECLINED:
+            return
+        self._asked[segment_key] = asked_to
+        self._asked.move_to_end(segment_key)
+        while len(self._asked) > _AHEAD_SEGMENTS_KEPT:
+            self._asked.popitem(last=False)
 
     def settle(self, timeout: float) -> bool:
         """Wait until every page asked for is rendered or given up (for tests); False on timeout."""
@@ -489,7 +515,8 @@ class _RenderAhead:
                 while not self._runs:
                     self._work.wait()
                 layout, segment_layout, run = self._runs.popleft()
-                declined = (layout, segment_layout.segment, segment_layout.serial) in self._declined
+                segment_key = (layout, segment_layout.segment, segment_layout.serial)
+                declined = self._asked.get(segment_key) == _DECLINED
             pages: list[tuple[bytes, int, int]] = []
             try:
                 if not declined:  # (asked before an earlier run of the same segment was declined)
@@ -498,7 +525,7 @@ class _RenderAhead:
                 logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
             with self._lock:
                 if not pages:
-                    self._declined.add((layout, segment_layout.segment, segment_layout.serial))
+                    self._asked[segment_key] = _DECLINED
                 for mark, page in zip(run, pages, strict=False):
                     self._pages[_page_key(layout, segment_layout, mark)] = page
                     self._bytes += page[2] - page[1]
@@ -508,6 +535,10 @@ class _RenderAhead:
                     _, (_, start, end) = self._pages.popitem(last=False)
                     self._bytes -= end - start
                 self._work.notify_all()
+
+
+def _span(bounds: tuple[int, int]) -> int:
+    return bounds[1] - bounds[0]
 
 
 def _joined(pieces: list[memoryview]) -> bytes | memoryview:
@@ -979,14 +1010,14 @@ class Layout:
         the segment bytes rendered for them: rendered ahead, cached, or rendered now. With a
         `budget` (a read on the event loop, which never waits), None when `_page_now` cannot
         give the page; a page still being rendered ahead is rendered here too. Without (a
-        worker thread's read), a page being rendered ahead is waited for."""
+        worker thread's read), a page being rendered ahead is waited for, `_AHEAD_WAIT_S` at
+        most (then rendered here)."""
         key = _page_key(self, layout, mark)
         if self._renders_ahead:
             ahead = _AHEAD.get(key)
             if ahead is None and budget is None:
                 rendering = _AHEAD.pending(key)
-                if rendering is not None:
-                    rendering.wait()
+                if rendering is not None and rendering.wait(_AHEAD_WAIT_S):
                     ahead = _AHEAD.get(key)
             if ahead is not None:
                 return [ahead], 0
@@ -1000,17 +1031,21 @@ class Layout:
         return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost
 
     def _ask_ahead(self, layout: _SegmentLayout, mark: int) -> None:
-        """Have the complete pages after `mark` rendered ahead, up to `AHEAD_BYTES` of the segment
-        past it and `AHEAD_PAGES` pages (a segment that still grows has one incomplete page,
-        its last)."""
+        """Have the complete pages after `mark` rendered ahead: up to `AHEAD_BYTES` of the
+        segment and of its rendering past it (JSON Lines of small records render several times
+        larger than their batches: what is asked fits the cache), and `AHEAD_PAGES` pages. A
+        segment that still grows has one incomplete page, its last."""
         complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
         first = mark + 1
         if first >= complete:
             return
-        last = min(complete, first + AHEAD_PAGES)
-        last = max(
-            bisect.bisect_left(layout.marks_file, layout.marks_file[first] + AHEAD_BYTES, first, last), first + 1
+        last = min(
+            complete,
+            first + AHEAD_PAGES,
+            bisect.bisect_left(layout.marks_file, layout.marks_file[first] + AHEAD_BYTES, first),
+            bisect.bisect_left(layout.marks_view, layout.marks_view[first] + AHEAD_BYTES, first),
         )
+        last = max(last, first + 1)
         _AHEAD.ask(self, layout, range(first, last), whole=last == complete)
 
     def render_run(self, layout: _SegmentLayout, marks: list[int]) -> list[tuple[bytes, int, int]]:
@@ -1018,11 +1053,7 @@ class Layout:
         core: each page's span (rendering, start, end) of it; none when the core does not
         render them."""
         start, end = layout.marks_file[marks[0]], layout.page_bounds(marks[-1])[1]
-        after = marks[-1] + 1
-        edges = [
-            *layout.marks_view[marks[0] : after],
-            layout.marks_view[after] if after < len(layout.marks_view) else layout.size,
-        ]
+        edges = [*layout.marks_view[marks[0] : marks[-1] + 1], layout.view_bounds(marks[-1])[1]]
         data = layout.segment.with_descriptor(
             lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0])
         )

@@ -676,6 +676,7 @@ class RangeCountingRenderer:
         self.renderer = renderer
         self.batches = 0
         self.ranges: list[bool] = []  # per range asked: rendered whole
+        self.spans: list[tuple[int, int]] = []
 
     def render_indexed(self, header, batch):
         self.batches += 1
@@ -687,6 +688,7 @@ class RangeCountingRenderer:
     def render_range(self, fd, start, end, size):
         rendered = self.renderer.render_range(fd, start, end, size)
         self.ranges.append(rendered is not None)
+        self.spans.append((start, end))
         return rendered
 
 
@@ -788,4 +790,40 @@ def test_read_committed_layouts_are_not_rendered_ahead(tmp_path: Path) -> None:
     view = View(Layout(log, renderer, mark_bytes=512, read_committed=True), 0)
     assert read_as_the_mount_does(view, 1000) == expected_text(log, 0, TextFormat())
     assert renderer.ranges == []
+    log.close()
+
+
+@pytest.mark.usefixtures("small_ahead")
+def test_rendering_ahead_fits_the_cache_and_renders_each_page_once(tmp_path: Path, monkeypatch) -> None:
+    """JSON Lines of small records render several times larger than their batches: what is asked
+    ahead is bounded by rendered bytes too, so it fits the cache, and no page is rendered ahead
+    twice (bounded by segment bytes only, pages were evicted before they were read, and asked
+    again and again)."""
+    monkeypatch.setattr(views._AHEAD, "capacity_bytes", 40_000)
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
+    for _ in range(200):
+        log.append_records([b"%d" % i for i in range(30)], now_ms=NOW_MS)
+    renderer = RangeCountingRenderer(JsonLinesRenderer("t", 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    assert read_as_the_mount_does(view, 1000) == expected_jsonl(log, 0)
+    assert renderer.spans and len(set(renderer.spans)) == len(renderer.spans)
+    assert renderer.batches < 200 // 3, "most pages were rendered batch by batch"
+    log.close()
+
+
+def test_a_worker_read_waits_a_bounded_time_for_a_page_rendered_ahead(tmp_path: Path, monkeypatch) -> None:
+    """A page asked for ahead that never comes (its rendering stuck) holds a worker thread's read
+    `_AHEAD_WAIT_S` at most: then the read renders it itself."""
+    monkeypatch.setattr(views, "_AHEAD_WAIT_S", 0.2)
+    log = make_log(tmp_path / "t-0")
+    fill(log, 10)
+    layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64)
+    view = View(layout, 0)
+    size = view.size()
+    (segment_layout,) = [s for s in layout._published[0] if len(s.marks_view) > 1][:1]
+    stuck = threading.Event()
+    monkeypatch.setitem(views._AHEAD._pending, views._page_key(layout, segment_layout, 0), stuck)
+    started = time.monotonic()
+    assert view.read(0, size) == expected_text(log, 0, TextFormat())
+    assert 0.2 <= time.monotonic() - started < 5
     log.close()
