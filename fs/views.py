@@ -433,6 +433,11 @@ class _RenderAhead:
         self._pages: OrderedDict[tuple[object, ...], tuple[bytes, int, int]] = OrderedDict()
         self._bytes = 0
         self._pending: dict[tuple[object, ...], threading.Event] = {}  # asked for, not rendered yet
+        # Pending pages a reader caught up with and rendered itself (`take`): a run not started
+        # yet drops them and the pages before them, which its reader has passed. (Without this,
+        # a reader faster than the thread had it render pages already read: 4,332 of 14,051
+        # pages of three `cat`s of a 1 GiB view on a busy machine.)
+        self._taken: set[tuple[object, ...]] = set()
         self._runs: deque[tuple[Layout, _SegmentLayout, list[int]]] = deque()
         # Per segment layout (the latest few): how far its pages were asked for, so a sequential
         # reader's next ask looks only past that; _DECLINED once the core did not render a run of
@@ -455,6 +460,13 @@ class _RenderAhead:
         """Set once the page under `key` is rendered ahead or given up; None when not asked for."""
         with self._lock:
             return self._pending.get(key)
+
+    def take(self, key: tuple[object, ...]) -> None:
+        """A reader renders the page under `key` itself (it was asked for and is not rendered
+        yet): a run that has not started leaves it out, with the pages before it."""
+        with self._lock:
+            if key in self._pending:
+                self._taken.add(key)
 
     def ask(self, layout: Layout, segment_layout: _SegmentLayout, marks: range, *, whole: bool) -> None:
         """Render the pages `marks` of a segment layout ahead, but those kept or asked for already
@@ -517,6 +529,9 @@ class _RenderAhead:
                 layout, segment_layout, run = self._runs.popleft()
                 segment_key = (layout, segment_layout.segment, segment_layout.serial)
                 declined = self._asked.get(segment_key) == _DECLINED
+                run = self._untaken_locked(layout, segment_layout, run)
+                if not run:
+                    continue
             pages: list[tuple[bytes, int, int]] = []
             try:
                 if not declined:  # (asked before an earlier run of the same segment was declined)
@@ -530,11 +545,25 @@ class _RenderAhead:
                     self._pages[_page_key(layout, segment_layout, mark)] = page
                     self._bytes += page[2] - page[1]
                 for mark in run:
-                    self._pending.pop(_page_key(layout, segment_layout, mark)).set()
+                    key = _page_key(layout, segment_layout, mark)
+                    self._pending.pop(key).set()
+                    self._taken.discard(key)
                 while self._bytes > self.capacity_bytes and self._pages:
                     _, (_, start, end) = self._pages.popitem(last=False)
                     self._bytes -= end - start
                 self._work.notify_all()
+
+    def _untaken_locked(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> list[int]:
+        """The marks of a run about to start, but those up to the last page a reader took: those
+        are given up (their waiters render them)."""
+        keys = [_page_key(layout, segment_layout, mark) for mark in run]
+        passed = max((i + 1 for i, key in enumerate(keys) if key in self._taken), default=0)
+        for key in keys[:passed]:
+            self._pending.pop(key).set()
+            self._taken.discard(key)
+        if passed:
+            self._work.notify_all()
+        return run[passed:]
 
 
 def _span(bounds: tuple[int, int]) -> int:
@@ -1028,6 +1057,8 @@ class Layout:
             page, cost = self._page_now(layout, mark, budget)
         if page is None:
             return None
+        if self._renders_ahead and cost:  # (rendered here: a run that has not started leaves it out)
+            _AHEAD.take(key)
         return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost
 
     def _ask_ahead(self, layout: _SegmentLayout, mark: int) -> None:

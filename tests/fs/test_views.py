@@ -738,6 +738,40 @@ def test_a_sequential_reader_s_pages_are_rendered_ahead_by_the_core(tmp_path: Pa
 
 
 @pytest.mark.usefixtures("small_ahead")
+def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path: Path) -> None:
+    """A reader faster than the render-ahead thread catches up with pages still queued and
+    renders them on the loop; a run that has not started then leaves out the pages the reader
+    passed: the thread, held on its first run while the reader reads the whole view, renders
+    nothing more once let go."""
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    expected = expected_text(log, 0, TextFormat())
+    go_on = threading.Event()
+
+    class HeldRenderer(RangeCountingRenderer):
+        def render_range(self, fd, start, end, size):
+            if not self.spans:
+                go_on.wait(10)
+            return super().render_range(fd, start, end, size)
+
+    renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    out, size = bytearray(), view.size()
+    try:
+        while len(out) < size:
+            data = view.read_now(len(out), min(1000, size - len(out)))  # (a pending page is rendered here)
+            assert data is not None, len(out)
+            out += data
+    finally:
+        go_on.set()
+    assert views._AHEAD.settle(10), "rendering ahead did not end"
+    assert bytes(out) == expected
+    assert renderer.batches > 250, "the reader did not render the pages itself"
+    assert len(renderer.spans) == 1, renderer.spans  # (the run it was held on)
+    log.close()
+
+
+@pytest.mark.usefixtures("small_ahead")
 def test_pages_the_core_does_not_render_whole_are_rendered_batch_by_batch(tmp_path: Path) -> None:
     """Compressed batches: the core's range renderer leaves them (None); the reader still gets
     every byte, rendered page by page."""
