@@ -32,12 +32,18 @@ class LineSplitter:
     the next piece, or for `finish` (a last line without a newline is a line too), up to
     `max_line_bytes`: a piece that would make the waiting line longer is refused
     (RecordTooLargeError naming `where`), as no record could hold it. Not thread-safe: one per
-    stream."""
+    stream.
+
+    A line refused as too large is dropped whole, never stored in part: what was fed of it
+    before goes, and what follows of it up to its newline is refused too (a piece with no
+    newline) or dropped (the part of a piece up to its first newline). A piece whose lines
+    `consume` refuses as too large takes the waiting line it would have ended with it."""
 
     def __init__(self, max_line_bytes: int, where: str) -> None:
         self.max_line_bytes = max_line_bytes
         self.where = where
         self._pending = bytearray()
+        self._dropping = False  # within a line refused as too large, until its newline
 
     @property
     def pending_bytes(self) -> int:
@@ -46,13 +52,25 @@ class LineSplitter:
 
     def feed(self, data: bytes, consume: Callable[[list[bytes]], T]) -> T:
         """`consume` the lines (without their newlines) that `data` completes. If `consume`
-        raises, the splitter is as it was before: the piece was not taken."""
+        raises, the splitter is as it was before (the piece was not taken), but for a line
+        refused as too large (see the class)."""
+        if self._dropping:
+            end = data.find(b"\n")
+            if end < 0:
+                raise RecordTooLargeError(
+                    f"{self.where}: the rest of a line of more than {self.max_line_bytes} bytes, refused "
+                    "before: dropped up to its newline"
+                )
+            self._dropping = False  # (the refused line ends here: what follows is new lines)
+            data = data[end + 1 :]
         cut = data.rfind(b"\n") + 1
         rest = len(data) - cut
         if rest + (0 if cut else len(self._pending)) > self.max_line_bytes:
+            self._pending.clear()
+            self._dropping = True
             raise RecordTooLargeError(
                 f"{self.where}: a line of more than {self.max_line_bytes} bytes without a newline "
-                f"(max.message.bytes={self.max_line_bytes})"
+                f"(max.message.bytes={self.max_line_bytes}): refused, and nothing of it is stored"
             )
         if not cut:
             result = consume([])
@@ -60,7 +78,11 @@ class LineSplitter:
             return result
         lines = (bytes(self._pending) + data[:cut] if self._pending else data[:cut]).split(b"\n")
         lines.pop()
-        result = consume(lines)
+        try:
+            result = consume(lines)
+        except RecordTooLargeError:
+            self._pending.clear()
+            raise
         self._pending[:] = data[cut:]
         return result
 
@@ -68,6 +90,7 @@ class LineSplitter:
         """The partial line, if any, as the last line; the splitter is empty after."""
         last = bytes(self._pending)
         self._pending.clear()
+        self._dropping = False
         return [last] if last else []
 
 

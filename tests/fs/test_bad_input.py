@@ -27,6 +27,13 @@ def write_parts(path: Path, *sizes: int) -> None:
             handle.write(b"y" * size)
 
 
+def write_parts_then(path: Path, size: int, last: bytes) -> None:
+    """A write of `size` bytes without a newline, then `last`, through one descriptor."""
+    with open(path, "ab", buffering=0) as handle:
+        handle.write(b"y" * size)
+        handle.write(last)
+
+
 def seek_append(path: Path) -> None:
     with open(path, "ab", buffering=0) as handle:
         os.lseek(handle.fileno(), 5, os.SEEK_SET)
@@ -54,6 +61,14 @@ CASES: list[tuple[str, Callable[[Path], object], int, str]] = [
     ("seek in an append file", lambda m: seek_append(m / "t/0/append"), errno.ESPIPE, ""),
     ("line over max.message.bytes", lambda m: write(m / "t/0/append", b"x" * 5000 + b"\n"), errno.EFBIG, "t/0/append"),
     ("partial line past max.message.bytes", lambda m: write_parts(m / "t/0/append", 1500), errno.EFBIG, "newline"),
+    # (nothing of a refused line is stored at the close: not the part written before it was refused)
+    ("partial line grown past max.message.bytes", lambda m: write_parts(m / "t/0/append", 600, 600), errno.EFBIG, ""),
+    (
+        "a write ending a partial line too long for a record",
+        lambda m: write_parts_then(m / "t/0/append", 600, b"y" * 600 + b"\n"),
+        errno.EFBIG,
+        "t/0/append",
+    ),
     ("topic name with a space", lambda m: os.mkdir(m / "bad name"), errno.EINVAL, "mkdir bad name"),
     ("topic name of 250 characters", lambda m: os.mkdir(m / ("x" * 250)), errno.EINVAL, "mkdir xxx"),
     ("topic name '..'", lambda m: os.mkdir(m / "t" / ".."), errno.EEXIST, ""),
