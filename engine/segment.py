@@ -308,7 +308,9 @@ class LogSegment:
         start, next_offset = self._complete_to, self._followed_next_offset
         if start is None:
             entry = self.offset_index.last_entry()  # (read before the size: a writer indexes a batch after writing it)
-            start, next_offset = entry.position, (entry.offset if entry.position else self.base_offset)
+            # (an entry holds its batch's last offset: the offset before it is known once that
+            # batch is read whole)
+            start, next_offset = entry.position, (None if entry.position else self.base_offset)
         with self._handle_lock:  # an open descriptor cannot be closed meanwhile
             handle = self._handle
             on_disk = os.fstat(handle).st_size if handle is not None else None
@@ -320,6 +322,10 @@ class LogSegment:
         end = start
         for header in self.iter_headers(start, on_disk):
             end, next_offset = header.next_position, header.next_offset
+        if next_offset is None:  # the indexed batch is cut (a crash): the batches before it, from the start
+            end, next_offset = 0, self.base_offset
+            for header in self.iter_headers(0, on_disk):
+                end, next_offset = header.next_position, header.next_offset
         self._complete_to, self._followed_next_offset = end, next_offset
         self._size = end
         return end

@@ -655,3 +655,27 @@ def test_lock_for_quick_append_only_for_a_page_cache_write(part_dir: Path) -> No
     flushing.append_records([b"one"], now_ms=NOW_MS)
     assert not flushing.lock_for_quick_append(100, 1, NOW_MS), "would flush (flush.messages)"
     flushing.close()
+
+
+@pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch .* \(unclean stop\)")
+def test_a_read_only_log_whose_last_batch_is_cut_ends_after_the_batch_before(part_dir: Path) -> None:
+    """A crash cut the last batch, which the offset index holds (an entry has its batch's last
+    offset): a read-only reader's log end is the offset after the last whole batch, not the cut
+    one's last offset, and it follows a writer's recovery and appends from there."""
+    log = make_log(part_dir)
+    for i in range(5):
+        log.append_records([b"%d" % i * 3000, b"x"], now_ms=NOW_MS)  # (a batch per index entry)
+    config, path = log.config, log.segments[0].log_path
+    log.close()
+    os.truncate(path, path.stat().st_size - 100)
+    reader = PartitionLog.open(part_dir, "t", 0, config, writable=False, clean_shutdown=False, now_ms=NOW_MS)
+    assert reader.log_end_offset == 8
+    assert values_of(reader)[-1] == b"x"
+    writer = PartitionLog.open(part_dir, "t", 0, config, writable=True, clean_shutdown=False, now_ms=NOW_MS)
+    writer.append_records([b"after"], now_ms=NOW_MS)
+    writer.flush()
+    reader.refresh(NOW_MS)
+    assert reader.log_end_offset == 9
+    assert values_of(reader, 8) == [b"after"]
+    writer.close()
+    reader.close()
