@@ -3,7 +3,8 @@
     {"topic":"t","partition":0,"offset":12,"timestamp":1763800000000,"timestampType":"CreateTime",
      "key":"k","value":"v","headers":[{"key":"h","value":"x"}]}
 
-bytes are a JSON string when they are UTF-8, `null` when null, else `{"base64":"..."}`. On input
+bytes are a JSON string when they are UTF-8, `null` when null, else `{"base64":"..."}`; a header's
+key, a string in Kafka but bytes on disk, likewise when it is not UTF-8 (not null). On input
 topic/partition/offset/timestampType are ignored and timestamp is optional (epoch milliseconds or
 ISO-8601).
 """
@@ -29,11 +30,21 @@ def bytes_json_text(data: bytes | None) -> str:
         return '{"base64":"' + base64.b64encode(data).decode("ascii") + '"}'
 
 
+def header_key_json_text(key: str) -> str:
+    """A header key (decoded with surrogateescape, as records hold it): a JSON string, or
+    `{"base64":"..."}` of its bytes when they are not UTF-8 (a client other than Java's wrote it)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return '{"base64":"' + base64.b64encode(key.encode("utf-8", "surrogateescape")).decode("ascii") + '"}'
+    return encode_json_string(key)
+
+
 def record_to_json(record: Record, topic: str, partition: int) -> str:
     """The JSON Lines object of a record (no newline). Assembled from pieces rather than through
     `json.dumps` of a dict: views and `consume` render millions of these."""
     headers = ",".join(
-        '{"key":' + encode_json_string(key) + ',"value":' + bytes_json_text(value) + "}"
+        '{"key":' + header_key_json_text(key) + ',"value":' + bytes_json_text(value) + "}"
         for key, value in record.headers
     )
     return (
@@ -84,9 +95,13 @@ def record_from_json(line: bytes | str, where: str) -> JsonRecord:
         raise InvalidRecordError(f"{where}: headers must be a list")
     headers: list[Header] = []
     for slot, header in enumerate(headers_doc):
-        if not isinstance(header, dict) or not isinstance(header.get("key"), str):
+        key = _json_to_bytes(header.get("key"), f"header {slot} key", where) if isinstance(header, dict) else None
+        if key is None:
             raise InvalidRecordError(f'{where}: header {slot} must be {{"key": "...", "value": ...}}')
-        headers.append((header["key"], _json_to_bytes(header.get("value"), f"header {slot} value", where)))
+        # (as records hold a key: its bytes, those that are not UTF-8 as surrogates)
+        headers.append(
+            (key.decode("utf-8", "surrogateescape"), _json_to_bytes(header.get("value"), f"header {slot} value", where))
+        )
     timestamp = document.get("timestamp")
     if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
         if isinstance(timestamp, str):

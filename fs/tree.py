@@ -238,6 +238,8 @@ class Tree:
                         return
                     except (EngineError, OSError) as error:  # the partition's own requests will say so too
                         logger.warning("measuring %s-%d (%s) in the background: %s", topic, partition, fmt, error)
+                    except Exception:  # a fault of ours: said whole; the other partitions are measured all the same
+                        logger.exception("measuring %s-%d (%s) in the background", topic, partition, fmt)
         if count:
             logger.info("measured the views of every partition in %.1f s", time.monotonic() - started)
 

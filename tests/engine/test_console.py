@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine.console_formats import TextFormat
-from seglogfs.engine.json_records import record_to_json
+from seglogfs.engine.json_records import record_from_json, record_to_json
 from seglogfs.engine.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 
@@ -101,3 +102,24 @@ def test_control_batches_render_nothing() -> None:
     assert TextRenderer(TextFormat(), 0).render(header, batch) == b""
     assert TextRenderer(TextFormat(print_headers=True), 0).lines(header, batch) == []
     assert JsonLinesRenderer("t", 0).render(header, batch) == b""
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=12), st.one_of(st.none(), st.binary(max_size=12))), max_size=4))
+def test_header_keys_of_any_bytes_render_as_json_and_read_back(headers: list[tuple[bytes, bytes | None]]) -> None:
+    """A header key is bytes on disk (any client may write any): a JSON string when it is
+    UTF-8, else {"base64": ...}; a JSON line read back (`append.jsonl`, `produce --format
+    jsonl`) gives the same bytes."""
+    held = tuple((key.decode("utf-8", "surrogateescape"), value) for key, value in headers)  # as records hold them
+    batch = build_batch([b"v"], headers=[held], timestamps=NOW_MS)
+    (record,) = decode_records(BatchHeader.parse(batch), batch)
+    line = record_to_json(record, "t", 0)
+    document = json.loads(line)  # (valid JSON: it encodes as UTF-8)
+    line.encode("utf-8")
+    for (key, _), rendered in zip(headers, document["headers"], strict=True):
+        try:
+            assert rendered["key"] == key.decode("utf-8")
+        except UnicodeDecodeError:
+            assert rendered["key"] == {"base64": base64.b64encode(key).decode()}
+    again = record_from_json(line, "line 1")
+    assert [(k.encode("utf-8", "surrogateescape"), v) for k, v in again.headers] == headers
