@@ -293,15 +293,7 @@ class PartitionLog:
         Timestamps default to `now_ms` (CreateTime); topics with LogAppendTime get `now_ms`.
         Raises RecordTooLargeError for a record that alone exceeds `max.message.bytes`,
         InvalidRecordError for a null key on a compacted topic."""
-        self._check_appendable()
-        n = len(values)
-        if n == 0:
-            raise InvalidRecordError(f"{self.topic}-{self.partition}: nothing to append")
-        if self.config.compact and (keys is None or any(key is None for key in keys)):
-            slot = 0 if keys is None else next(i for i, key in enumerate(keys) if key is None)
-            raise InvalidRecordError(
-                f"{self.topic}-{self.partition}: compacted topic refuses record {slot}, which has no key"
-            )
+        self._check_records(values, keys)
         ts = now_ms if timestamps is None else timestamps  # (one time for all: no column to make)
         codec = compression if compression is not None else self._topic_compression()
         with self.lock:
@@ -321,6 +313,49 @@ class PartitionLog:
                 return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
             # Batches built here are valid by construction: append them without re-checking.
             return self._append_valid_locked(batches, [BatchHeader.parse(batch) for batch in batches], now_ms)
+
+    def encode_records(
+        self,
+        values: Sequence[bytes | None],
+        *,
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Sequence[Header]] | None = None,
+        timestamps: Sequence[int] | int,
+    ) -> bytes:
+        """The batches `append_records` would append, offsets from 0, each check of it made
+        (the same errors), nothing appended: for `append_encoded`. An append to several
+        partitions that must store all or nothing encodes each first."""
+        self._check_records(values, keys)
+        return b"".join(
+            encode_batches(
+                values,
+                keys=keys,
+                headers=headers,
+                timestamps=timestamps,
+                max_batch_bytes=self.config.max_message_bytes,
+                where=self._where,
+                compression=self._topic_compression(),
+                partition_leader_epoch=LEADER_EPOCH,
+            )
+        )
+
+    def append_encoded(self, encoded: bytes, now_ms: int) -> AppendInfo:
+        """Append what `encode_records` made, offsets from the log end offset (LogAppendTime
+        stamped where the topic asks for it), without checking its batches again."""
+        self._check_appendable()
+        with self.lock:
+            return self._append_batches_locked(encoded, assign_offsets=True, now_ms=now_ms, checked=True)
+
+    def _check_records(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None) -> None:
+        """What `append_records` refuses before it encodes."""
+        self._check_appendable()
+        if len(values) == 0:
+            raise InvalidRecordError(f"{self.topic}-{self.partition}: nothing to append")
+        if self.config.compact and (keys is None or any(key is None for key in keys)):
+            slot = 0 if keys is None else next(i for i, key in enumerate(keys) if key is None)
+            raise InvalidRecordError(
+                f"{self.topic}-{self.partition}: compacted topic refuses record {slot}, which has no key"
+            )
 
     def lock_for_quick_append(self, most_bytes: int, most_records: int, now_ms: int) -> bool:
         """Take `lock` without waiting, when an append of at most `most_records` records in
@@ -457,9 +492,11 @@ class PartitionLog:
             expected = (expected + header.last_offset_delta + 1) if assign_offsets else header.next_offset
         return headers
 
-    def _append_batches_locked(self, data: bytes, *, assign_offsets: bool, now_ms: int) -> AppendInfo:
+    def _append_batches_locked(
+        self, data: bytes, *, assign_offsets: bool, now_ms: int, checked: bool = False
+    ) -> AppendInfo:
         buffer = bytearray(data)
-        headers = self._validate_input(buffer, assign_offsets)
+        headers = list(iter_batch_headers(buffer)) if checked else self._validate_input(buffer, assign_offsets)
         self._stamp(memoryview(buffer), headers, now_ms, assign_offsets=assign_offsets)
         if assign_offsets or self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
             headers = list(iter_batch_headers(buffer))

@@ -9,18 +9,20 @@ into complete lines; a `Producer` turns lines into appends.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from seglogfs.engine.console_formats import LineFormat
-from seglogfs.engine.errors import InvalidRecordError, RecordTooLargeError
+from seglogfs.engine.errors import EngineError, InvalidRecordError, RecordTooLargeError
 from seglogfs.engine.json_records import record_from_json
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.partitioner import RoundRobin, partition_for_key
 from seglogfs.engine.records import Header
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 # Encoded batches appended as one unit, all or nothing, take at most this: one open of a mount's
 # `append.batches` (held in memory until its close), one piece of a Spark commit through a mount.
@@ -105,12 +107,45 @@ class _Columns:
 
     def append_to(self, log: PartitionLog, now_ms: int) -> None:
         log.append_records(
-            self.values,
-            keys=self.keys if any(key is not None for key in self.keys) else None,
-            headers=self.headers if any(self.headers) else None,
-            timestamps=self.timestamps,
-            now_ms=now_ms,
+            self.values, keys=self._keys, headers=self._headers, timestamps=self.timestamps, now_ms=now_ms
         )
+
+    def encode_for(self, log: PartitionLog) -> bytes:
+        """`PartitionLog.encode_records` of these records: refused as `append_to` would be."""
+        return log.encode_records(self.values, keys=self._keys, headers=self._headers, timestamps=self.timestamps)
+
+    @property
+    def _keys(self) -> list[bytes | None] | None:
+        return self.keys if any(key is not None for key in self.keys) else None
+
+    @property
+    def _headers(self) -> list[Sequence[Header]] | None:
+        return self.headers if any(self.headers) else None
+
+
+def _append_all_or_none(bound: list[tuple[PartitionLog, _Columns]], now_ms: int) -> None:
+    """Append records to several partitions, all of them or none: each partition's are encoded
+    first (a record too large, a compacted topic's missing key: refused before anything is
+    stored); when an append then fails (a full disk), the partitions appended to before it are
+    cut back to where they were."""
+    encoded = [(log, columns.encode_for(log)) for log, columns in bound]
+    appended: list[tuple[PartitionLog, int]] = []
+    try:
+        for log, data in encoded:
+            appended.append((log, log.append_encoded(data, now_ms).first_offset))
+    except BaseException:
+        for log, first_offset in appended:
+            try:
+                log.truncate_to(first_offset, now_ms)
+            except (EngineError, OSError) as error:  # (the append's own error is the one raised)
+                logger.error(
+                    "%s-%d: records %d.. of a failed append to several partitions could not be cut back: %s",
+                    log.topic,
+                    log.partition,
+                    first_offset,
+                    error,
+                )
+        raise
 
 
 @dataclass(frozen=True)
@@ -174,8 +209,12 @@ class Producer:
             columns.keys.append(key)
             columns.headers.append(headers)
             columns.timestamps.append(timestamp)
-        for slot, columns in sorted(per_partition.items()):
-            columns.append_to(self.logs[slot], now_ms)
+        bound = [(self.logs[slot], columns) for slot, columns in sorted(per_partition.items())]
+        if atomic and len(bound) > 1:
+            _append_all_or_none(bound, now_ms)
+        else:
+            for log, columns in bound:
+                columns.append_to(log, now_ms)
         if error is not None:
             raise error
         return Produced(

@@ -189,8 +189,42 @@ def test_a_partial_line_is_capped_at_max_message_bytes(log_dir: Path) -> None:
         handle.write(0, b"x" * 600)
         with pytest.raises(RecordTooLargeError, match="more than 1000 bytes without a newline"):
             handle.write(0, b"x" * 600)
-        handle.write(0, b"\n")  # the write that failed took nothing: 600 bytes and a newline
-        assert [len(r.value or b"") for r in data_dir.partition("t", 0).records(0)] == [600]
+        # Nothing of the refused line is stored: not the 600 bytes before, nor its rest.
+        with pytest.raises(RecordTooLargeError, match="the rest of a line"):
+            handle.write(0, b"x" * 10)
+        handle.write(0, b"xx\nnext\n")
+        assert [r.value for r in data_dir.partition("t", 0).records(0)] == [b"next"]
+
+
+def test_a_write_to_a_topic_is_stored_in_every_partition_or_none(log_dir: Path, monkeypatch) -> None:
+    """A write whose lines go to several partitions: a record one of them refuses, or a full disk
+    at the append to the second, leaves nothing stored in any (a write appears whole or fails
+    whole); the same write again, once it can be, is stored whole."""
+    from seglogfs.engine.partitioner import partition_for_key
+
+    with DataDir.open(broker_config(log_dir, message_max_bytes=1000), now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("k", 3, now_ms=NOW_MS)
+        keys = {partition_for_key(key, 3): key for key in (b"a", b"b", b"c", b"d", b"e", b"f")}
+        first, second = sorted(keys)[:2]
+        logs = [data_dir.partition("k", p) for p in range(3)]
+        handle = walk(tree_of(data_dir, line_format=LineFormat(parse_key=True)), "k/append").open(os.O_WRONLY)
+
+        with pytest.raises(RecordTooLargeError):
+            handle.write(0, keys[first] + b"\tsmall\n" + keys[second] + b"\t" + b"x" * 2000 + b"\n")
+        assert [log.log_end_offset for log in logs] == [0, 0, 0]
+
+        def full(data: bytes, now_ms: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        write = keys[first] + b"\tone\n" + keys[second] + b"\ttwo\n"
+        monkeypatch.setattr(logs[second], "append_encoded", full)
+        with pytest.raises(OSError, match="No space"):
+            handle.write(0, write)
+        assert [log.log_end_offset for log in logs] == [0, 0, 0]
+        monkeypatch.undo()
+        handle.write(0, write)
+        assert [r.value for r in logs[first].records(0)] == [b"one"]
+        assert [r.value for r in logs[second].records(0)] == [b"two"]
 
 
 def test_topic_append_places_keys_like_kafka(data_dir: DataDir) -> None:
