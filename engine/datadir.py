@@ -641,8 +641,8 @@ class DataDir:
         readers only once every partition exists. In a broker's dir, where a topic no broker
         knows would count as one whose configs are unknown, the policy it gets (the given one,
         else the broker default) is written into its overrides. If a partition cannot be made,
-        the ones made so far are closed and left on disk (a reopen loads them: DEVELOPING.md F8)
-        and the error is raised."""
+        what it made (partition dirs, overrides) is removed again and the error raised; a
+        crash midway leaves a topic with fewer partitions (DEVELOPING.md F8)."""
         self._check_writable()
         validate_topic(topic)
         with self._lock:
@@ -654,13 +654,20 @@ class DataDir:
             checked = validate_topic_overrides(overrides or {}, f"config of topic {topic}")
             if self._why_unknown(topic, {topic: checked}) is not None:
                 checked = {**checked, "cleanup.policy": ",".join(self._topic_defaults.cleanup_policy)}
-            table = self._topic_overrides
+            before = table = self._topic_overrides
             if checked:
                 table = {**table, topic: checked}
                 self._write_topic_overrides(table)
                 self._topic_overrides = table
             config = self._resolve(topic, table)[0]
-            created = self._create_partitions(topic, range(count), config, new_topic_id(), now_ms)
+            try:
+                created = self._create_partitions(topic, range(count), config, new_topic_id(), now_ms)
+            except BaseException:
+                if table is not before:  # (a topic never made has no overrides: its name is free again)
+                    self._topic_overrides = before
+                    with contextlib.suppress(OSError):
+                        self._write_topic_overrides(before)
+                raise
             self._logs = {**self._logs, **created}
         return list(created.values())
 
@@ -742,14 +749,20 @@ class DataDir:
         self, topic: str, numbers: range, config: LogConfig, topic_id: str, now_ms: int
     ) -> dict[TopicPartition, PartitionLog]:
         """Make partition dirs `numbers` of `topic` in the least loaded log dirs (caller holds
-        `_lock` and publishes them); on failure closes the ones made and raises."""
+        `_lock` and publishes them). On failure (a full disk) the dirs it made are removed again,
+        none of them seen by a reader yet, and the error raised: the name is free for another
+        try (a dir left behind made every later `mkdir` of it fail until a reopen loaded it)."""
         counts = self._partition_counts()
         created: dict[TopicPartition, PartitionLog] = {}
+        made: list[Path] = []
         try:
             for partition in numbers:
                 log_dir = min(self.config.log_dirs, key=lambda d: counts[d])
                 counts[log_dir] += 1
                 directory = log_dir / partition_dir_name(topic, partition)
+                if directory.exists():  # (left by a crash, not loaded: not ours to remove)
+                    raise TopicExistsError(f"topic {topic!r}: {directory} exists already (the next open loads it)")
+                made.append(directory)
                 created[(topic, partition)] = PartitionLog.create(
                     directory, topic, partition, config, topic_id=topic_id, now_ms=now_ms
                 )
@@ -759,6 +772,10 @@ class DataDir:
             for log in created.values():
                 with contextlib.suppress(Exception):
                     log.close()
+            for directory in made:
+                shutil.rmtree(directory, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    fsync_dir(directory.parent)
             raise
         return created
 

@@ -294,3 +294,34 @@ def test_the_metadata_log_takes_no_appends(tmp_path: Path) -> None:
         with pytest.raises(InvalidRecordError, match="metadata log takes no appends"):
             log.append_records([b"x"], keys=[b"k"], now_ms=NOW_MS)
         assert log.log_end_offset == end
+
+
+def test_a_topic_that_cannot_be_made_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition that cannot be made (a full disk at the second): the partition dirs made and
+    the topic's overrides are removed again, so the name is free; a partition dir a crash left
+    (not loaded) is not ours: creating the topic over it is refused and it stays."""
+    from seglogfs.engine.errors import TopicExistsError
+    from seglogfs.engine.log import PartitionLog
+
+    log_dir = tmp_path / "logs"
+    with DataDir.open(broker_config(log_dir), now_ms=NOW_MS) as data_dir:
+        real_create, calls = PartitionLog.create, []
+
+        def full_at_the_second(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return real_create(*args, **kwargs)
+
+        monkeypatch.setattr(PartitionLog, "create", full_at_the_second)
+        with pytest.raises(OSError, match="No space"):
+            data_dir.create_topic("t", 3, {"retention.ms": "5"}, now_ms=NOW_MS)
+        monkeypatch.undo()
+        assert not list(log_dir.glob("t-*"))
+        assert "t" not in data_dir.topics()
+        data_dir.create_topic("t", 3, now_ms=NOW_MS)
+        assert data_dir.partition("t", 0).config.retention_ms != 5  # (the overrides went with it)
+        (log_dir / "u-0").mkdir()
+        with pytest.raises(TopicExistsError, match="u-0 exists already"):
+            data_dir.create_topic("u", 1, now_ms=NOW_MS)
+        assert (log_dir / "u-0").is_dir()

@@ -96,6 +96,27 @@ def test_append_through_a_mount_on_a_full_disk(mount, small_disk: Path) -> None:
     assert check_log_dirs([small_disk / "data"]).clean
 
 
+@pytest.mark.expect_warnings("mkdir new: .*No space left on device")
+def test_a_topic_made_on_a_full_disk_fails_whole_and_can_be_made_once_there_is_room(mount, small_disk: Path) -> None:
+    """`mkdir` of a topic on a full disk is ENOSPC and leaves nothing behind: no partition dir,
+    so the same `mkdir` works once there is room (a dir left behind made it EIO, "File exists",
+    until a remount)."""
+    m: Mount = mount(small_disk / "data", "-o", "num.partitions=3")
+    (m.path / "t").mkdir()
+    filler = fill(small_disk)
+    with pytest.raises(OSError) as raised:
+        (m.path / "new").mkdir()
+    assert raised.value.errno == errno.ENOSPC
+    assert not list((small_disk / "data").glob("new-*"))
+    filler.unlink()
+    (m.path / "new").mkdir()
+    (m.path / "new" / "2" / "append").write_bytes(b"made\n")
+    assert (m.path / "new" / "2" / "records").read_bytes() == b"made\n"
+    assert sorted(path.name for path in (small_disk / "data").glob("new-*")) == ["new-0", "new-1", "new-2"]
+    m.stop()
+    assert check_log_dirs([small_disk / "data"]).clean
+
+
 def log_shows(m: Mount, text: str, seconds: float = 10) -> bool:
     deadline = time.monotonic() + seconds
     while text not in m.output():
