@@ -297,17 +297,8 @@ class PartitionLog:
         ts = now_ms if timestamps is None else timestamps  # (one time for all: no column to make)
         codec = compression if compression is not None else self._topic_compression()
         with self.lock:
-            batches = encode_batches(
-                values,
-                keys=keys,
-                headers=headers,
-                timestamps=ts,
-                max_batch_bytes=self.config.max_message_bytes,
-                where=self._where,
-                base_offset=self._log_end_offset,
-                compression=codec,
-                producer=producer,
-                partition_leader_epoch=LEADER_EPOCH,
+            batches = self._encode(
+                values, keys, headers, ts, compression=codec, producer=producer, base_offset=self._log_end_offset
             )
             if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
                 return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
@@ -326,17 +317,31 @@ class PartitionLog:
         (the same errors), nothing appended: for `append_encoded`. An append to several
         partitions that must store all or nothing encodes each first."""
         self._check_records(values, keys)
-        return b"".join(
-            encode_batches(
-                values,
-                keys=keys,
-                headers=headers,
-                timestamps=timestamps,
-                max_batch_bytes=self.config.max_message_bytes,
-                where=self._where,
-                compression=self._topic_compression(),
-                partition_leader_epoch=LEADER_EPOCH,
-            )
+        return b"".join(self._encode(values, keys, headers, timestamps, compression=self._topic_compression()))
+
+    def _encode(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[Sequence[Header]] | None,
+        timestamps: Sequence[int] | np.ndarray | int,
+        *,
+        compression: CompressionType,
+        producer: ProducerState = NO_PRODUCER,
+        base_offset: int = 0,
+    ) -> list[bytearray]:
+        """The records as this log's batches (`max.message.bytes` each at most)."""
+        return encode_batches(
+            values,
+            keys=keys,
+            headers=headers,
+            timestamps=timestamps,
+            max_batch_bytes=self.config.max_message_bytes,
+            where=self._where,
+            base_offset=base_offset,
+            compression=compression,
+            producer=producer,
+            partition_leader_epoch=LEADER_EPOCH,
         )
 
     def append_encoded(self, encoded: bytes, now_ms: int) -> AppendInfo:
