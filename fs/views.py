@@ -461,6 +461,11 @@ class _RenderAhead:
         with self._lock:
             return self._pending.get(key)
 
+    def pending_count(self) -> int:
+        """How many pages are asked for and not rendered yet (for tests)."""
+        with self._lock:
+            return len(self._pending)
+
     def take(self, key: tuple[object, ...]) -> None:
         """A reader renders the page under `key` itself (it was asked for and is not rendered
         yet): a run that has not started leaves it out, with the pages before it."""

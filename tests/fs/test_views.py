@@ -742,15 +742,17 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     """A reader faster than the render-ahead thread catches up with pages still queued and
     renders them on the loop; a run that has not started then leaves out the pages the reader
     passed: the thread, held on its first run while the reader reads the whole view, renders
-    nothing more once let go."""
+    nothing more once let go. (The reader waits for the thread to start its first run: a thread
+    that has not started one by the time the reader passed its pages renders nothing at all.)"""
     log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     expected = expected_text(log, 0, TextFormat())
-    go_on = threading.Event()
+    started, go_on = threading.Event(), threading.Event()
 
     class HeldRenderer(RangeCountingRenderer):
         def render_range(self, fd, start, end, size):
             if not self.spans:
+                started.set()
                 go_on.wait(10)
             return super().render_range(fd, start, end, size)
 
@@ -762,6 +764,8 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
             data = view.read_now(len(out), min(1000, size - len(out)))  # (a pending page is rendered here)
             assert data is not None, len(out)
             out += data
+            if views._AHEAD.pending_count() and not started.is_set():
+                assert started.wait(10), "the render-ahead thread did not start the run asked for"
     finally:
         go_on.set()
     assert views._AHEAD.settle(10), "rendering ahead did not end"
