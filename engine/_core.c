@@ -55,7 +55,8 @@
  *     render_text_section and render_json_section render each (`create_label`/`append_label`:
  *     the timestamp label of CreateTime and of LogAppendTime batches, both None when not
  *     shown; `create_kind`/`append_kind` likewise for JSON Lines), in one call with the GIL
- *     released once: `size` bytes. None, rather than other bytes, when the range is not that:
+ *     released once: `size` bytes (-1: as many as it takes). None, rather than other bytes,
+ *     when the range is not that:
  *     a batch that is not v2, cut short or past `end`, whose CRC does not hold or whose
  *     records section is malformed, a compressed batch, a record with headers (JSON Lines),
  *     a read that fails or comes back short, a rendering of another size, an offset or time
@@ -1307,34 +1308,70 @@ typedef struct {
     Py_buffer prefix, kinds[2]; /* JSON Lines: the prefix, "CreateTime" and "LogAppendTime" */
 } range_args_t;
 
-/* Read the file's bytes [start, end) and render its batches into `out` (`size` bytes): 1 when they
- * fill it exactly; 0 when the range holds anything else — a batch that is not v2, whose length,
- * CRC or records section is wrong, a compressed batch, a record with headers in JSON Lines, a
- * short or failed read, a rendering of another size. Control batches render to nothing. Needs
- * no GIL. */
-static int render_range_into(const range_args_t *a, int fd, int64_t start, int64_t end, uint8_t *out,
-                             Py_ssize_t size) {
+/* The file's bytes [start, end) read whole into a new block (`*data`: free it); 0 on a short or
+ * failed read. Needs no GIL. */
+static int read_range(int fd, int64_t start, int64_t end, uint8_t **data) {
     int64_t length = end - start;
-    uint8_t *data = malloc(length > 0 ? (size_t)length : 1), *at = out, *limit = out + size;
-    int ok = 0;
-    if (data == NULL) return 0;
+    *data = malloc(length > 0 ? (size_t)length : 1);
+    if (*data == NULL) return 0;
     for (int64_t done = 0; done < length;) {
-        ssize_t got = pread(fd, data + done, (size_t)(length - done), start + done);
+        ssize_t got = pread(fd, *data + done, (size_t)(length - done), start + done);
         if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) goto done;
+        if (got <= 0) return 0;
         done += got;
     }
+    return 1;
+}
+
+/* At least the size the batches of `data` (`length` bytes) render to, from their headers alone:
+ * every byte of a batch taken for key or value bytes, each escaped (JSON Lines: six bytes for
+ * one, more than base64 takes), and each record's fixed parts at their widest (a decimal of
+ * twenty characters, a null key and value). 0 when the batches do not tile the bytes (the
+ * rendering then fails as well). Needs no GIL. */
+static int range_bound(const range_args_t *a, const uint8_t *data, int64_t length, Py_ssize_t *bound) {
+    const int64_t decimal = 20;
+    int64_t per_record;
+    if (a->json) {
+        int64_t kind = a->kinds[0].len > a->kinds[1].len ? a->kinds[0].len : a->kinds[1].len;
+        per_record = a->prefix.len + kind + (int64_t)JSON_FIXED + 2 * decimal + 2 * 13;
+    } else {
+        const text_args_t *t = &a->text;
+        int64_t label = a->labels[0].len > a->labels[1].len ? a->labels[0].len : a->labels[1].len;
+        per_record = 5 * t->separator.len + t->line_end.len + label + decimal + t->partition_field.len + 7 + decimal +
+                     2 * t->null.len;
+    }
+    int64_t total = 0;
+    for (int64_t position = 0; position < length;) {
+        if (length - position < BATCH_HEADER_BYTES) return 0;
+        int64_t batch_bytes = 12 + (int64_t)(int32_t)be32(data + position + 8);
+        int64_t count = (int32_t)be32(data + position + 57);
+        if (batch_bytes < BATCH_HEADER_BYTES || batch_bytes > length - position || count < 0) return 0;
+        total += (a->json ? 6 : 1) * batch_bytes + count * per_record;
+        position += batch_bytes;
+    }
+    *bound = (Py_ssize_t)total;
+    return 1;
+}
+
+/* Render the batches of `data` (`length` bytes read from the file) into `out` (`size` bytes): 1
+ * when they fill it exactly, or (`used` not NULL) when they fit in it, `*used` the bytes they
+ * take; 0 when the range holds anything else — a batch that is not v2, whose length, CRC or
+ * records section is wrong, a compressed batch, a record with headers in JSON Lines, a
+ * rendering of another size. Control batches render to nothing. Needs no GIL. */
+static int render_batches(const range_args_t *a, const uint8_t *data, int64_t length, uint8_t *out, Py_ssize_t size,
+                          Py_ssize_t *used) {
+    uint8_t *at = out, *limit = out + size;
     for (int64_t position = 0; position < length;) {
         const uint8_t *batch = data + position;
-        if (length - position < BATCH_HEADER_BYTES) goto done;
+        if (length - position < BATCH_HEADER_BYTES) return 0;
         int64_t batch_bytes = 12 + (int64_t)(int32_t)be32(batch + 8);
-        if (batch_bytes < BATCH_HEADER_BYTES || batch_bytes > length - position || batch[16] != 2) goto done;
-        if (crc32c_of(batch + 21, (size_t)(batch_bytes - 21), crc32c_hardware) != be32(batch + 17)) goto done;
+        if (batch_bytes < BATCH_HEADER_BYTES || batch_bytes > length - position || batch[16] != 2) return 0;
+        if (crc32c_of(batch + 21, (size_t)(batch_bytes - 21), crc32c_hardware) != be32(batch + 17)) return 0;
         position += batch_bytes;
         unsigned attributes = (unsigned)batch[21] << 8 | batch[22];
-        if (attributes & ATTRIBUTE_COMPRESSION) goto done;
+        if (attributes & ATTRIBUTE_COMPRESSION) return 0;
         /* A negative last offset delta or record count: what check_batch refuses. */
-        if ((int32_t)be32(batch + 23) < 0 || (int32_t)be32(batch + 57) < 0) goto done;
+        if ((int32_t)be32(batch + 23) < 0 || (int32_t)be32(batch + 57) < 0) return 0;
         if (attributes & ATTRIBUTE_CONTROL) continue;
         /* Each record walked as `walk` walks it, and its line written at once, while it is in the cache. */
         int64_t count = (int32_t)be32(batch + 57), base_offset = (int64_t)be64(batch);
@@ -1347,52 +1384,63 @@ static int render_range_into(const range_args_t *a, int fd, int64_t start, int64
         int64_t f[FIELDS];
         const char *why;
         for (int64_t i = 0; i < count; i++) {
-            if (walk_record(&r, f, &why) != 0) goto done;
+            if (walk_record(&r, f, &why) != 0) return 0;
             /* An offset or time past int64 (which Python's record-at-a-time path would print whole), and, in
              * text, headers in a batch that path decodes (it checks them), are left to the batch renderers. */
             int64_t offset, timestamp = max_timestamp;
-            if (__builtin_add_overflow(base_offset, f[2], &offset)) goto done;
-            if (!log_append_time && __builtin_add_overflow(base_timestamp, f[1], &timestamp)) goto done;
+            if (__builtin_add_overflow(base_offset, f[2], &offset)) return 0;
+            if (!log_append_time && __builtin_add_overflow(base_timestamp, f[1], &timestamp)) return 0;
             if (a->json) {
                 uint8_t valid[2];
-                if (f[7] != 0) goto done;
+                if (f[7] != 0) return 0;
                 Py_ssize_t need = json_lines_size(section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
                                                   a->prefix.len, kind->len, valid);
-                if (need > limit - at) goto done;
+                if (need > limit - at) return 0;
                 at = put_json_lines(out, at, section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
                                     a->prefix.buf, a->prefix.len, kind->buf, kind->len, valid, NULL);
             } else {
-                if (f[7] != 0 && count <= a->small_batch_records) goto done;
+                if (f[7] != 0 && count <= a->small_batch_records) return 0;
                 Py_ssize_t need = text_lines_size(&a->text, label, a->have_partition, 1, &offset, &timestamp, &f[4], &f[6]);
-                if (need > limit - at) goto done;
+                if (need > limit - at) return 0;
                 at = put_text_lines(&a->text, label, a->have_partition, 1, section, &offset, &timestamp, &f[3], &f[4],
                                     &f[5], &f[6], out, at, NULL);
             }
         }
-        if (r.position != r.end) goto done;
+        if (r.position != r.end) return 0;
     }
-    ok = at == limit;
-done:
-    free(data);
-    return ok;
+    if (used == NULL) return at == limit;
+    *used = at - out;
+    return 1;
 }
 
-/* The bytes object of `size` the range renders into, or None; the GIL released while it reads and
+/* The bytes object the range renders into, or None; `size` -1: as many as it takes (rendered
+ * into a block of `range_bound`, then cut to what it took). The GIL released while it reads and
  * renders. */
 static PyObject *render_range(const range_args_t *a, int fd, long long start, long long end, Py_ssize_t size) {
-    if (start < 0 || end < start || size < 0) {
+    if (start < 0 || end < start || size < -1) {
         PyErr_SetString(PyExc_ValueError, "a range renderer: a bad range or size");
         return NULL;
     }
-    PyObject *result = PyBytes_FromStringAndSize(NULL, size);
-    if (result == NULL) return NULL;
-    int ok;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    uint8_t *data = NULL;
+    int ok, exact = size != -1;
+    Py_ssize_t used = 0;
     Py_BEGIN_ALLOW_THREADS
-    ok = render_range_into(a, fd, start, end, out, size);
+    ok = read_range(fd, start, end, &data);
+    if (ok && !exact) ok = range_bound(a, data, end - start, &size);
     Py_END_ALLOW_THREADS
-    if (ok) return result;
-    Py_DECREF(result);
+    PyObject *result = NULL;
+    if (ok) result = PyBytes_FromStringAndSize(NULL, size);
+    if (result != NULL) {
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+        Py_BEGIN_ALLOW_THREADS
+        ok = render_batches(a, data, end - start, out, size, exact ? NULL : &used);
+        Py_END_ALLOW_THREADS
+    }
+    free(data);
+    if (ok && result != NULL && !exact && _PyBytes_Resize(&result, used) < 0) return NULL; /* (result freed) */
+    if (ok && result != NULL) return result;
+    Py_XDECREF(result);
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
 }
 

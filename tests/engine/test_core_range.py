@@ -5,7 +5,9 @@ batches, control batches (nothing), null keys and values, bytes that are not UTF
 with headers (text: not shown; in batches small enough to be decoded record by record, left to
 that path, which checks them). Anything the range does not render whole gives None, never other
 bytes: a compressed or damaged batch, JSON Lines of a record with headers, a size that is not the
-rendering's, a range that does not start and end at batches, a file cut short, a bad descriptor."""
+rendering's, a range that does not start and end at batches, a file cut short, a bad descriptor.
+Without a size (`consume`'s calls), the same bytes or None, whatever size they take: up to the
+widest a header allows (every byte escaped to six, every decimal twenty characters wide)."""
 
 from __future__ import annotations
 
@@ -88,9 +90,11 @@ def test_a_range_renders_what_its_batches_render_one_by_one(tmp_path: Path, fmt,
             kind == "headers" and len(records) <= _SMALL_BATCH_RECORDS for records, _, kind in spec[first:last]
         )
         assert text.render_range(fd, start, end, len(want)) == (None if small_with_headers else want)
+        assert text.render_range(fd, start, end) == (None if small_with_headers else want)
         jsonl = JsonLinesRenderer('topic "ü"', partition)
         want = _rendered(jsonl, some)
         assert jsonl.render_range(fd, start, end, len(want)) == (None if has_headers else want)
+        assert jsonl.render_range(fd, start, end) == (None if has_headers else want)
     finally:
         os.close(fd)
 
@@ -103,7 +107,7 @@ def plain(tmp_path: Path) -> tuple[Path, list[bytearray], TextRenderer, bytes]:
     return path, built, renderer, _rendered(renderer, built)
 
 
-def _render(path: Path, renderer, start: int, end: int, size: int) -> bytes | None:
+def _render(path: Path, renderer, start: int, end: int, size: int | None) -> bytes | None:
     fd = os.open(path, os.O_RDONLY)
     try:
         return renderer.render_range(fd, start, end, size)
@@ -123,6 +127,55 @@ def test_the_range_and_size_must_be_the_renderings_exactly(plain) -> None:
     assert _render(path, renderer, 0, 0, 0) == b""
     with pytest.raises(ValueError, match="bad range"):
         _render(path, renderer, 10, 5, 0)
+    with pytest.raises(ValueError, match="bad range or size"):
+        _render(path, renderer, 0, end, -2)
+
+
+def test_without_a_size_a_range_takes_the_size_it_renders_to(plain) -> None:
+    path, built, renderer, want = plain
+    end = sum(len(b) for b in built)
+    assert _render(path, renderer, 0, end, None) == want
+    assert _render(path, renderer, len(built[0]), end, None) == _rendered(renderer, built[1:])
+    assert _render(path, renderer, 0, end - 1, None) is None  # ends inside a batch
+    assert _render(path, renderer, 1, end, None) is None  # starts inside one
+    assert _render(path, renderer, 0, end + 100, None) is None  # past the file's end
+    assert _render(path, renderer, 0, 0, None) == b""
+
+
+def test_without_a_size_the_widest_renderings_fit(tmp_path: Path) -> None:
+    """The block a range is rendered into without a size is sized from the batch headers alone:
+    renderings at their widest still fit it whole. JSON Lines: every byte a control character
+    (six bytes each: \u0001), or not UTF-8 (base64), or a null key and value, in a topic whose
+    name escapes; text: null keys and values with a long null literal, long separators, every
+    field shown, times and offsets of twenty characters."""
+    path = tmp_path / "00000000000000000000.log"
+    mixed = [
+        build_batch(
+            [b"\x01" * 300, None, b"\xff" * 7, b""], keys=[None, None, b"\x1f" * 50, b"\xfe"], timestamps=-(2**63)
+        ),
+        build_batch([None] * 40, timestamps=[-(2**63) + i for i in range(40)], base_offset=2**62),
+        build_batch([b"\n"] * 9, keys=[b"\x00"] * 9, timestamps=1, timestamp_type=TimestampType.LOG_APPEND_TIME),
+    ]
+    escaped = [build_batch([b"\x01" * 5000], keys=[b"\x02" * 3000], timestamps=1)]  # (little else to spare)
+    nulls = [build_batch([None] * 50, timestamps=-(2**63), base_offset=-(2**62))]
+    wide = TextFormat(
+        print_timestamp=True,
+        print_partition=True,
+        print_offset=True,
+        print_key=True,
+        key_separator=b"<" * 50,
+        line_separator=b">" * 30,
+        null_literal=b"~" * 200,
+    )
+    for renderer, built in (
+        (JsonLinesRenderer("\x01" * 40, 2**31 - 1), mixed),
+        (JsonLinesRenderer("t", 0), escaped),
+        (TextRenderer(wide, 2**31 - 1), mixed),
+        (TextRenderer(wide, 2**31 - 1), nulls),
+    ):
+        path.write_bytes(b"".join(built))
+        want = _rendered(renderer, built)
+        assert _render(path, renderer, 0, len(path.read_bytes()), None) == want
 
 
 def test_a_damaged_batch_is_left_to_the_batch_renderers(plain) -> None:
@@ -131,7 +184,9 @@ def test_a_damaged_batch_is_left_to_the_batch_renderers(plain) -> None:
     data[len(built[0]) + 70] ^= 0x01  # a record byte of the second batch: its CRC no longer holds
     path.write_bytes(bytes(data))
     assert _render(path, renderer, 0, len(data), len(want)) is None
+    assert _render(path, renderer, 0, len(data), None) is None
     assert _render(path, renderer, 0, len(built[0]), len(_rendered(renderer, built[:1]))) is not None
+    assert _render(path, renderer, 0, len(built[0]), None) == _rendered(renderer, built[:1])
 
 
 def test_compressed_batches_and_shown_headers_are_left_to_the_batch_renderers(tmp_path: Path) -> None:
@@ -141,6 +196,7 @@ def test_compressed_batches_and_shown_headers_are_left_to_the_batch_renderers(tm
     for renderer in (TextRenderer(TextFormat(), 0), JsonLinesRenderer("t", 0)):
         want = _rendered(renderer, [batch])
         assert _render(path, renderer, 0, len(batch), len(want)) is None
+        assert _render(path, renderer, 0, len(batch), None) is None
     shown = TextRenderer(TextFormat(print_headers=True), 0)
     assert _render(path, shown, 0, len(batch), 4) is None
 
@@ -150,6 +206,7 @@ def test_a_bad_descriptor_gives_none(plain) -> None:
     fd = os.open(path, os.O_RDONLY)
     os.close(fd)
     assert renderer.render_range(fd, 0, sum(len(b) for b in built), len(want)) is None
+    assert renderer.render_range(fd, 0, sum(len(b) for b in built)) is None
 
 
 def test_what_the_batch_renderers_print_or_refuse_otherwise_is_left_to_them(tmp_path: Path) -> None:
