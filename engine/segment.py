@@ -490,6 +490,23 @@ class LogSegment:
         finally:
             self._unlease()
 
+    def advise_read_ahead(self, position: int, end_position: int | None = None) -> None:
+        """Have the kernel read the file from `position` up to `end_position` (default: the size
+        now) into the page cache, from a thread of its own, for a scan about to read it in
+        pieces (`iter_headers`, then the batches). Advice only: nothing when it cannot be given.
+        Thread-safe."""
+        end = self._size if end_position is None else end_position
+        if end - position <= _READ_CHUNK_BYTES:
+            return
+        try:
+            handle = self._lease()
+        except OSError:
+            return
+        try:
+            _ADVICE.read_ahead(handle, position, end - position)
+        finally:
+            self._unlease()
+
     def checked_batches(
         self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, once: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:

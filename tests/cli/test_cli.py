@@ -512,17 +512,15 @@ def test_consume_reports_undecodable_records_after_the_good_batches(tmp_path: Pa
 
 
 @pytest.mark.parametrize("fmt", ["text", "jsonl"])
-@pytest.mark.parametrize("pad", [200, 1000])  # text: checked by the reading thread, or by the renderer
+@pytest.mark.parametrize("pad", [200, 1000])
 def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(
     tmp_path: Path, fmt: str, pad: int
 ) -> None:
-    """Batches are checked and rendered on several threads, groups of them at a time: a CRC
-    failure megabytes in still comes after every record before it, as one line naming the
-    file and the batch's position."""
+    """Batches are checked and rendered on several threads, runs of them at a time: a CRC
+    failure megabytes in still comes after every record before it (those of its own run
+    too), as one line naming the file and the batch's position."""
     from seglogfs.engine.records import compute_crc, iter_batch_headers
-    from seglogfs.mount_tools.consume import CHECKED_AHEAD_RECORD_BYTES
 
-    assert (pad < CHECKED_AHEAD_RECORD_BYTES) == (pad == 200)
     data = tmp_path / "data"
     lines = [b"line-%06d %s\n" % (n, b"x" * pad) for n in range(6_000_000 // pad)]  # batches of up to 1 MB
     run("produce", str(data), "--topic", "t", stdin=b"".join(lines))
@@ -622,3 +620,81 @@ def test_consume_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     )
     assert done.stdout.strip() == b"0", done
     assert err.read_text() == ""
+
+
+@pytest.fixture
+def mixed(tmp_path: Path) -> Path:
+    """A partition of three segments: runs of many small batches and a few large ones, with a
+    gzip batch, a transaction's control batch, LogAppendTime-like varied times, null keys and
+    values, bytes that are not UTF-8, and records with headers."""
+    from seglogfs.engine import PartitionLog
+    from seglogfs.engine.compression import CompressionType
+    from seglogfs.engine.config import apply_topic_overrides
+    from seglogfs.engine.records import ProducerState, build_batch
+
+    data = tmp_path / "data"
+    data.mkdir()
+    base = BrokerConfig.load(log_dirs=[data]).topic_defaults
+    config = apply_topic_overrides(base, {"segment.bytes": str(3 << 20)})
+    log = PartitionLog.create(data / "t-0", "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
+    try:
+        for n in range(400):  # small batches: thousands of records a run
+            values = [b'v%d-%d \xff"\\' % (n, i) if i % 7 else None for i in range(1 + n % 50)]
+            keys = [b"k%d" % i if i % 3 else None for i in range(len(values))]
+            log.append_records(values, keys=keys, timestamps=NOW_MS + n, now_ms=NOW_MS)
+        log.append_records([b"z" * 300] * 50, now_ms=NOW_MS, compression=CompressionType.GZIP)
+        log.append_records([b"with headers"] * 20, headers=[[("h", b"\x00v")]] * 20, now_ms=NOW_MS)
+        producer = ProducerState(5, 0, 0, is_transactional=True)
+        log.append_records([b"in a transaction"] * 3, now_ms=NOW_MS, producer=producer)
+        marker = build_batch(
+            [b"\x00\x00\x00\x00\x00\x00"],
+            keys=[b"\x00\x00\x00\x01"],
+            timestamps=NOW_MS,
+            is_control=True,
+            producer=producer,
+        )
+        log.append_batches(bytes(marker), assign_offsets=True, now_ms=NOW_MS)
+        for n in range(60):  # large batches: several a run, across segments; a transaction among them
+            log.append_records([b"%d-%d-" % (n, i) + b"x" * 1000 for i in range(120)], timestamps=NOW_MS, now_ms=NOW_MS)
+            if n == 30:
+                log.append_records([b"in another"], now_ms=NOW_MS, producer=producer)
+                log.append_batches(bytes(marker), assign_offsets=True, now_ms=NOW_MS)
+        assert len(log.segments) >= 3
+        log.flush()
+    finally:
+        log.close()
+    return data
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--format", "jsonl"],
+        [],
+        ["--property", "print.key=true", "--property", "print.offset=true", "--property", "print.timestamp=true"],
+        ["--property", "print.headers=true", "--property", "print.partition=true"],
+    ],
+)
+def test_consume_to_the_log_end_prints_what_a_batch_at_a_time_prints(mixed: Path, options: list[str]) -> None:
+    """Without a message limit, every record to the log end is rendered in runs of batches, a
+    call of the core a run on several threads; with a limit, a batch at a time. The two print
+    the same bytes and count the same records, from the log start, from inside a batch, and
+    from a later segment; compressed, control and header-carrying batches included."""
+    from seglogfs.mount_tools.consume import _runs
+
+    with DataDir.open(BrokerConfig.load(log_dirs=[mixed]), read_only=True, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition("t", 0)
+        total, segment_bases = log.log_end_offset, [s.base_offset for s in log.segments]
+        runs = list(_runs(log.batch_headers(0)))
+        controls = [header.base_offset for _, header in log.batch_headers(0) if header.is_control]
+    assert len(runs) > 5 and max(run.records for run in runs) > 1000  # (several runs; of many batches too)
+    assert not all(run.plain for run in runs)  # (the gzip batch's run is rendered batch by batch)
+    for start in ["earliest", "1234", str(segment_bases[2] + 5)]:
+        args = ["consume", str(mixed), "--topic", "t", "--partition", "0", "--offset", start, *options]
+        whole = run(*args)
+        limited = run(*args, "--max-messages", str(total))  # (the batch-at-a-time path)
+        assert whole.stdout == limited.stdout, start
+        assert whole.stderr == limited.stderr
+        first = 0 if start == "earliest" else int(start)
+        printed = total - first - sum(first <= control for control in controls)  # (control batches print nothing)
+        assert whole.stderr.decode().splitlines() == [f"Processed a total of {printed} messages"]
