@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.engine_bench [--gib 1.0] [--only NAME ...] [--crash-trials N]
 
-Figures (the issue's list): append of 100-byte records (records/s) and of 1 KiB records (MB/s as a
-ratio to a plain Python buffered write of the same bytes); offset→position look-ups on an index of
+Figures (the issue's list): append of 100-byte and of 1 KiB records (records/s, MB/s and the
+median ratio to a plain Python buffered write of the same bytes over three rounds, ended by an
+fsync and left in the page cache) and of one-record batches (batches/s); offset→position look-ups on an index of
 1.3 M entries, single and vectorised; recovery of a segment with no index files (MB/s as a ratio to
 reading the file); `seglogfs consume > /dev/null` of a partition of 1 KiB and of 100-byte
 records, as text and as JSON Lines (segment MB/s as a ratio to `cat` of its `.log` files);
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,43 +61,65 @@ def new_log(root: Path, **overrides: str) -> PartitionLog:
     return PartitionLog.create(root / "bench-0", "bench", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
 
 
-def bench_append(root: Path, total_bytes: int) -> dict:
+def bench_append(root: Path, total_bytes: int, rounds: int = 3) -> dict:
+    """Append of 100-byte and 1 KiB records through the engine against a plain buffered Python
+    write of the same bytes, each `rounds` times in turn (A B A B ...), the median of the pair
+    ratios: once ending with an fsync on both sides (the disk's speed, which varies from run to
+    run, dominates), and once left in the page cache on both sides, the work of each (in one
+    segment: a roll flushes the segment before it, an fsync)."""
     out = {}
     for record_bytes, batch_records in ((100, 10_000), (1024, 1000)):
         count = total_bytes // record_bytes
         values = [os.urandom(record_bytes)] * batch_records
-        log = new_log(root / f"append{record_bytes}")
         batches = count // batch_records
-
-        def append(log: PartitionLog = log, values: list[bytes] = values, batches: int = batches) -> None:
-            for _ in range(batches):
-                log.append_records(values, now_ms=NOW_MS)
-            log.flush()
-
-        seconds = timed(append)
-        written = log.size_in_bytes()
-        log.close()
-        # Baseline: the same bytes through a plain buffered Python file, flushed and fsynced.
         payload = b"".join(values)
-        baseline_path = root / f"baseline{record_bytes}.bin"
+        for synced in (True, False):
+            engine_s, plain_s, written = [], [], 0
+            for n in range(rounds):
+                log = new_log(
+                    root / f"append{record_bytes}-{n}", **({} if synced else {"segment.bytes": str(2**31 - 1)})
+                )
 
-        def baseline(baseline_path: Path = baseline_path, payload: bytes = payload, batches: int = batches) -> None:
-            with open(baseline_path, "wb") as handle:
-                for _ in range(batches):
-                    handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
+                def append(
+                    log: PartitionLog = log, values: list[bytes] = values, batches: int = batches, synced: bool = synced
+                ) -> None:
+                    for _ in range(batches):
+                        log.append_records(values, now_ms=NOW_MS)
+                    if synced:
+                        log.flush()
 
-        base_seconds = timed(baseline)
-        out[f"append_{record_bytes}B"] = {
-            "records": batches * batch_records,
-            "records_per_s": batches * batch_records / seconds,
-            "MB_per_s": written / seconds / 1e6,
-            "baseline_MB_per_s": batches * len(payload) / base_seconds / 1e6,
-            "ratio_to_buffered_write": (written / seconds) / (batches * len(payload) / base_seconds),
-        }
-        shutil.rmtree(root / f"append{record_bytes}")
-        baseline_path.unlink()
+                engine_s.append(timed(append))
+                written = log.size_in_bytes()
+                log.close()
+                shutil.rmtree(root / f"append{record_bytes}-{n}")
+                baseline_path = root / f"baseline{record_bytes}.bin"
+
+                def baseline(
+                    baseline_path: Path = baseline_path,
+                    payload: bytes = payload,
+                    batches: int = batches,
+                    synced: bool = synced,
+                ) -> None:
+                    with open(baseline_path, "wb") as handle:
+                        for _ in range(batches):
+                            handle.write(payload)
+                        handle.flush()
+                        if synced:
+                            os.fsync(handle.fileno())
+
+                plain_s.append(timed(baseline))
+                baseline_path.unlink()
+            ratios = sorted(
+                (written / e) / (batches * len(payload) / p) for e, p in zip(engine_s, plain_s, strict=True)
+            )
+            out[f"append_{record_bytes}B{'_fsynced' if synced else '_page_cache'}"] = {
+                "records": batches * batch_records,
+                "records_per_s": batches * batch_records / statistics.median(engine_s),
+                "MB_per_s": written / statistics.median(engine_s) / 1e6,
+                "baseline_MB_per_s": batches * len(payload) / statistics.median(plain_s) / 1e6,
+                "ratio_to_buffered_write": statistics.median(ratios),
+                "ratio_range": [ratios[0], ratios[-1]],
+            }
     # One-record batches (each `echo >> append` through the mount is one): a call per record.
     log = new_log(root / "append-single")
     value, count = os.urandom(100), 200_000
