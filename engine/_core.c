@@ -55,14 +55,16 @@
  *     render_text_section and render_json_section render each (`create_label`/`append_label`:
  *     the timestamp label of CreateTime and of LogAppendTime batches, both None when not
  *     shown; `create_kind`/`append_kind` likewise for JSON Lines), in one call with the GIL
- *     released once: `size` bytes (-1: as many as it takes). None, rather than other bytes,
- *     when the range is not that:
- *     a batch that is not v2, cut short or past `end`, whose CRC does not hold or whose
- *     records section is malformed, a compressed batch, a record with headers (JSON Lines),
- *     a read that fails or comes back short, a rendering of another size, an offset or time
- *     past int64, a negative last offset delta, and in text a record with headers in a batch of
- *     at most `small_batch_records` (which the caller decodes record by record, checking its
- *     headers). Control batches render to nothing. The caller renders such a range batch by batch, which says why.
+ *     released once: `size` bytes (-1: as many as it takes, in a block sized from the batch
+ *     headers; a block too large to be had gives None). None, rather than other bytes, when
+ *     the range is not that: a batch that is not v2, cut short or past `end`, whose CRC does
+ *     not hold or whose records section is malformed, a record count the batch cannot hold, a
+ *     compressed batch, a record with headers (JSON Lines), a read that fails or comes back
+ *     short, a rendering of another size, an offset or time past int64, a negative last offset
+ *     delta, and in text a record with headers, or with bytes after its header count, in a
+ *     batch of at most `small_batch_records` (which the caller decodes record by record, and
+ *     that decoder checks them). Control batches render to nothing. The caller renders such a
+ *     range batch by batch, which says why.
  *
  * gather(section, starts, lengths, out, out_offsets)
  *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
@@ -163,8 +165,9 @@ static inline int read_varint(reader_t *r, int64_t *value) {
 
 /* The fields of the record at the reader's position, as `walk` lays them out a column each (f[0]
  * its start ... f[7] its header count), the reader moved past it; -1 with `*why` when it is
- * malformed. */
-static inline int walk_record(reader_t *r, int64_t *f, const char **why) {
+ * malformed. `*rest`: the bytes of the record after its header count (its headers; stray bytes
+ * when it has none, which Python's record decoder refuses). */
+static inline int walk_record_rest(reader_t *r, int64_t *f, const char **why, Py_ssize_t *rest) {
     int64_t length, skip, value;
     f[0] = r->position;
     if (read_varint(r, &length) != 0) { *why = "its length is not a varint"; return -1; }
@@ -189,7 +192,13 @@ static inline int walk_record(reader_t *r, int64_t *f, const char **why) {
     body.position += skip;
     if (read_varint(&body, &value) != 0 || value < 0) { *why = "its header count is bad"; return -1; }
     f[7] = value;
+    *rest = body.end - body.position;
     return 0;
+}
+
+static inline int walk_record(reader_t *r, int64_t *f, const char **why) {
+    Py_ssize_t rest;
+    return walk_record_rest(r, f, why, &rest);
 }
 
 /* Walk the records into `out`, column by column (field k of record i at out[k * count + i]); on
@@ -1346,6 +1355,9 @@ static int range_bound(const range_args_t *a, const uint8_t *data, int64_t lengt
         int64_t batch_bytes = 12 + (int64_t)(int32_t)be32(data + position + 8);
         int64_t count = (int32_t)be32(data + position + 57);
         if (batch_bytes < BATCH_HEADER_BYTES || batch_bytes > length - position || count < 0) return 0;
+        /* A count the batch cannot hold (a record takes seven bytes at least): damage the render
+         * pass reports as None, not a block of hundreds of GB asked for first. */
+        if (count > (batch_bytes - BATCH_HEADER_BYTES) / 7) return 0;
         total += (a->json ? 6 : 1) * batch_bytes + count * per_record;
         position += batch_bytes;
     }
@@ -1384,7 +1396,8 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
         int64_t f[FIELDS];
         const char *why;
         for (int64_t i = 0; i < count; i++) {
-            if (walk_record(&r, f, &why) != 0) return 0;
+            Py_ssize_t rest;
+            if (walk_record_rest(&r, f, &why, &rest) != 0) return 0;
             /* An offset or time past int64 (which Python's record-at-a-time path would print whole), and, in
              * text, headers in a batch that path decodes (it checks them), are left to the batch renderers. */
             int64_t offset, timestamp = max_timestamp;
@@ -1399,7 +1412,7 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
                 at = put_json_lines(out, at, section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
                                     a->prefix.buf, a->prefix.len, kind->buf, kind->len, valid, NULL);
             } else {
-                if (f[7] != 0 && count <= a->small_batch_records) return 0;
+                if ((f[7] != 0 || rest != 0) && count <= a->small_batch_records) return 0;
                 Py_ssize_t need = text_lines_size(&a->text, label, a->have_partition, 1, &offset, &timestamp, &f[4], &f[6]);
                 if (need > limit - at) return 0;
                 at = put_text_lines(&a->text, label, a->have_partition, 1, section, &offset, &timestamp, &f[3], &f[4],
@@ -1430,6 +1443,10 @@ static PyObject *render_range(const range_args_t *a, int fd, long long start, lo
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (ok) result = PyBytes_FromStringAndSize(NULL, size);
+    if (result == NULL && ok && !exact && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        PyErr_Clear(); /* (a bound too large to be had: left to the batch renderers, as they are) */
+        ok = 0;
+    }
     if (result != NULL) {
         uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
         Py_BEGIN_ALLOW_THREADS

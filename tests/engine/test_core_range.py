@@ -242,3 +242,39 @@ def test_what_the_batch_renderers_print_or_refuse_otherwise_is_left_to_them(tmp_
 
 def _fix_crc(batch: bytearray) -> None:
     struct.pack_into(">I", batch, 17, _core.crc32c(bytes(batch[21:])))
+
+
+def test_a_record_count_the_batch_cannot_hold_gives_none_not_a_huge_block(plain) -> None:
+    """Without a size the block is sized from the headers: a count damaged to billions (its CRC
+    made to match) is refused before any block is asked for (it asked for hundreds of GB, and
+    a MemoryError ended `consume` as an internal error)."""
+    path, built, renderer, _ = plain
+    data = bytearray(path.read_bytes())
+    struct.pack_into(">i", data, 57, 0x7F000014)
+    _fix_crc_at(data, 0, len(built[0]))
+    path.write_bytes(bytes(data))
+    for some in (renderer, JsonLinesRenderer("t", 0)):
+        assert _render(path, some, 0, len(data), None) is None
+
+
+def test_stray_bytes_after_a_record_in_a_small_text_batch_are_left_to_its_decoder(tmp_path: Path) -> None:
+    """A record longer than its fields (a byte after its header count, the CRC made to match: a
+    faulty producer's batch) in a batch small enough to be decoded record by record: that
+    decoder refuses it, so the range leaves it to it, with a size and without."""
+    batch = build_batch([b"a", b"b", b"c"], timestamps=1)
+    length = batch[61] >> 1  # the first record's length (a one-byte varint)
+    batch[61] += 2  # one byte longer ...
+    batch[62 + length : 62 + length] = b"\x00"  # ... a stray byte after its header count
+    struct.pack_into(">i", batch, 8, len(batch) - 12)
+    _fix_crc(batch)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(bytes(batch))
+    renderer = TextRenderer(TextFormat(), 0)
+    with pytest.raises(ValueError, match="stray bytes"):
+        renderer.render_some(BatchHeader.parse(batch), memoryview(batch), 0, None)
+    assert _render(path, renderer, 0, len(batch), None) is None
+    assert _render(path, renderer, 0, len(batch), len(b"a\nb\nc\n")) is None
+
+
+def _fix_crc_at(data: bytearray, start: int, end: int) -> None:
+    struct.pack_into(">I", data, start + 17, _core.crc32c(bytes(data[start + 21 : end])))
