@@ -39,7 +39,6 @@ from types import FrameType
 from typing import BinaryIO, NamedTuple
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
 from seglogfs.engine.read_ahead import map_ahead, read_ahead
@@ -271,28 +270,38 @@ class _Run(NamedTuple):
 
 def _runs(headers: Iterator[tuple[LogSegment, BatchHeader]]) -> Iterator[_Run]:
     """The batches of `headers` as runs of at most `RUN_BYTES` and `RUN_RECORDS` (or one batch
-    larger than that); each segment's reading is advised ahead once its first header is read."""
+    larger than that); each segment's reading is advised ahead once its first header is read.
+    An error of the scan (EIO, a segment gone) comes after the run of the headers before it."""
     run: list[BatchHeader] = []
     segment: LogSegment | None = None
     run_bytes = run_records = 0
-    for batch_segment, header in headers:
-        if run and (
-            batch_segment is not segment
-            or run_bytes + header.size_in_bytes > RUN_BYTES
-            or run_records + header.records_count > RUN_RECORDS
-        ):
+    try:
+        for batch_segment, header in headers:
+            if run and (
+                batch_segment is not segment
+                or run_bytes + header.size_in_bytes > RUN_BYTES
+                or run_records + header.records_count > RUN_RECORDS
+            ):
+                assert segment is not None
+                yield _run(segment, run)
+                run, run_bytes, run_records = [], 0, 0
+            if batch_segment is not segment:
+                batch_segment.advise_read_ahead(header.position)
+                segment = batch_segment
+            run.append(header)
+            run_bytes += header.size_in_bytes
+            run_records += header.records_count
+    except Exception:
+        if run:
             assert segment is not None
             yield _run(segment, run)
-            run, run_bytes, run_records = [], 0, 0
-        if batch_segment is not segment:
-            batch_segment.advise_read_ahead(header.position)
-            segment = batch_segment
-        run.append(header)
-        run_bytes += header.size_in_bytes
-        run_records += header.records_count
+        raise
     if run:
         assert segment is not None
         yield _run(segment, run)
+
+
+_CODEC_BITS = 0x07  # of a v2 batch's attributes: 0, stored uncompressed
 
 
 def _run(segment: LogSegment, headers: list[BatchHeader]) -> _Run:
@@ -303,7 +312,8 @@ def _run(segment: LogSegment, headers: list[BatchHeader]) -> _Run:
         headers[0].base_offset,
         headers[-1].last_offset,
         sum(header.records_count for header in headers if not header.is_control),
-        all(header.magic == CURRENT_MAGIC and header.compression is CompressionType.NONE for header in headers),
+        # (from the codec bits: a codec id no codec has is damage, reported batch by batch)
+        all(header.magic == CURRENT_MAGIC and not header.attributes & _CODEC_BITS for header in headers),
     )
 
 

@@ -698,3 +698,79 @@ def test_consume_to_the_log_end_prints_what_a_batch_at_a_time_prints(mixed: Path
         first = 0 if start == "earliest" else int(start)
         printed = total - first - sum(first <= control for control in controls)  # (control batches print nothing)
         assert whole.stderr.decode().splitlines() == [f"Processed a total of {printed} messages"]
+
+
+def _damage(segment: Path, which: str) -> None:
+    """Damage the second of a segment's batches as `which` says (the CRC made to match but for
+    "count"): "count", a record count of billions; "codec", a codec id no codec has; "stray",
+    a byte after its first record's header count (a faulty producer's batch of three)."""
+    import struct
+
+    from seglogfs.engine.records import compute_crc, iter_batch_headers
+
+    content = bytearray(segment.read_bytes())
+    second = list(iter_batch_headers(content))[1]
+    at = second.position
+    if which == "count":
+        struct.pack_into(">i", content, at + 57, 0x7F000014)
+    elif which == "codec":
+        content[at + 22] |= 5
+    else:
+        length = content[at + 61] >> 1
+        content[at + 61] += 2
+        content[at + 62 + length : at + 62 + length] = b"\x00"
+        struct.pack_into(">i", content, at + 8, second.size_in_bytes + 1 - 12)
+    if which != "count":
+        end = at + struct.unpack_from(">i", content, at + 8)[0] + 12
+        struct.pack_into(">I", content, at + 17, compute_crc(content[at:end]))
+    segment.write_bytes(bytes(content))
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+@pytest.mark.parametrize("which", ["count", "codec", "stray"])
+def test_consume_to_the_log_end_reports_damage_as_a_batch_at_a_time_does(tmp_path: Path, fmt: str, which: str) -> None:
+    """A batch the core refuses in a run is rendered batch by batch: the same lines, the same
+    one-line error and exit status as with a message limit (a count of billions made consume
+    ask for hundreds of GB and end in an internal error; a codec id no codec has ended it
+    before the records before it; stray bytes in a small text batch were printed as records)."""
+    data = tmp_path / "data"
+    for name, count in (("first", 20), ("second", 3), ("third", 20)):
+        run("produce", str(data), "--topic", "t", stdin=b"".join(b"%s-%d\n" % (name.encode(), n) for n in range(count)))
+    _damage(data / "t-0" / "00000000000000000000.log", which)
+    args = ["consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt]
+    whole, limited = run(*args, check=False), run(*args, "--max-messages", "1000", check=False)
+    assert (whole.returncode, whole.stdout, whole.stderr) == (limited.returncode, limited.stdout, limited.stderr)
+    assert whole.stdout.count(b"first-") == 20
+    if which != "stray" or fmt == "text":  # (JSON Lines takes what the columnar decoder takes)
+        assert whole.returncode == 1 and b"corrupt record batch at position" in whole.stderr
+        assert b"internal error" not in whole.stderr and b"third-" not in whole.stdout
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_consume_prints_the_records_before_a_failing_scan(tmp_path: Path, fmt: str, capsysbinary, monkeypatch) -> None:
+    """An error of the scan of batch headers (EIO on the second segment, injected) comes after
+    every record before it, those of the run the scan was gathering too, as one line."""
+    import errno
+
+    from seglogfs.mount_tools import cli, consume
+
+    data = tmp_path / "data"
+    lines = b"".join(b"line-%06d\n" % n for n in range(60_000))
+    run("produce", str(data), "--topic", "t", "--override", "log.segment.bytes=300000", stdin=lines)
+    runs = consume._runs
+
+    def failing_runs(headers):
+        def scan():
+            for segment, header in headers:
+                if segment.base_offset > 0:
+                    raise OSError(errno.EIO, "Input/output error")
+                yield segment, header
+
+        return runs(scan())
+
+    monkeypatch.setattr(consume, "_runs", failing_runs)
+    status = cli.main(["consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt])
+    printed, err = capsysbinary.readouterr()
+    first_segment = sorted((data / "t-0").glob("*.log"))[1].name
+    assert status == 1 and err.decode().splitlines() == ["seglogfs: Input/output error"]
+    assert len(printed.splitlines()) == int(first_segment.removesuffix(".log"))
