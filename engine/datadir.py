@@ -1056,8 +1056,8 @@ class DataDir:
         release the locks: the state Kafka leaves after a clean shutdown. Safe to call twice.
 
         A partition or checkpoint that fails to close (a full disk, EIO) does not stop the
-        others: each failure is logged, no clean-shutdown marker is written (the next open
-        recovers, as after a crash), and one EngineError names the first failure at the end.
+        others: no clean-shutdown marker is written (the next open recovers, as after a crash),
+        one EngineError names the first failure at the end, and the others are logged.
         Offline partitions likewise leave no marker."""
         if self._closed:
             return
@@ -1080,7 +1080,7 @@ class DataDir:
                         write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
         finally:
             self._release_locks()
-        for failure in failures:
+        for failure in failures[1:]:
             logger.error("%s", failure)
         if failures:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
@@ -1089,5 +1089,14 @@ class DataDir:
     def __enter__(self) -> DataDir:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Close; when the block raised, a failure to close (the same full disk, most often) is
+        logged and the block's error goes on: it names what failed first (the append, not the
+        checkpoint after it)."""
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except EngineError as error:
+            logger.error("%s", error)

@@ -132,7 +132,7 @@ def serve(
     the mount is in place."""
     data_dir = DataDir.open(config, read_only=options.read_only, serve_the_rest=True, now_ms=_now_ms())
     measurer: threading.Thread | None = None
-    try:
+    with data_dir:  # (a failure to close is said, and never hides the error that ended the mount)
         tree = Tree(data_dir, options)
         operations = Operations(tree)
         scheduler = None if options.read_only else Scheduler(data_dir, _now_ms())
@@ -158,5 +158,3 @@ def serve(
                 measurer.join()
             pyfuse3.close(unmount=True)
             tree.keep_layouts()
-    finally:
-        data_dir.close()

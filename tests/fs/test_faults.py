@@ -56,9 +56,8 @@ def test_produce_on_a_full_disk(small_disk: Path) -> None:
     with open(small_disk / "reserve", "wb") as reserve:  # freed later, for the records that follow
         reserve.write(b"r" * (256 << 10))
     done = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES)
-    said = done.stderr.decode().strip().splitlines()
     assert done.returncode == 1, done  # an exit, not a signal (SIGBUS was -7)
-    assert len(said) == 1 and "No space left on device" in said[0] and "00000000000000000000.log" in said[0]
+    said_the_append_failed(done)
     stored = consumed(data_dir)
     assert 0 < len(stored) < 60_000
     assert stored == LINES.splitlines()[: len(stored)]  # what was acknowledged, in order, nothing torn
@@ -67,6 +66,36 @@ def test_produce_on_a_full_disk(small_disk: Path) -> None:
     more = seglogfs("produce", str(data_dir), "--topic", "t", data=b"after\n")
     assert more.returncode == 0, more.stderr
     assert consumed(data_dir)[-1] == b"after"
+
+
+def said_the_append_failed(done: subprocess.CompletedProcess[bytes]) -> None:
+    """The last line of stderr names the segment the append failed on; a line before it may say
+    the checkpoints could not be written either (where the cut-back freed no page for them)."""
+    said = done.stderr.decode().strip().splitlines()
+    assert said[-1].startswith("seglogfs: appending to ") and "00000000000000000000.log" in said[-1], said
+    assert said[-1].endswith("No space left on device"), said
+    assert len(said) <= 2 and all(line.startswith("writing checkpoints: ") for line in said[:-1]), said
+
+
+def test_a_full_disk_that_takes_the_checkpoints_too_still_names_the_append(small_disk: Path) -> None:
+    """When the disk is so full that the checkpoints cannot be written at the close either, the
+    error is still the append's, naming the segment (it was the checkpoint's, and the append's
+    was lost); the checkpoints' failure is one line before it. Nothing stored is lost: the next
+    open recovers as after a crash."""
+    data_dir = small_disk / "data"
+    first = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES)
+    assert first.returncode == 1
+    stored = consumed(data_dir)
+    filler = fill(small_disk)  # (not a page left: the cut-back of the next append frees none either)
+    done = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES[:100_000])
+    assert done.returncode == 1, done
+    said = done.stderr.decode().strip().splitlines()
+    assert len(said) == 2 and said[0].startswith("writing checkpoints: ") and "No space left on device" in said[0]
+    assert said[0].endswith("the next open recovers as after a crash")
+    said_the_append_failed(done)
+    filler.unlink()
+    assert consumed(data_dir) == stored
+    assert check_log_dirs([data_dir]).clean
 
 
 @pytest.mark.expect_warnings("write t/0/append: .*No space left on device")
