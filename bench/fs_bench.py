@@ -5,8 +5,7 @@
     logdir      reading a 1 GiB segment through MNT/.logdir vs reading it directly (dd bs=1M)
     cat         `cat records > /dev/null` vs `seglogfs consume > /dev/null` (same partition): the
                 first look (the layout is measured as it goes), later looks, after a remount;
-                and `cat records` vs `cat` of the segments through .logdir, in bytes per second,
-                by default and with -o check.crcs=false
+                and `cat records` vs `cat` of the segments through .logdir, in bytes per second
     first-look  `ls -l` of a never-measured partition (both views measured) vs `cat` of its .log
                 files, page cache warm and cold; the mount's peak memory meanwhile
     append      `cat file >> MNT/t/0/append` vs the engine's append of the same lines
@@ -202,13 +201,6 @@ def bench_cat(root: Path, total: int) -> dict:
         view_bytes = view.stat().st_size
         segment_bytes = sum(os.path.getsize(path) for path in mirrored)
         through_logdir, through_view = best_of(ROUNDS, lambda: run(["cat", *mirrored]), lambda: run(["cat", str(view)]))
-    with Mounted(data, root / "cat-mnt", "-o", "check.crcs=false") as m:  # (Kafka's consumer setting)
-        view = m.path / "t" / "0" / "records"
-        run(["cat", str(view)])
-        mirrored = sorted(str(path) for path in (m.path / ".logdir" / "t-0").glob("*.log"))
-        unchecked_logdir, unchecked_view = best_of(
-            ROUNDS, lambda: run(["cat", *mirrored]), lambda: run(["cat", str(view)])
-        )
     remounted = float("inf")
     for _ in range(ROUNDS):  # a new mount each time: the layouts come from the view cache
         with Mounted(data, root / "cat-mnt") as m:
@@ -228,8 +220,6 @@ def bench_cat(root: Path, total: int) -> dict:
         "view_MB_per_s": view_bytes / through_view / 1e6,
         "logdir_MB_per_s": segment_bytes / through_logdir / 1e6,
         "ratio_view_to_logdir": (view_bytes / through_view) / (segment_bytes / through_logdir),
-        # the same with -o check.crcs=false: the views' batches not checked against their CRC-32C
-        "ratio_view_to_logdir_check_crcs_false": (view_bytes / unchecked_view) / (segment_bytes / unchecked_logdir),
     }
 
 

@@ -49,9 +49,8 @@
  *     released while it walks, measures and writes.
  *
  * render_text_range(fd, start, end, size, create_label, append_label, partition_field, print_offset,
- *                   print_key, print_value, separator, line_end, null, small_batch_records[, check_crcs])
- *     -> bytes or None
- * render_json_range(fd, start, end, size, prefix, create_kind, append_kind[, check_crcs]) -> bytes or None
+ *                   print_key, print_value, separator, line_end, null, small_batch_records) -> bytes or None
+ * render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes or None
  *     The batches of a file's bytes [start, end), read from `fd` by the core itself, rendered as
  *     render_text_section and render_json_section render each (`create_label`/`append_label`:
  *     the timestamp label of CreateTime and of LogAppendTime batches, both None when not
@@ -65,8 +64,7 @@
  *     delta, and in text a record with headers, or with bytes after its header count, in a
  *     batch of at most `small_batch_records` (which the caller decodes record by record, and
  *     that decoder checks them). Control batches render to nothing. The caller renders such a
- *     range batch by batch, which says why. `check_crcs` false (Kafka's consumer setting
- *     check.crcs): the batches' CRC-32C is not checked, all else is.
+ *     range batch by batch, which says why.
  *
  * gather(section, starts, lengths, out, out_offsets)
  *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
@@ -1317,7 +1315,6 @@ typedef struct {
     int have_partition;
     Py_ssize_t small_batch_records; /* text: batches this small are decoded record by record in Python */
     Py_buffer prefix, kinds[2]; /* JSON Lines: the prefix, "CreateTime" and "LogAppendTime" */
-    int check_crcs;             /* 0: batches' CRCs are not checked (Kafka's consumer setting check.crcs) */
 } range_args_t;
 
 /* The file's bytes [start, end) read whole into a new block (`*data`: free it); 0 on a short or
@@ -1381,8 +1378,7 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
         if (length - position < BATCH_HEADER_BYTES) return 0;
         int64_t batch_bytes = 12 + (int64_t)(int32_t)be32(batch + 8);
         if (batch_bytes < BATCH_HEADER_BYTES || batch_bytes > length - position || batch[16] != 2) return 0;
-        if (a->check_crcs && crc32c_of(batch + 21, (size_t)(batch_bytes - 21), crc32c_hardware) != be32(batch + 17))
-            return 0;
+        if (crc32c_of(batch + 21, (size_t)(batch_bytes - 21), crc32c_hardware) != be32(batch + 17)) return 0;
         position += batch_bytes;
         unsigned attributes = (unsigned)batch[21] << 8 | batch[22];
         if (attributes & ATTRIBUTE_COMPRESSION) return 0;
@@ -1474,18 +1470,17 @@ static int optional_buffer(PyObject *object, Py_buffer *buffer) {
 }
 
 /* render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key,
- *                   print_value, separator, line_end, null, small_batch_records[, check_crcs]) -> bytes or None */
+ *                   print_value, separator, line_end, null, small_batch_records) -> bytes or None */
 static PyObject *render_text_range(PyObject *self, PyObject *args) {
     range_args_t a;
     memset(&a, 0, sizeof a);
-    a.check_crcs = 1;
     int fd;
     long long start, end;
     Py_ssize_t size;
     PyObject *create_obj, *append_obj, *partition_obj, *result = NULL;
-    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*n|p", &fd, &start, &end, &size, &create_obj, &append_obj,
+    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*n", &fd, &start, &end, &size, &create_obj, &append_obj,
                           &partition_obj, &a.text.print_offset, &a.text.print_key, &a.text.print_value,
-                          &a.text.separator, &a.text.line_end, &a.text.null, &a.small_batch_records, &a.check_crcs))
+                          &a.text.separator, &a.text.line_end, &a.text.null, &a.small_batch_records))
         return NULL;
     if ((create_obj == Py_None) != (append_obj == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "render_text_range: both timestamp labels, or neither");
@@ -1506,17 +1501,15 @@ done:
     return result;
 }
 
-/* render_json_range(fd, start, end, size, prefix, create_kind, append_kind[, check_crcs]) -> bytes or None */
+/* render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes or None */
 static PyObject *render_json_range(PyObject *self, PyObject *args) {
     range_args_t a;
     memset(&a, 0, sizeof a);
     a.json = 1;
-    a.check_crcs = 1;
     int fd;
     long long start, end;
     Py_ssize_t size;
-    if (!PyArg_ParseTuple(args, "iLLny*y*y*|p", &fd, &start, &end, &size, &a.prefix, &a.kinds[0], &a.kinds[1],
-                          &a.check_crcs))
+    if (!PyArg_ParseTuple(args, "iLLny*y*y*", &fd, &start, &end, &size, &a.prefix, &a.kinds[0], &a.kinds[1]))
         return NULL;
     PyObject *result = render_range(&a, fd, start, end, size);
     PyBuffer_Release(&a.prefix);
@@ -1531,10 +1524,9 @@ static PyMethodDef methods[] = {
      "timestamp_type, offsets, ends) -> (bytes, n), or None when a record has headers"},
     {"render_text_range", render_text_range, METH_VARARGS,
      "render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key, "
-     "print_value, separator, line_end, null, small_batch_records[, check_crcs]) -> bytes, or None (see the module)"},
+     "print_value, separator, line_end, null, small_batch_records) -> bytes, or None (see the module)"},
     {"render_json_range", render_json_range, METH_VARARGS,
-     "render_json_range(fd, start, end, size, prefix, create_kind, append_kind[, check_crcs]) -> bytes, or None (see "
-     "the module)"},
+     "render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes, or None (see the module)"},
     {"render_text_section", render_text_section, METH_VARARGS,
      "render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, "
      "partition, print_offset, print_key, print_value, separator, line_end, null, offsets, ends) -> (bytes, n)"},

@@ -75,19 +75,10 @@ def render_text_range(
     line_end: bytes,
     null: bytes,
     small_batch_records: int,
-    check_crcs: bool = True,
     /,
 ) -> bytes | None: ...
 def render_json_range(
-    fd: int,
-    start: int,
-    end: int,
-    size: int,
-    prefix: bytes,
-    create_kind: bytes,
-    append_kind: bytes,
-    check_crcs: bool = True,
-    /,
+    fd: int, start: int, end: int, size: int, prefix: bytes, create_kind: bytes, append_kind: bytes, /
 ) -> bytes | None: ...
 def render_json_section(
     section: Buffer | np.ndarray,

@@ -319,9 +319,8 @@ def is_legacy_message(batch: bytes | bytearray | memoryview) -> bool:
     return 14 <= size == len(batch) - LOG_OVERHEAD_BYTES and zlib.crc32(memoryview(batch)[MAGIC_OFFSET:]) == stored
 
 
-def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview, *, crc: bool = True) -> str | None:
-    """Validate one whole batch (the header already parsed from `batch`'s first bytes); not
-    `crc` (Kafka's consumer setting check.crcs=false): all but a v2 batch's CRC-32C.
+def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview) -> str | None:
+    """Validate one whole batch (the header already parsed from `batch`'s first bytes).
 
     Returns None when valid, else the reason, worded for an error message. Checks what Kafka's
     `ensureValid` and the log loader check: magic, length, record count, CRC. A legacy
@@ -344,8 +343,6 @@ def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview, *, c
         return "negative last offset delta or record count"
     if header.attributes & _CODEC_MASK > CompressionType.ZSTD:
         return f"unknown compression codec id {header.attributes & _CODEC_MASK}"
-    if not crc:
-        return None
     actual = compute_crc(batch)
     if actual != header.crc:
         return f"CRC-32C mismatch (stored {header.crc}, computed {actual})"

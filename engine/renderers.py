@@ -113,13 +113,10 @@ class TextRenderer:
         data, ends, offsets = self._render_section(header, batch, _ALL_OFFSETS)
         return RenderedBatch(data, offsets, ends)
 
-    def render_range(
-        self, fd: int, start: int, end: int, size: int | None = None, *, check_crcs: bool = True
-    ) -> bytes | None:
+    def render_range(self, fd: int, start: int, end: int, size: int | None = None) -> bytes | None:
         """The rendering of the batches the file `fd` holds in [start, end), when they render to
         `size` bytes (None: whatever size they take, measured first) in one call of the core,
-        which reads them itself and holds the GIL once: v2 batches, uncompressed, intact (their
-        CRC-32C unchecked when not `check_crcs`, Kafka's consumer setting check.crcs). None
+        which reads them itself and holds the GIL once: v2 batches, uncompressed, intact. None
         otherwise (headers shown, or a batch the range cannot take): the caller renders batch
         by batch, which says what is wrong. Thread-safe."""
         fmt = self.text_format
@@ -134,7 +131,6 @@ class TextRenderer:
             _TIME_LABELS[1] if fmt.print_timestamp else None,
             *self._fields_shown,
             _SMALL_BATCH_RECORDS,
-            check_crcs,
         )
 
     def measure(
@@ -242,13 +238,9 @@ class JsonLinesRenderer:
         ]
         return lines, offsets
 
-    def render_range(
-        self, fd: int, start: int, end: int, size: int | None = None, *, check_crcs: bool = True
-    ) -> bytes | None:
+    def render_range(self, fd: int, start: int, end: int, size: int | None = None) -> bytes | None:
         """`TextRenderer.render_range` for JSON Lines (None also when a record has headers)."""
-        return _core.render_json_range(
-            fd, start, end, -1 if size is None else size, self._prefix_bytes, _TIME_KINDS[0], _TIME_KINDS[1], check_crcs
-        )
+        return _core.render_json_range(fd, start, end, -1 if size is None else size, self._prefix_bytes, *_TIME_KINDS)
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` as UTF-8, each ended by a newline."""

@@ -508,23 +508,16 @@ class LogSegment:
             self._unlease()
 
     def checked_batches(
-        self,
-        start_position: int = 0,
-        end_position: int | None = None,
-        *,
-        nowait: bool = False,
-        once: bool = False,
-        crc: bool = True,
+        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, once: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """`iter_batches`, each batch checked whole (magic, length, CRC) before it is yielded:
         CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
         legacy data. For whoever uses every batch it reads (views, the cleaner). With `once` (a
         view's first measure: each format reads the whole segment), batches an earlier `once`
-        pass checked are not checked again; every other read checks what it reads. Not `crc`
-        (Kafka's consumer setting check.crcs=false): all but the CRC-32C is checked."""
+        pass checked are not checked again; every other read checks what it reads."""
         for header, batch in self.iter_batches(start_position, end_position, nowait=nowait):
             if not once or header.next_position > self._verified_to:
-                self.check(header, batch, crc=crc)
+                self.check(header, batch)
                 if once and header.position == self._verified_to:
                     self._verified_to = header.next_position
             yield header, batch
@@ -579,11 +572,11 @@ class LogSegment:
         finally:
             self._unlease()
 
-    def check(self, header: BatchHeader, batch: bytes | bytearray | memoryview, *, crc: bool = True) -> None:
-        """Check a batch read from this segment whole (magic, length, CRC; not `crc`: all but
-        a v2 batch's CRC-32C): CorruptRecordError naming the file and position when it fails,
-        UnsupportedFormatError when it is intact legacy data. Thread-safe."""
-        reason = check_batch(header, batch, crc=crc)
+    def check(self, header: BatchHeader, batch: bytes | bytearray | memoryview) -> None:
+        """Check a batch read from this segment whole (magic, length, CRC): CorruptRecordError
+        naming the file and position when it fails, UnsupportedFormatError when it is intact
+        legacy data. Thread-safe."""
+        reason = check_batch(header, batch)
         if reason is not None:
             self.check_not_legacy(header.position)
             raise CorruptRecordError(self.log_path, header.position, reason)

@@ -62,9 +62,6 @@ class MountOptions:
     # -o isolation.level=read_committed: the views directly in a partition's directory are
     # read_committed (its read_committed/ and read_uncommitted/ are so whatever the option).
     read_committed: bool = False
-    # -o check.crcs=false (Kafka's consumer setting): the views' pages are rendered without
-    # checking their batches' CRC-32C (the first look checks each batch once all the same).
-    check_crcs: bool = True
 
 
 class Tree:
@@ -207,7 +204,6 @@ class Tree:
             format_key=format_key,
             format_name=name,
             read_committed=read_committed,
-            check_crcs=self.options.check_crcs,
         )
         sibling = self._layouts.get((key[0], key[1], "jsonl" if fmt == "text" else "text", read_committed))
         if sibling is not None:  # a first measure of either measures both (see fs.views)

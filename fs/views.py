@@ -75,7 +75,7 @@ class Renderer(Protocol):
 
     def measure(self, header: BatchHeader, batch: memoryview, columns: RecordColumns | None = None) -> int: ...
 
-    def render_range(self, fd: int, start: int, end: int, size: int, *, check_crcs: bool = True) -> bytes | None: ...
+    def render_range(self, fd: int, start: int, end: int, size: int) -> bytes | None: ...
 
 
 MARK_BYTES = 32 * 1024
@@ -604,12 +604,8 @@ class Layout:
         format_key: str = "",
         format_name: str = "",
         read_committed: bool = False,
-        check_crcs: bool = True,
     ) -> None:
         self.log = log
-        # False (-o check.crcs=false): pages are rendered without checking their batches'
-        # CRC-32C, everything else checked as ever; the first measure checks them all the same.
-        self.check_crcs = check_crcs
         self.format_name = format_name  # "text" or "jsonl", for log lines
         self.renderer = renderer
         # read_committed: the partition's transactions as far as tracked (replaced whole after a
@@ -943,10 +939,7 @@ class Layout:
         tail = self._tail
         grown = tail is not None and tail[0] is layout and tail[1] == start and tail[2] < end
         first = tail[2] if grown and tail is not None else start
-        page = [
-            (header, render(header, batch))
-            for header, batch in segment.checked_batches(first, end, nowait=nowait, crc=self.check_crcs)
-        ]
+        page = [(header, render(header, batch)) for header, batch in segment.checked_batches(first, end, nowait=nowait)]
         if grown and tail is not None:
             page = tail[3] + page
         if not layout.sealed and end == layout.scanned_to:
@@ -1098,7 +1091,7 @@ class Layout:
         start, end = layout.marks_file[marks[0]], layout.page_bounds(marks[-1])[1]
         edges = [*layout.marks_view[marks[0] : marks[-1] + 1], layout.view_bounds(marks[-1])[1]]
         data = layout.segment.with_descriptor(
-            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0], check_crcs=self.check_crcs)
+            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0])
         )
         if data is None:
             return []

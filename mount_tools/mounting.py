@@ -6,8 +6,7 @@
 `-o` takes FUSE's `ro`, `allow_other` and `default_permissions`, the text view's
 `print.key`, `print.offset`, `print.timestamp`, `print.partition`, `print.headers`,
 `key.separator`, `null.literal`, the views' isolation level (`isolation.level=read_committed`,
-Kafka's consumer setting; read_uncommitted by default) and `check.crcs=false` (the consumer
-setting: views are rendered without checking their batches' CRC-32C), the append files' `parse.key`,
+Kafka's consumer setting; read_uncommitted by default), the append files' `parse.key`,
 `key.separator`, `null.marker`, and any Kafka config name (`message.timestamp.type=LogAppendTime`,
 `log.retention.hours=1`, …), which overrides the broker config. The options mount(8) passes
 on (`rw`, `dev`, `suid`, `exec`, `auto`, `user`, `_netdev`, …) are accepted and ignored, so
@@ -103,7 +102,7 @@ def parse_mount_options(
 ) -> tuple[dict[str, str], dict[str, str], list[str], dict[str, str]]:
     """`-o` values → (view properties, append properties, Kafka overrides, mount settings: the
     FUSE flags `ro`, `allow_other`, `default_permissions`, `nonempty` (checked here: FUSE 3 has
-    no such option), `view.cache`, `log`, `measure`, `isolation.level` and `check.crcs`)."""
+    no such option), `view.cache`, `log`, `measure` and `isolation.level`)."""
     view: dict[str, str] = {}
     append: dict[str, str] = {}
     overrides: list[str] = []
@@ -120,10 +119,6 @@ def parse_mount_options(
             elif key == "measure":
                 if value not in ("lazy", "background"):
                     raise ConfigError(f"-o {option}: measure=background (the default) or measure=lazy")
-                flags[key] = value
-            elif key == "check.crcs":  # (a consumer's setting too)
-                if value not in ("true", "false"):
-                    raise ConfigError(f"-o {option}: check.crcs=true (the default) or check.crcs=false")
                 flags[key] = value
             elif key == "isolation.level":  # (a consumer's setting, not a broker's: no override)
                 if value not in (READ_UNCOMMITTED, READ_COMMITTED):
@@ -218,7 +213,6 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
         view_cache=view_cache_directory(flags.get("view.cache")),
         measure=flags.get("measure", "background") == "background",
         read_committed=flags.get("isolation.level", READ_UNCOMMITTED) == READ_COMMITTED,
-        check_crcs=flags.get("check.crcs", "true") == "true",
     )
     mountpoint = Path(args.mountpoint)
     try:

@@ -278,26 +278,3 @@ def test_stray_bytes_after_a_record_in_a_small_text_batch_are_left_to_its_decode
 
 def _fix_crc_at(data: bytearray, start: int, end: int) -> None:
     struct.pack_into(">I", data, start + 17, _core.crc32c(bytes(data[start + 21 : end])))
-
-
-def test_without_the_crc_check_a_damaged_value_is_rendered_as_it_is(plain) -> None:
-    """check_crcs false (Kafka's consumer setting check.crcs=false): a batch whose CRC no longer
-    holds, a value's byte changed, renders with that byte; everything else is still checked."""
-    path, _, renderer, want = plain
-    data = bytearray(path.read_bytes())
-    at = data.index(b"value 5")
-    data[at] = ord("V")
-    path.write_bytes(bytes(data))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for size in (len(want), None):
-            assert renderer.render_range(fd, 0, len(data), size) is None
-            assert renderer.render_range(fd, 0, len(data), size, check_crcs=False) == want.replace(
-                b"value 5", b"Value 5", 1
-            )
-            assert renderer.render_range(fd, 0, len(data) - 1, size, check_crcs=False) is None  # (a batch cut short)
-        jsonl = JsonLinesRenderer("t", 0)
-        rendered = jsonl.render_range(fd, 0, len(data), check_crcs=False)
-        assert rendered is not None and b'"Value 5"' in rendered and jsonl.render_range(fd, 0, len(data)) is None
-    finally:
-        os.close(fd)

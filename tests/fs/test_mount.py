@@ -267,7 +267,6 @@ def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path
         ([str(m.data), str(second)], 3, "is in use by process"),  # the first mount holds the lock
         ([str(m.data), str(second), "-o", "bogus"], 1, "-o bogus: unknown mount option"),
         ([str(m.data), str(second), "-o", "measure=soon"], 1, "measure=background (the default) or measure=lazy"),
-        ([str(m.data), str(second), "-o", "check.crcs=no"], 1, "check.crcs=true (the default) or check.crcs=false"),
         ([str(m.data), str(tmp_path / "missing")], 1, "mount point is not a directory"),
     ):
         command = [sys.executable, "-m", "seglogfs.mount_tools.cli", "mount", *args]
@@ -410,34 +409,6 @@ def test_sequential_readers_get_every_byte_of_pages_rendered_ahead(mount, tmp_pa
     assert sh(f"wc -l < {view}").stdout.strip() == b"150000"
     assert sh(f"head -c 5000000 {view} | tail -c 20").stdout == text[5_000_000 - 20 : 5_000_000]
     assert sh(f"cat {view}").stdout == text  # (after a reader that went away mid-file)
-
-
-@pytest.mark.expect_warnings("CRC-32C mismatch")
-def test_check_crcs_false_leaves_the_crc_out_of_the_views(mount, tmp_path: Path) -> None:
-    """`-o check.crcs=false` (Kafka's consumer setting): `cat` of a view gets every record as
-    `consume` prints it; a value's byte damaged on disk after the first look (its CRC no longer
-    holds) is shown as it now is, where the default mount's `cat` fails with EIO at that batch."""
-    data = tmp_path / "data"
-    records = [b"record-%06d " % i + b"y" * 60 for i in range(100_000)]  # about 7.5 MiB
-    cli = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
-    produce = [*cli, "produce", str(data), "--topic", "t", "--override", "log.segment.bytes=4000000"]
-    subprocess.run(produce, input=b"\n".join(records) + b"\n", cwd=REPO, check=True, capture_output=True, timeout=60)
-    text = b"\n".join(records) + b"\n"
-    unchecked: Mount = mount(data, "-o", "ro,check.crcs=false,view.cache=none")
-    checked: Mount = mount(data, "-o", "ro,view.cache=none")
-    views = [each.path / "t" / "0" / "records" for each in (unchecked, checked)]
-    assert [view.stat().st_size for view in views] == [len(text), len(text)]  # (the first look checks every batch)
-    last = sorted((data / "t-0").glob("*.log"))[-1]
-    content = last.read_bytes()
-    at = content.index(b"record-", len(content) // 2) + len(b"record-000000 ") + 10  # a 'y' of a value
-    with open(last, "r+b") as damaged:
-        damaged.seek(at)
-        damaged.write(b"Y")
-    shown = sh(f"cat {views[0]}")
-    assert shown.returncode == 0 and len(shown.stdout) == len(text)
-    assert shown.stdout != text and shown.stdout.replace(b"Y", b"y") == text
-    failed = subprocess.run(["cat", str(views[1])], capture_output=True, timeout=60, check=False)
-    assert failed.returncode != 0 and b"Input/output error" in failed.stderr
 
 
 def test_one_line_appends_are_served_on_the_loop_unless_they_roll(mount) -> None:

@@ -92,8 +92,8 @@ class CountingRenderer:
     def render_indexed(self, header, batch):
         return self.renderer.render_indexed(header, batch)
 
-    def render_range(self, fd, start, end, size, **options):
-        return self.renderer.render_range(fd, start, end, size, **options)
+    def render_range(self, fd, start, end, size):
+        return self.renderer.render_range(fd, start, end, size)
 
     def measure(self, header, batch, columns=None):
         with self._lock:
@@ -685,8 +685,8 @@ class RangeCountingRenderer:
     def measure(self, header, batch, columns=None):
         return self.renderer.measure(header, batch, columns)
 
-    def render_range(self, fd, start, end, size, **options):
-        rendered = self.renderer.render_range(fd, start, end, size, **options)
+    def render_range(self, fd, start, end, size):
+        rendered = self.renderer.render_range(fd, start, end, size)
         self.ranges.append(rendered is not None)
         self.spans.append((start, end))
         return rendered
@@ -750,11 +750,11 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     started, go_on = threading.Event(), threading.Event()
 
     class HeldRenderer(RangeCountingRenderer):
-        def render_range(self, fd, start, end, size, **options):
+        def render_range(self, fd, start, end, size):
             if not self.spans:
                 started.set()
                 go_on.wait(10)
-            return super().render_range(fd, start, end, size, **options)
+            return super().render_range(fd, start, end, size)
 
     renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
     view = View(Layout(log, renderer, mark_bytes=512), 0)
