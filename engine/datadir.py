@@ -1076,8 +1076,11 @@ class DataDir:
                     failures.append(f"writing checkpoints: {error}")
                 offline = any(log.offline_reason is not None for log in self._logs.values())
                 if not failures and not offline:
-                    for log_dir in self.config.log_dirs:
-                        write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
+                    try:
+                        for log_dir in self.config.log_dirs:
+                            write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
+                    except OSError as error:
+                        failures.append(f"writing {CLEAN_SHUTDOWN_FILE}: {error}")
         finally:
             self._release_locks()
         for failure in failures[1:]:

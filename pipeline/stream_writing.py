@@ -249,29 +249,31 @@ def commit_micro_batch(plan: WritePlan, staged: Iterable[Staged | None], batch_i
     by_partition = regions_by_partition(staged)
     data_dir = open_writable(plan)
     try:
-        now_ms = int(time.time() * 1000)
-        state = ledger.read()
-        if state.pending is not None:
-            _finish(data_dir, stream_dir, state.pending, now_ms)
-            state = LedgerState(committed=max(state.committed, state.pending.batch))
-            ledger.write(state)
-        if batch_id <= state.committed:
-            return False
-        create_topics(plan, data_dir, {topic for topic, _ in by_partition})
-        _make_durable(stream_dir, (name for regions in by_partition.values() for name, _ in regions))
-        pending = Pending(
-            batch_id,
-            tuple(
-                PendingPartition(topic, partition, data_dir.partition(topic, partition).log_end_offset, tuple(regions))
-                for (topic, partition), regions in by_partition.items()
-            ),
-        )
-        ledger.write(LedgerState(state.committed, pending))
-        _finish(data_dir, stream_dir, pending, now_ms)
-        ledger.write(LedgerState(committed=batch_id))
-        return True
+        with data_dir:  # (a failure to close never hides the commit's error)
+            now_ms = int(time.time() * 1000)
+            state = ledger.read()
+            if state.pending is not None:
+                _finish(data_dir, stream_dir, state.pending, now_ms)
+                state = LedgerState(committed=max(state.committed, state.pending.batch))
+                ledger.write(state)
+            if batch_id <= state.committed:
+                return False
+            create_topics(plan, data_dir, {topic for topic, _ in by_partition})
+            _make_durable(stream_dir, (name for regions in by_partition.values() for name, _ in regions))
+            pending = Pending(
+                batch_id,
+                tuple(
+                    PendingPartition(
+                        topic, partition, data_dir.partition(topic, partition).log_end_offset, tuple(regions)
+                    )
+                    for (topic, partition), regions in by_partition.items()
+                ),
+            )
+            ledger.write(LedgerState(state.committed, pending))
+            _finish(data_dir, stream_dir, pending, now_ms)
+            ledger.write(LedgerState(committed=batch_id))
+            return True
     finally:
-        data_dir.close()
         with contextlib.suppress(OSError):
             if ledger.read().pending is None:  # else its files are needed to finish it
                 _remove_staged(stream_dir, keep=set())

@@ -747,8 +747,7 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
     appended: dict[tuple[str, int], int] = {}
     try:
         (job_dir / COMMITTING_FILE).write_text(str(os.getpid()))
-        data_dir = open_writable(plan)
-        try:
+        with open_writable(plan) as data_dir:  # (a failure to close never hides the commit's error)
             create_topics(plan, data_dir, {topic for topic, _ in by_partition})
             workers = max(1, min(len(by_partition), os.cpu_count() or 1))
             with ThreadPoolExecutor(workers, thread_name_prefix="seglog-commit") as pool:
@@ -760,8 +759,6 @@ def commit_staged(plan: WritePlan, staged: Iterable[Staged | None]) -> dict[tupl
             if failures:
                 raise failures[0]  # type: ignore[misc]
             appended = {key: future.result() for key, future in futures.items()}
-        finally:
-            data_dir.close()
     finally:
         abort_staged(plan)
     return appended

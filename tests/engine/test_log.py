@@ -12,6 +12,7 @@ import pytest
 from seglogfs.engine import (
     BrokerConfig,
     DataDir,
+    EngineError,
     InvalidRecordError,
     PartitionLog,
     RecordTooLargeError,
@@ -489,6 +490,40 @@ def test_data_dir_creates_topics_and_survives_reopen(log_dir: Path) -> None:
         assert data_dir.topic_config("events").segment_bytes == 2048
         assert data_dir.partition("events", 1).log_end_offset == 1
     assert_log_dir_valid(log_dir)
+
+
+@pytest.mark.expect_warnings("No space left on device")
+@pytest.mark.parametrize("failing", ["recovery-point-offset-checkpoint", ".kafka_cleanshutdown"])
+def test_a_data_dir_that_fails_to_close_never_hides_the_error_that_ended_its_use(
+    log_dir: Path, monkeypatch, caplog, failing: str
+) -> None:
+    """A with-block that raised: the close's failure (a full disk: a checkpoint, or the
+    clean-shutdown marker after them) is logged, the block's error goes on; no marker is left,
+    so the next open recovers as after a crash. Without a block error, the close's is raised."""
+    from seglogfs.engine import datadir
+
+    for name in ("write_atomically", "write_offset_checkpoint"):
+        real = getattr(datadir, name)
+
+        def full_disk(path: Path, *args, real=real) -> None:
+            if failing in path.name:
+                raise OSError(28, "No space left on device", str(path))
+            real(path, *args)
+
+        monkeypatch.setattr(datadir, name, full_disk)
+    config = broker_config(log_dir)
+    with pytest.raises(ValueError, match="the block's own"), DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", now_ms=NOW_MS)
+        raise ValueError("the block's own")
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(logged) == 1 and failing in logged[0] and "No space left on device" in logged[0]
+    assert logged[0].endswith("the next open recovers as after a crash")
+    with (
+        pytest.raises(EngineError, match=r"No space left on device.*the next open recovers as after a crash"),
+        DataDir.open(config, now_ms=NOW_MS),
+    ):
+        pass
+    assert not (log_dir / ".kafka_cleanshutdown").exists()
 
 
 def test_config_precedence_follows_kafka() -> None:
