@@ -278,3 +278,32 @@ def test_stray_bytes_after_a_record_in_a_small_text_batch_are_left_to_its_decode
 
 def _fix_crc_at(data: bytearray, start: int, end: int) -> None:
     struct.pack_into(">I", data, start + 17, _core.crc32c(bytes(data[start + 21 : end])))
+
+
+def test_offsets_and_times_at_the_edges_render_as_the_oracles_do(tmp_path: Path) -> None:
+    """Offsets and timestamps across digit boundaries (9 -> 10, 999,999 -> 1,000,000), near the
+    int64 limits, with gaps (a compacted batch), negative times and LogAppendTime: the
+    section renderers and the range renderers, with a size and without, render what the
+    record-at-a-time oracles render."""
+    from seglogfs.engine.json_records import record_to_json
+    from seglogfs.engine.records import decode_records
+
+    built = [
+        build_batch([b"v%d" % i for i in range(25)], timestamps=[-5 + i // 3 for i in range(25)], base_offset=0),
+        build_batch([b"w"] * 30, timestamps=1_763_800_000_000, base_offset=85),
+        build_batch([b"x"] * 40, timestamps=[9_999 + i for i in range(40)], base_offset=999_980),
+        build_batch([b"y"] * 12, timestamps=2**63 - 1, base_offset=2**63 - 13),
+        build_batch([b"z"] * 5, timestamps=7, base_offset=300, offset_deltas=[0, 2, 3, 9, 10]),
+        build_batch([b"t"] * 9, timestamps=-(2**63), base_offset=990, timestamp_type=TimestampType.LOG_APPEND_TIME),
+    ]
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"".join(built))
+    every = TextFormat(print_timestamp=True, print_offset=True, print_key=True, print_partition=True)
+    for renderer, oracle in (
+        (TextRenderer(every, 3), lambda r: every.render(r, 3)),
+        (JsonLinesRenderer("t", 3), lambda r: record_to_json(r, "t", 3).encode() + b"\n"),
+    ):
+        want = b"".join(oracle(r) for b in built for r in decode_records(BatchHeader.parse(b), memoryview(b)))
+        assert _rendered(renderer, built) == want  # (a batch at a time: the section renderers)
+        assert _render(path, renderer, 0, len(path.read_bytes()), None) == want
+        assert _render(path, renderer, 0, len(path.read_bytes()), len(want)) == want
