@@ -205,6 +205,11 @@ class BatchHeader:
         return CompressionType(self.attributes & _CODEC_MASK)
 
     @property
+    def stored_uncompressed(self) -> bool:
+        """Whether the codec bits are 0 (`compression` raises for a codec id no codec has)."""
+        return not self.attributes & _CODEC_MASK
+
+    @property
     def timestamp_type(self) -> TimestampType:
         if self.magic == 0:  # a legacy message without timestamps
             return TimestampType.NO_TIMESTAMP_TYPE

@@ -115,10 +115,10 @@ class TextRenderer:
 
     def render_range(self, fd: int, start: int, end: int, size: int | None = None) -> bytes | None:
         """The rendering of the batches the file `fd` holds in [start, end), when they render to
-        `size` bytes (None: whatever size they take, measured first) in one call of the core,
-        which reads them itself and holds the GIL once: v2 batches, uncompressed, intact. None
-        otherwise (headers shown, or a batch the range cannot take): the caller renders batch
-        by batch, which says what is wrong. Thread-safe."""
+        `size` bytes (None: whatever size they take) in one call of the core, which reads them
+        itself and holds the GIL once: v2 batches, uncompressed, intact. None otherwise (headers
+        shown, or a batch the range cannot take): the caller renders batch by batch, which says
+        what is wrong. Thread-safe."""
         fmt = self.text_format
         if fmt.print_headers:
             return None

@@ -301,9 +301,6 @@ def _runs(headers: Iterator[tuple[LogSegment, BatchHeader]]) -> Iterator[_Run]:
         yield _run(segment, run)
 
 
-_CODEC_BITS = 0x07  # of a v2 batch's attributes: 0, stored uncompressed
-
-
 def _run(segment: LogSegment, headers: list[BatchHeader]) -> _Run:
     return _Run(
         segment,
@@ -312,8 +309,8 @@ def _run(segment: LogSegment, headers: list[BatchHeader]) -> _Run:
         headers[0].base_offset,
         headers[-1].last_offset,
         sum(header.records_count for header in headers if not header.is_control),
-        # (from the codec bits: a codec id no codec has is damage, reported batch by batch)
-        all(header.magic == CURRENT_MAGIC and not header.attributes & _CODEC_BITS for header in headers),
+        # (a codec id no codec has is damage, reported batch by batch)
+        all(header.magic == CURRENT_MAGIC and header.stored_uncompressed for header in headers),
     )
 
 
