@@ -364,8 +364,28 @@ class _Consumer:
             with contextlib.closing(cursor.rendered(self._room)) as rendered:
                 for lines, records in rendered:
                     self.count += records
-                    self.out.write(lines)
+                    with _writing_out():
+                        self.out.write(lines)
         return self.count - before
+
+    def flush(self) -> None:
+        with _writing_out():
+            self.out.flush()
+
+
+@contextmanager
+def _writing_out() -> Iterator[None]:
+    """A write to stdout that fails (a full disk under `> file`) says it was stdout: one line,
+    `seglogfs: standard output: No space left on device`, as the CLI prints an OSError's file.
+    (A reader that went away, BrokenPipeError, ends the consumer quietly, as ever.)"""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, "standard output") from None
 
 
 def _partitions(data_dir: DataDir, args: argparse.Namespace) -> list[PartitionLog]:
@@ -424,7 +444,7 @@ class _Follower:
             for cursor in consumer.cursors:
                 cursor.log.refresh(now_ms())
             if consumer.write_available():
-                consumer.out.flush()
+                consumer.flush()
                 last_record = time.monotonic()
 
 
@@ -447,7 +467,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
                 for log in _partitions(data_dir, args)
             ]
             consumer.write_available()
-            consumer.out.flush()
+            consumer.flush()
             if follow:
                 _Follower(consumer, args.timeout_ms).run()
     except BrokenPipeError:
@@ -455,7 +475,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         return EXIT_OK
     except KeyboardInterrupt:
         try:
-            consumer.out.flush()
+            consumer.flush()
         except BrokenPipeError:
             quiet_broken_pipe()
             return EXIT_OK

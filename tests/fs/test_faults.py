@@ -188,3 +188,22 @@ def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> N
     segment.rmdir()
     segment.with_name("moved.log").rename(segment)
     m.stop()
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_consume_into_a_full_disk_says_it_was_standard_output(small_disk: Path, tmp_path: Path, fmt: str) -> None:
+    """`consume > file` on a full disk: exit 1 and one line naming standard output (it said only
+    "No space left on device", which reads as if the data dir were full)."""
+    data_dir = tmp_path / "data"
+    assert seglogfs("produce", str(data_dir), "--topic", "t", data=LINES).returncode == 0
+    with open(small_disk / "out", "wb") as out:
+        done = subprocess.run(
+            [*SEGLOGFS, "consume", str(data_dir), "--topic", "t", "--from-beginning", "--format", fmt],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode().splitlines() == ["seglogfs: standard output: No space left on device"]
