@@ -356,7 +356,9 @@ def _serve_in_background(
         if waiting[0]:
             with contextlib.suppress(OSError), os.fdopen(write_end, "wb") as to_parent:
                 to_parent.write(_one_line(error).encode())  # (a buffered file writes it all)
-        else:
+        elif isinstance(error, (EngineError, OSError)):  # (what the data or the OS said: one line)
+            logging.getLogger(__name__).error("the mount stopped: %s", _one_line(error))
+        else:  # (a bug: its traceback)
             logging.getLogger(__name__).exception("the mount stopped")
         os._exit(_exit_code(error))
     os._exit(0)

@@ -207,3 +207,36 @@ def test_consume_into_a_full_disk_says_it_was_standard_output(small_disk: Path, 
         )
     assert done.returncode == 1
     assert done.stderr.decode().splitlines() == ["seglogfs: standard output: No space left on device"]
+
+
+def test_a_background_mount_that_cannot_write_its_checkpoints_at_unmount_logs_one_line(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """A mount in the background whose disk is full when it is unmounted: its log says in one
+    line what could not be written and that the next open recovers (it logged a traceback, as
+    for a bug); nothing stored is lost."""
+    data_dir, mountpoint, log = small_disk / "data", tmp_path / "mnt", tmp_path / "mount.log"
+    mountpoint.mkdir()
+    started = seglogfs("mount", str(data_dir), str(mountpoint), "-o", f"log={log},view.cache=none")
+    assert started.returncode == 0, started.stderr
+    try:
+        (mountpoint / "t").mkdir()
+        with pytest.raises(OSError) as raised, open(mountpoint / "t" / "0" / "append", "ab") as handle:
+            for start in range(0, len(LINES), 1 << 16):
+                handle.write(LINES[start : start + (1 << 16)])
+                handle.flush()
+        assert raised.value.errno == errno.ENOSPC
+        stored = (mountpoint / "t" / "0" / "records").read_bytes().splitlines()
+        filler = fill(small_disk)  # (not a page left for the checkpoints)
+    finally:
+        subprocess.run([*SEGLOGFS, "umount", str(mountpoint)], cwd=REPO, timeout=60, check=False)
+    deadline = time.monotonic() + 30
+    while "the mount stopped" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    said = [line for line in log.read_text().splitlines() if " ERROR " in line]
+    assert len(said) == 1 and "the mount stopped: writing checkpoints:" in said[0], said
+    assert said[0].endswith("No space left on device; the next open recovers as after a crash")
+    assert "Traceback" not in log.read_text()
+    filler.unlink()
+    assert consumed(data_dir) == stored
+    assert check_log_dirs([data_dir]).clean
