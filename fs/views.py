@@ -423,16 +423,19 @@ _PAGES = _PageCache(_PAGE_CACHE_BYTES)
 
 class _RenderAhead:
     """Pages rendered ahead of sequential readers on a thread of their own, a run of pages a call
-    of the core (`Renderer.render_range`), kept as each page's bytes by (layout, segment, serial,
-    mark), bounded in bytes. A run the core does not render (compressed or damaged batches, a
-    file cut short) is left to the readers, who render it page by page and say what is wrong.
-    Thread-safe."""
+    of the core (`Renderer.render_range`), kept by (layout, segment, serial, mark), bounded in
+    bytes. A page rendered ahead is had as the span from its start to its run's end (one piece
+    for the pages a read takes of the run, not one look-up a page). A run the core does not
+    render (compressed or damaged batches, a file cut short) is left to the readers, who render
+    it page by page and say what is wrong. Thread-safe."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._pages: OrderedDict[tuple[object, ...], tuple[bytes, int, int]] = OrderedDict()
+        # Per page: (its run's rendering, where the page starts in it, where it ends, where the
+        # run ends, the run's last mark).
+        self._pages: OrderedDict[tuple[object, ...], tuple[bytes, int, int, int, int]] = OrderedDict()
         self._bytes = 0
-        self._pending: dict[tuple[object, ...], threading.Event] = {}  # asked for, not rendered yet
+        self._pending: set[tuple[object, ...]] = set()  # asked for, not rendered yet
         # Pending pages a reader caught up with and rendered itself (`take`): a run not started
         # yet drops them and the pages before them, which its reader has passed. (Without this,
         # a reader faster than the thread had it render pages already read: 4,332 of 14,051
@@ -445,21 +448,28 @@ class _RenderAhead:
         # by page.
         self._asked: OrderedDict[tuple[object, ...], int] = OrderedDict()
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
+        self._work = threading.Condition(self._lock)  # a run queued; a run done (pages rendered or given up)
         self._thread: threading.Thread | None = None
 
-    def get(self, key: tuple[object, ...]) -> tuple[bytes, int, int] | None:
-        """The page's span (rendering, start, end), if it was rendered ahead."""
+    def get(self, key: tuple[object, ...]) -> tuple[bytes, int, int, int] | None:
+        """If the page under `key` was rendered ahead: (rendering, start, end, last mark), the
+        span of the page and of the pages after it up to `last mark`, rendered in the same run."""
         with self._lock:
-            page = self._pages.get(key)
-            if page is not None:
-                self._pages.move_to_end(key)
-            return page
+            return self._get_locked(key)
 
-    def pending(self, key: tuple[object, ...]) -> threading.Event | None:
-        """Set once the page under `key` is rendered ahead or given up; None when not asked for."""
+    def _get_locked(self, key: tuple[object, ...]) -> tuple[bytes, int, int, int] | None:
+        page = self._pages.get(key)
+        if page is None:
+            return None
+        self._pages.move_to_end(key)
+        return page[0], page[1], page[3], page[4]
+
+    def wait(self, key: tuple[object, ...], timeout: float) -> tuple[bytes, int, int, int] | None:
+        """`get`, once the page under `key` is rendered ahead or given up, if it was asked for
+        and is not yet; `timeout` seconds at most (then None when it is still pending)."""
         with self._lock:
-            return self._pending.get(key)
+            self._work.wait_for(lambda: key not in self._pending, timeout)
+            return self._get_locked(key)
 
     def pending_count(self) -> int:
         """How many pages are asked for and not rendered yet (for tests)."""
@@ -484,6 +494,16 @@ class _RenderAhead:
             if asked_to == _DECLINED:
                 return
             first = asked_to if marks.start < asked_to <= marks.stop else marks.start  # (else: a reader went back)
+            if not whole and first < marks.stop:
+                # Too little to make a run yet (what a sequential reader's asks are, most of the
+                # time): told from the marks, not page by page (a short run waits for up to
+                # three quarters of a call's bytes, a hundred pages and more).
+                last = marks.stop - 1
+                segment_bytes = segment_layout.page_bounds(last)[1] - segment_layout.marks_file[first]
+                view_bytes = segment_layout.view_bounds(last)[1] - segment_layout.marks_view[first]
+                if max(segment_bytes, view_bytes) < AHEAD_CALL_BYTES * 3 // 4:
+                    self._note_asked(segment_key, first)
+                    return
             run: list[int] = []
             run_bytes = 0
             for mark in range(first, marks.stop):
@@ -508,8 +528,7 @@ class _RenderAhead:
             self._work.notify()
 
     def _queue(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> None:
-        for mark in run:
-            self._pending[_page_key(layout, segment_layout, mark)] = threading.Event()
+        self._pending.update(_page_key(layout, segment_layout, mark) for mark in run)
         self._runs.append((layout, segment_layout, run))
         self._note_asked((layout, segment_layout.segment, segment_layout.serial), run[-1] + 1)
 
@@ -546,15 +565,17 @@ class _RenderAhead:
             with self._lock:
                 if not pages:
                     self._asked[segment_key] = _DECLINED
-                for mark, page in zip(run, pages, strict=False):
-                    self._pages[_page_key(layout, segment_layout, mark)] = page
-                    self._bytes += page[2] - page[1]
+                if pages:
+                    data, run_end, last = pages[0][0], pages[-1][2], run[-1]
+                    for mark, (_, start, end) in zip(run, pages, strict=True):
+                        self._pages[_page_key(layout, segment_layout, mark)] = (data, start, end, run_end, last)
+                    self._bytes += run_end - pages[0][1]
                 for mark in run:
                     key = _page_key(layout, segment_layout, mark)
-                    self._pending.pop(key).set()
+                    self._pending.discard(key)
                     self._taken.discard(key)
                 while self._bytes > self.capacity_bytes and self._pages:
-                    _, (_, start, end) = self._pages.popitem(last=False)
+                    _, (_, start, end, _, _) = self._pages.popitem(last=False)
                     self._bytes -= end - start
                 self._work.notify_all()
 
@@ -564,7 +585,7 @@ class _RenderAhead:
         keys = [_page_key(layout, segment_layout, mark) for mark in run]
         passed = max((i + 1 for i, key in enumerate(keys) if key in self._taken), default=0)
         for key in keys[:passed]:
-            self._pending.pop(key).set()
+            self._pending.discard(key)
             self._taken.discard(key)
         if passed:
             self._work.notify_all()
@@ -1001,7 +1022,7 @@ class Layout:
         wanted = length
         budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
-        last: tuple[_SegmentLayout, int] | None = None
+        last: tuple[_SegmentLayout, int] | None = None  # the page the read ends in
         piece: tuple[bytes, int, int] | None = None  # (rendering, start, end) not yet yielded
         while slot < len(order) and wanted > 0:
             layout = order[slot]
@@ -1014,8 +1035,9 @@ class Layout:
                     if spans is None:
                         yield None
                         return
-                    budget -= spans[1]
-                    for data, low, high in spans[0]:
+                    pieces, cost, next_mark = spans
+                    budget -= cost
+                    for data, low, high in pieces:
                         if at + high - low > local:
                             begin = low + max(local - at, 0)
                             end = min(high, begin + wanted)
@@ -1027,10 +1049,12 @@ class Layout:
                                     yield memoryview(piece[0])[piece[1] : piece[2]]
                                 piece = (data, begin, end)
                             if wanted <= 0:
+                                if next_mark > mark + 1:  # (a span of several pages: the one it ends in)
+                                    next_mark = bisect.bisect_right(layout.marks_view, at + end - low - 1)
                                 break
                         at += high - low
-                    last = (layout, mark)
-                    mark += 1
+                    last = (layout, next_mark - 1)
+                    mark = next_mark
             slot += 1
         if piece is not None:
             yield memoryview(piece[0])[piece[1] : piece[2]]
@@ -1039,22 +1063,20 @@ class Layout:
 
     def _page_spans(
         self, layout: _SegmentLayout, mark: int, budget: int | None
-    ) -> tuple[list[tuple[bytes, int, int]], int] | None:
-        """A page's bytes as spans (rendering, start, end) of the renderings they are kept in, and
-        the segment bytes rendered for them: rendered ahead, cached, or rendered now. With a
-        `budget` (a read on the event loop, which never waits), None when `_page_now` cannot
-        give the page; a page still being rendered ahead is rendered here too. Without (a
-        worker thread's read), a page being rendered ahead is waited for, `_AHEAD_WAIT_S` at
+    ) -> tuple[list[tuple[bytes, int, int]], int, int] | None:
+        """A page's bytes as spans (rendering, start, end) of the renderings they are kept in, the
+        segment bytes rendered for them, and the mark after the pages they hold: rendered ahead
+        (the span of the page and of the pages after it in its run), cached, or rendered now.
+        With a `budget` (a read on the event loop, which never waits), None when `_page_now`
+        cannot give the page; a page still being rendered ahead is rendered here too. Without
+        (a worker thread's read), a page being rendered ahead is waited for, `_AHEAD_WAIT_S` at
         most (then rendered here)."""
         key = _page_key(self, layout, mark)
         if self._renders_ahead:
-            ahead = _AHEAD.get(key)
-            if ahead is None and budget is None:
-                rendering = _AHEAD.pending(key)
-                if rendering is not None and rendering.wait(_AHEAD_WAIT_S):
-                    ahead = _AHEAD.get(key)
+            ahead = _AHEAD.get(key) if budget is not None else _AHEAD.wait(key, _AHEAD_WAIT_S)
             if ahead is not None:
-                return [ahead], 0
+                data, start, end, last_mark = ahead
+                return [(data, start, end)], 0, last_mark + 1
         page: Page | None
         if budget is None:
             page, cost = self._page(layout, mark), 0
@@ -1064,7 +1086,7 @@ class Layout:
             return None
         if self._renders_ahead and cost:  # (rendered here: a run that has not started leaves it out)
             _AHEAD.take(key)
-        return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost
+        return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost, mark + 1
 
     def _ask_ahead(self, layout: _SegmentLayout, mark: int) -> None:
         """Have the complete pages after `mark` rendered ahead: up to `AHEAD_BYTES` of the
