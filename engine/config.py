@@ -324,6 +324,12 @@ class BrokerConfig:
             raw.update(read_properties(properties_file))
         for item in overrides:
             key, value = parse_override(item)
+            if key in TOPIC_SETTINGS and key not in BROKER_SETTINGS and key not in TOPIC_DEFAULT_NAMES:
+                # (a broker ignores names it does not know, so this would change nothing)
+                raise ConfigError(
+                    f"{OVERRIDE_SOURCE} {key}: a topic config, not a broker's; "
+                    f"the broker's default for it is {broker_name_for(key)}"
+                )
             raw[key] = (value, f"{OVERRIDE_SOURCE} {key}")
         return cls.from_raw(raw, log_dirs)
 

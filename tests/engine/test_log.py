@@ -560,6 +560,14 @@ def test_server_properties_file_and_overrides(tmp_path: Path) -> None:
         ("log.segment.bytes=10", "below the minimum of 14"),
         ("log.cleanup.policy=shred", "expected delete, compact or both"),
         ("novalue", "expected key=value"),
+        # A topic config's name where the broker's is meant would change nothing (a broker
+        # ignores names it does not know): the broker's name is given.
+        (
+            "segment.bytes=70000",
+            "--override segment.bytes: a topic config, not a broker's; "
+            "the broker's default for it is log.segment.bytes",
+        ),
+        ("max.message.bytes=200", "the broker's default for it is message.max.bytes"),
     ],
 )
 def test_bad_config_names_key_and_source(override: str, message: str) -> None:
@@ -567,6 +575,13 @@ def test_bad_config_names_key_and_source(override: str, message: str) -> None:
 
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         BrokerConfig.load(overrides=[override], log_dirs=[Path("/x")])
+
+
+def test_names_both_levels_share_are_broker_overrides() -> None:
+    assert (
+        BrokerConfig.load(overrides=["compression.type=gzip"], log_dirs=[Path("/x")]).topic_defaults.compression_type
+        == "gzip"
+    )
 
 
 def test_unknown_topic_config_is_refused(log_dir: Path) -> None:
