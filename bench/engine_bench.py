@@ -77,7 +77,7 @@ def bench_append(root: Path, total_bytes: int, rounds: int = 3) -> dict:
             engine_s, plain_s, written = [], [], 0
             for n in range(rounds):
                 log = new_log(
-                    root / f"append{record_bytes}-{n}", **({} if synced else {"segment.bytes": str(2**31 - 1)})
+                    root / f"append{record_bytes}-{n}", **({} if synced else {"log.segment.bytes": str(2**31 - 1)})
                 )
 
                 def append(
