@@ -260,7 +260,7 @@ static uint8_t *put_varint(uint8_t *at, int64_t value) {
 }
 
 /* item i of a list or None as (pointer, length); length -1 for None. */
-static int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ssize_t *length, const char *what) {
+static inline int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ssize_t *length, const char *what) {
     PyObject *item = list == Py_None ? Py_None : PyList_GET_ITEM(list, i);
     if (item == Py_None) { *data = NULL; *length = -1; return 0; }
     if (PyBytes_Check(item)) { *data = PyBytes_AS_STRING(item); *length = PyBytes_GET_SIZE(item); return 0; }
@@ -269,7 +269,7 @@ static int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ssize_t *
     return -1;
 }
 
-static int int_of(PyObject *source, Py_ssize_t i, int64_t fallback, int64_t *value) {
+static inline int int_of(PyObject *source, Py_ssize_t i, int64_t fallback, int64_t *value) {
     if (source == Py_None) { *value = fallback; return 0; }
     PyObject *item = PyList_Check(source) ? PyList_GET_ITEM(source, i) : source;
     long long v = PyLong_AsLongLong(item);
@@ -301,6 +301,12 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "encode_records: timestamp_deltas must be an int or a list");
         return NULL;
     }
+    /* One timestamp delta for every record: read once, not a record at a time. */
+    int64_t every_ts = 0;
+    if (!PyList_Check(timestamps)) {
+        if (int_of(timestamps, 0, 0, &every_ts)) return NULL;
+        timestamps = Py_None;
+    }
     /* First pass: the size of every record. */
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -308,7 +314,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         Py_ssize_t key_length, value_length, blob_length;
         int64_t ts, od;
         if (blob_of(keys, i, &data, &key_length, "key") || blob_of(values, i, &data, &value_length, "value") ||
-            blob_of(blobs, i, &data, &blob_length, "header blob") || int_of(timestamps, i, 0, &ts) ||
+            blob_of(blobs, i, &data, &blob_length, "header blob") || int_of(timestamps, i, every_ts, &ts) ||
             int_of(deltas, i, i, &od))
             return NULL;
         if (blob_length < 0) blob_length = 1;
@@ -327,7 +333,7 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         blob_of(keys, i, &key, &key_length, "key");
         blob_of(values, i, &value, &value_length, "value");
         blob_of(blobs, i, &blob, &blob_length, "header blob");
-        int_of(timestamps, i, 0, &ts);
+        int_of(timestamps, i, every_ts, &ts);
         int_of(deltas, i, i, &od);
         Py_ssize_t body = 1 + varint_size(ts) + varint_size(od) + varint_size(key_length) +
                           (key_length > 0 ? key_length : 0) + varint_size(value_length) +

@@ -174,6 +174,19 @@ def test_random_batches_round_trip_through_kafka_python(pairs: list, codec: Comp
     assert [(r.key, r.value) for r in decode_records(header, batch)] == pairs
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.binary(max_size=200)), min_size=1, max_size=30),
+    st.integers(-(2**62), 2**62),
+)
+def test_one_timestamp_delta_for_every_record_encodes_as_a_list_of_it(values: list, delta: int) -> None:
+    """The core reads a timestamp delta given once (an int) once; the records it encodes are the
+    same as with the delta listed for each."""
+    assert _core.encode_records(values, None, None, delta, None) == _core.encode_records(
+        values, None, None, [delta] * len(values), None
+    )
+
+
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.config_name)
 def test_segments_written_by_the_engine_parse_and_index_by_kafkas_rules(tmp_path, codec: CompressionType) -> None:
     """Whole `.log` files the engine writes parse with kafka-python, and the indexes written on
