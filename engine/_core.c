@@ -287,6 +287,47 @@ static int check_list(PyObject *object, Py_ssize_t n, const char *what, int may_
     return 0;
 }
 
+/* encode_records of values alone (no keys, no headers, offset deltas 0..n-1), every record with the
+ * timestamp delta `ts` (what a producer's batch of values is): the same bytes, in a loop that
+ * looks at each value only. */
+static PyObject *encode_values(PyObject *values, Py_ssize_t n, int64_t ts, Py_ssize_t room) {
+    /* A record's fixed part: attributes, timestamp delta, a null key's length -1, no headers. */
+    const Py_ssize_t fixed = 1 + varint_size(ts) + 1 + 1;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(values, i);
+        Py_ssize_t length;
+        if (PyBytes_Check(item)) length = PyBytes_GET_SIZE(item);
+        else if (item == Py_None) length = -1;
+        else if (PyByteArray_Check(item)) length = PyByteArray_GET_SIZE(item);
+        else {
+            PyErr_Format(PyExc_TypeError, "value %zd is %.80s, not bytes or None", i, Py_TYPE(item)->tp_name);
+            return NULL;
+        }
+        Py_ssize_t body = fixed + varint_size(i) + varint_size(length) + (length > 0 ? length : 0);
+        total += varint_size(body) + body;
+    }
+    PyObject *result = room > 0 ? PyByteArray_FromStringAndSize(NULL, room + total) : PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) return NULL;
+    uint8_t *at = room > 0 ? (uint8_t *)PyByteArray_AS_STRING(result) + room : (uint8_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(values, i);
+        const char *value = NULL;
+        Py_ssize_t length = -1;
+        if (PyBytes_Check(item)) { value = PyBytes_AS_STRING(item); length = PyBytes_GET_SIZE(item); }
+        else if (item != Py_None) { value = PyByteArray_AS_STRING(item); length = PyByteArray_GET_SIZE(item); }
+        at = put_varint(at, fixed + varint_size(i) + varint_size(length) + (length > 0 ? length : 0));
+        *at++ = 0;
+        at = put_varint(at, ts);
+        at = put_varint(at, i);
+        *at++ = 1; /* a null key: length -1 */
+        at = put_varint(at, length);
+        if (length > 0) { memcpy(at, value, length); at += length; }
+        *at++ = 0; /* no headers */
+    }
+    return result;
+}
+
 static PyObject *encode_records(PyObject *self, PyObject *args) {
     PyObject *values, *keys, *blobs, *timestamps, *deltas;
     Py_ssize_t room = 0;
@@ -307,6 +348,8 @@ static PyObject *encode_records(PyObject *self, PyObject *args) {
         if (int_of(timestamps, 0, 0, &every_ts)) return NULL;
         timestamps = Py_None;
     }
+    if (keys == Py_None && blobs == Py_None && deltas == Py_None && timestamps == Py_None)
+        return encode_values(values, n, every_ts, room);
     /* First pass: the size of every record. */
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {

@@ -174,17 +174,27 @@ def test_random_batches_round_trip_through_kafka_python(pairs: list, codec: Comp
     assert [(r.key, r.value) for r in decode_records(header, batch)] == pairs
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
-    st.lists(st.one_of(st.none(), st.binary(max_size=200)), min_size=1, max_size=30),
+    st.lists(st.one_of(st.none(), st.binary(max_size=200), st.binary(max_size=200).map(bytearray)), max_size=300),
     st.integers(-(2**62), 2**62),
 )
-def test_one_timestamp_delta_for_every_record_encodes_as_a_list_of_it(values: list, delta: int) -> None:
-    """The core reads a timestamp delta given once (an int) once; the records it encodes are the
-    same as with the delta listed for each."""
+def test_values_alone_encode_as_records_with_every_field_given(values: list, delta: int) -> None:
+    """Values with one timestamp delta (an int) and nothing else, the core's loop for a
+    producer's batch, encode to the bytes of the general loop given each field: null keys, no
+    headers, the delta listed for each record, offset deltas 0..n-1."""
+    n = len(values)
     assert _core.encode_records(values, None, None, delta, None) == _core.encode_records(
-        values, None, None, [delta] * len(values), None
+        values, [None] * n, [b"\x00"] * n, [delta] * n, list(range(n))
     )
+    assert _core.encode_records(values, None, None, delta, None, 61)[61:] == _core.encode_records(
+        values, None, None, [delta] * n, None
+    )
+
+
+def test_values_alone_must_be_bytes_or_none() -> None:
+    with pytest.raises(TypeError, match="value 1 is str, not bytes or None"):
+        _core.encode_records([b"a", "b"], None, None, 0, None)
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.config_name)
