@@ -49,8 +49,9 @@
  *     released while it walks, measures and writes.
  *
  * render_text_range(fd, start, end, size, create_label, append_label, partition_field, print_offset,
- *                   print_key, print_value, separator, line_end, null, small_batch_records) -> bytes or None
- * render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes or None
+ *                   print_key, print_value, separator, line_end, null, small_batch_records[, nowait])
+ *                   -> bytes or None
+ * render_json_range(fd, start, end, size, prefix, create_kind, append_kind[, nowait]) -> bytes or None
  *     The batches of a file's bytes [start, end), read from `fd` by the core itself, rendered as
  *     render_text_section and render_json_section render each (`create_label`/`append_label`:
  *     the timestamp label of CreateTime and of LogAppendTime batches, both None when not
@@ -64,7 +65,9 @@
  *     delta, and in text a record with headers, or with bytes after its header count, in a
  *     batch of at most `small_batch_records` (which the caller decodes record by record, and
  *     that decoder checks them). Control batches render to nothing. The caller renders such a
- *     range batch by batch, which says why.
+ *     range batch by batch, which says why. With `nowait` (for an event loop) the bytes are read
+ *     only if they are all in the OS page cache: BlockingIOError otherwise, and where the file
+ *     system cannot tell (no RWF_NOWAIT) or the file ends before `end`.
  *
  * gather(section, starts, lengths, out, out_offsets)
  *     Arrow `binary` buffers from blobs: each blob section[starts[i]:][:lengths[i]] (length -1:
@@ -106,6 +109,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -1366,14 +1370,25 @@ typedef struct {
     Py_buffer prefix, kinds[2]; /* JSON Lines: the prefix, "CreateTime" and "LogAppendTime" */
 } range_args_t;
 
+#define WOULD_WAIT (-1)
+
 /* The file's bytes [start, end) read whole into a new block (`*data`: free it); 0 on a short or
- * failed read. Needs no GIL. */
-static int read_range(int fd, int64_t start, int64_t end, uint8_t **data) {
+ * failed read. With `nowait`, read only from the OS page cache: WOULD_WAIT when a byte is not
+ * there, the file system cannot tell, or the file ends first. Needs no GIL. */
+static int read_range(int fd, int64_t start, int64_t end, uint8_t **data, int nowait) {
     int64_t length = end - start;
     *data = malloc(length > 0 ? (size_t)length : 1);
     if (*data == NULL) return 0;
     for (int64_t done = 0; done < length;) {
-        ssize_t got = pread(fd, *data + done, (size_t)(length - done), start + done);
+        ssize_t got;
+        if (nowait) {
+            struct iovec piece = {*data + done, (size_t)(length - done)};
+            got = preadv2(fd, &piece, 1, start + done, RWF_NOWAIT);
+            if (got < 0 && (errno == EAGAIN || errno == EOPNOTSUPP || errno == EINVAL)) return WOULD_WAIT;
+            if (got == 0) return WOULD_WAIT; /* (the file ends first: left to a read that may wait, which says so) */
+        } else {
+            got = pread(fd, *data + done, (size_t)(length - done), start + done);
+        }
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) return 0;
         done += got;
@@ -1478,7 +1493,8 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
 /* The bytes object the range renders into, or None; `size` -1: as many as it takes (rendered
  * into a block of `range_bound`, then cut to what it took). The GIL released while it reads and
  * renders. */
-static PyObject *render_range(const range_args_t *a, int fd, long long start, long long end, Py_ssize_t size) {
+static PyObject *render_range(const range_args_t *a, int fd, long long start, long long end, Py_ssize_t size,
+                              int nowait) {
     if (start < 0 || end < start || size < -1) {
         PyErr_SetString(PyExc_ValueError, "a range renderer: a bad range or size");
         return NULL;
@@ -1487,9 +1503,14 @@ static PyObject *render_range(const range_args_t *a, int fd, long long start, lo
     int ok, exact = size != -1;
     Py_ssize_t used = 0;
     Py_BEGIN_ALLOW_THREADS
-    ok = read_range(fd, start, end, &data);
-    if (ok && !exact) ok = range_bound(a, data, end - start, &size);
+    ok = read_range(fd, start, end, &data, nowait);
+    if (ok == 1 && !exact) ok = range_bound(a, data, end - start, &size);
     Py_END_ALLOW_THREADS
+    if (ok == WOULD_WAIT) {
+        free(data);
+        errno = EAGAIN;
+        return PyErr_SetFromErrno(PyExc_BlockingIOError);
+    }
     PyObject *result = NULL;
     if (ok) result = PyBytes_FromStringAndSize(NULL, size);
     if (result == NULL && ok && !exact && PyErr_ExceptionMatches(PyExc_MemoryError)) {
@@ -1527,9 +1548,10 @@ static PyObject *render_text_range(PyObject *self, PyObject *args) {
     long long start, end;
     Py_ssize_t size;
     PyObject *create_obj, *append_obj, *partition_obj, *result = NULL;
-    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*n", &fd, &start, &end, &size, &create_obj, &append_obj,
+    int nowait = 0;
+    if (!PyArg_ParseTuple(args, "iLLnOOOpppy*y*y*n|p", &fd, &start, &end, &size, &create_obj, &append_obj,
                           &partition_obj, &a.text.print_offset, &a.text.print_key, &a.text.print_value,
-                          &a.text.separator, &a.text.line_end, &a.text.null, &a.small_batch_records))
+                          &a.text.separator, &a.text.line_end, &a.text.null, &a.small_batch_records, &nowait))
         return NULL;
     if ((create_obj == Py_None) != (append_obj == Py_None)) {
         PyErr_SetString(PyExc_ValueError, "render_text_range: both timestamp labels, or neither");
@@ -1539,7 +1561,7 @@ static PyObject *render_text_range(PyObject *self, PyObject *args) {
         optional_buffer(partition_obj, &a.text.partition_field) < 0)
         goto done;
     a.have_partition = partition_obj != Py_None;
-    result = render_range(&a, fd, start, end, size);
+    result = render_range(&a, fd, start, end, size, nowait);
 done:
     release_optional(&a.labels[0]);
     release_optional(&a.labels[1]);
@@ -1558,9 +1580,11 @@ static PyObject *render_json_range(PyObject *self, PyObject *args) {
     int fd;
     long long start, end;
     Py_ssize_t size;
-    if (!PyArg_ParseTuple(args, "iLLny*y*y*", &fd, &start, &end, &size, &a.prefix, &a.kinds[0], &a.kinds[1]))
+    int nowait = 0;
+    if (!PyArg_ParseTuple(args, "iLLny*y*y*|p", &fd, &start, &end, &size, &a.prefix, &a.kinds[0], &a.kinds[1],
+                          &nowait))
         return NULL;
-    PyObject *result = render_range(&a, fd, start, end, size);
+    PyObject *result = render_range(&a, fd, start, end, size, nowait);
     PyBuffer_Release(&a.prefix);
     PyBuffer_Release(&a.kinds[0]);
     PyBuffer_Release(&a.kinds[1]);
@@ -1573,9 +1597,10 @@ static PyMethodDef methods[] = {
      "timestamp_type, offsets, ends) -> (bytes, n), or None when a record has headers"},
     {"render_text_range", render_text_range, METH_VARARGS,
      "render_text_range(fd, start, end, size, create_label, append_label, partition, print_offset, print_key, "
-     "print_value, separator, line_end, null, small_batch_records) -> bytes, or None (see the module)"},
+     "print_value, separator, line_end, null, small_batch_records[, nowait]) -> bytes, or None (see the module)"},
     {"render_json_range", render_json_range, METH_VARARGS,
-     "render_json_range(fd, start, end, size, prefix, create_kind, append_kind) -> bytes, or None (see the module)"},
+     "render_json_range(fd, start, end, size, prefix, create_kind, append_kind[, nowait]) -> bytes, or None (see the "
+     "module)"},
     {"render_text_section", render_text_section, METH_VARARGS,
      "render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset, label, "
      "partition, print_offset, print_key, print_value, separator, line_end, null, offsets, ends) -> (bytes, n)"},

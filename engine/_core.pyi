@@ -75,10 +75,19 @@ def render_text_range(
     line_end: bytes,
     null: bytes,
     small_batch_records: int,
+    nowait: bool = False,
     /,
 ) -> bytes | None: ...
 def render_json_range(
-    fd: int, start: int, end: int, size: int, prefix: bytes, create_kind: bytes, append_kind: bytes, /
+    fd: int,
+    start: int,
+    end: int,
+    size: int,
+    prefix: bytes,
+    create_kind: bytes,
+    append_kind: bytes,
+    nowait: bool = False,
+    /,
 ) -> bytes | None: ...
 def render_json_section(
     section: Buffer | np.ndarray,

@@ -113,12 +113,15 @@ class TextRenderer:
         data, ends, offsets = self._render_section(header, batch, _ALL_OFFSETS)
         return RenderedBatch(data, offsets, ends)
 
-    def render_range(self, fd: int, start: int, end: int, size: int | None = None) -> bytes | None:
+    def render_range(
+        self, fd: int, start: int, end: int, size: int | None = None, *, nowait: bool = False
+    ) -> bytes | None:
         """The rendering of the batches the file `fd` holds in [start, end), when they render to
         `size` bytes (None: whatever size they take) in one call of the core, which reads them
         itself and holds the GIL once: v2 batches, uncompressed, intact. None otherwise (headers
         shown, or a batch the range cannot take): the caller renders batch by batch, which says
-        what is wrong. Thread-safe."""
+        what is wrong. `nowait` (an event loop): BlockingIOError unless every byte is in the OS
+        page cache. Thread-safe."""
         fmt = self.text_format
         if fmt.print_headers:
             return None
@@ -131,6 +134,7 @@ class TextRenderer:
             _TIME_LABELS[1] if fmt.print_timestamp else None,
             *self._fields_shown,
             _SMALL_BATCH_RECORDS,
+            nowait,
         )
 
     def measure(
@@ -238,9 +242,14 @@ class JsonLinesRenderer:
         ]
         return lines, offsets
 
-    def render_range(self, fd: int, start: int, end: int, size: int | None = None) -> bytes | None:
+    def render_range(
+        self, fd: int, start: int, end: int, size: int | None = None, *, nowait: bool = False
+    ) -> bytes | None:
         """`TextRenderer.render_range` for JSON Lines (None also when a record has headers)."""
-        return _core.render_json_range(fd, start, end, -1 if size is None else size, self._prefix_bytes, *_TIME_KINDS)
+        create_kind, append_kind = _TIME_KINDS
+        return _core.render_json_range(
+            fd, start, end, -1 if size is None else size, self._prefix_bytes, create_kind, append_kind, nowait
+        )
 
     def render(self, header: BatchHeader, batch: bytes | bytearray | memoryview, min_offset: int = 0) -> bytes:
         """`lines` as UTF-8, each ended by a newline."""

@@ -75,7 +75,7 @@ class Renderer(Protocol):
 
     def measure(self, header: BatchHeader, batch: memoryview, columns: RecordColumns | None = None) -> int: ...
 
-    def render_range(self, fd: int, start: int, end: int, size: int) -> bytes | None: ...
+    def render_range(self, fd: int, start: int, end: int, size: int, *, nowait: bool = False) -> bytes | None: ...
 
 
 MARK_BYTES = 32 * 1024
@@ -483,6 +483,39 @@ class _RenderAhead:
             if key in self._pending:
                 self._taken.add(key)
 
+    def keep(self, key: tuple[object, ...], mark: int, data: bytes) -> None:
+        """`take`, for a complete page a reader rendered whole by a call of the core (`data`): it
+        is kept as a run of that one page (the reader's next read may start inside it)."""
+        with self._lock:
+            if key in self._pending:
+                self._taken.add(key)
+            self._keep_locked(key, (data, 0, len(data), len(data), mark))
+            self._evict_locked()
+
+    def declined(self, layout: Layout, segment_layout: _SegmentLayout) -> bool:
+        """Whether the core did not render a run of the segment layout whole (then it is not
+        asked to again)."""
+        with self._lock:
+            return self._asked.get((layout, segment_layout.segment, segment_layout.serial)) == _DECLINED
+
+    def decline(self, layout: Layout, segment_layout: _SegmentLayout) -> None:
+        """The core did not render a page of the segment layout whole: no run of it is asked for
+        any more (its readers render it page by page)."""
+        with self._lock:
+            self._asked[(layout, segment_layout.segment, segment_layout.serial)] = _DECLINED
+
+    def _keep_locked(self, key: tuple[object, ...], page: tuple[bytes, int, int, int, int]) -> None:
+        replaced = self._pages.pop(key, None)
+        if replaced is not None:  # (a reader's page, and then its run's, or the other way round)
+            self._bytes -= replaced[2] - replaced[1]
+        self._pages[key] = page
+        self._bytes += page[2] - page[1]
+
+    def _evict_locked(self) -> None:
+        while self._bytes > self.capacity_bytes and self._pages:
+            _, (_, start, end, _, _) = self._pages.popitem(last=False)
+            self._bytes -= end - start
+
     def ask(self, layout: Layout, segment_layout: _SegmentLayout, marks: range, *, whole: bool) -> None:
         """Render the pages `marks` of a segment layout ahead, but those kept or asked for already
         (every mark a complete page: its bounds never change), in runs of at most
@@ -568,15 +601,12 @@ class _RenderAhead:
                 if pages:
                     data, run_end, last = pages[0][0], pages[-1][2], run[-1]
                     for mark, (_, start, end) in zip(run, pages, strict=True):
-                        self._pages[_page_key(layout, segment_layout, mark)] = (data, start, end, run_end, last)
-                    self._bytes += run_end - pages[0][1]
+                        self._keep_locked(_page_key(layout, segment_layout, mark), (data, start, end, run_end, last))
                 for mark in run:
                     key = _page_key(layout, segment_layout, mark)
                     self._pending.discard(key)
                     self._taken.discard(key)
-                while self._bytes > self.capacity_bytes and self._pages:
-                    _, (_, start, end, _, _) = self._pages.popitem(last=False)
-                    self._bytes -= end - start
+                self._evict_locked()
                 self._work.notify_all()
 
     def _untaken_locked(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> list[int]:
@@ -1077,6 +1107,13 @@ class Layout:
             if ahead is not None:
                 data, start, end, last_mark = ahead
                 return [(data, start, end)], 0, last_mark + 1
+            if budget is not None:
+                try:
+                    whole = self._render_whole_now(layout, mark, key, budget)
+                except BlockingIOError:  # (not in the OS page cache: a worker thread's read)
+                    return None
+                if whole is not None:
+                    return [(whole, 0, len(whole))], _span(layout.page_bounds(mark)), mark + 1
         page: Page | None
         if budget is None:
             page, cost = self._page(layout, mark), 0
@@ -1106,14 +1143,44 @@ class Layout:
         last = max(last, first + 1)
         _AHEAD.ask(self, layout, range(first, last), whole=last == complete)
 
-    def render_run(self, layout: _SegmentLayout, marks: list[int]) -> list[tuple[bytes, int, int]]:
+    def _render_whole_now(
+        self, layout: _SegmentLayout, mark: int, key: tuple[object, ...], budget: int
+    ) -> bytes | None:
+        """On the event loop, a complete page not rendered ahead (the reader caught up with the
+        render-ahead thread, or a read that is not sequential) rendered by one call of the core,
+        and kept with the pages rendered ahead: batch by batch it cost several times more, most
+        of it in Python. None when the page is not complete, costs more than `budget`, is
+        rendered batch by batch already, or is one the core does not render (then neither is
+        the rest of its segment: the caller renders it batch by batch, which says what is
+        wrong); BlockingIOError when its bytes are not all in the OS page cache."""
+        complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
+        if mark >= complete or _span(layout.page_bounds(mark)) > budget or _AHEAD.declined(self, layout):
+            return None
+        if _PAGES.get((self, layout.segment, layout.serial, *layout.page_bounds(mark))) is not None:
+            return None  # (rendered batch by batch already, to find an offset: the caller takes that)
+        try:
+            pages = self.render_run(layout, [mark], nowait=True)
+        except BlockingIOError:
+            raise
+        except Exception:  # (the segment closed meanwhile, a failed read: the caller's read says so)
+            return None
+        if not pages:
+            _AHEAD.decline(self, layout)
+            return None
+        data = pages[0][0]
+        _AHEAD.keep(key, mark, data)
+        return data
+
+    def render_run(
+        self, layout: _SegmentLayout, marks: list[int], *, nowait: bool = False
+    ) -> list[tuple[bytes, int, int]]:
         """Complete pages `marks` (consecutive) of a segment layout rendered by one call of the
         core: each page's span (rendering, start, end) of it; none when the core does not
-        render them."""
+        render them. `nowait`: BlockingIOError unless their bytes are in the OS page cache."""
         start, end = layout.marks_file[marks[0]], layout.page_bounds(marks[-1])[1]
         edges = [*layout.marks_view[marks[0] : marks[-1] + 1], layout.view_bounds(marks[-1])[1]]
         data = layout.segment.with_descriptor(
-            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0])
+            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0], nowait=nowait)
         )
         if data is None:
             return []

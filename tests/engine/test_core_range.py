@@ -209,6 +209,38 @@ def test_a_bad_descriptor_gives_none(plain) -> None:
     assert renderer.render_range(fd, 0, sum(len(b) for b in built)) is None
 
 
+def test_nowait_renders_only_bytes_the_os_holds_in_memory(tmp_path: Path) -> None:
+    """With `nowait` (the mount's event loop) a range is read only from the OS page cache:
+    BlockingIOError for bytes only on disk, and for a range past the file's end (left to a read
+    that may wait, which says so); the same bytes as a read that waits otherwise."""
+    spec = [([(None, b"value %d " % i + b"x" * 200) for i in range(20)], TimestampType.CREATE_TIME, "data")] * 12
+    path, built = _file(tmp_path, spec)
+    text, jsonl = TextRenderer(TextFormat(), 0), JsonLinesRenderer("t", 0)
+    first = next(i for i in range(len(built)) if sum(len(b) for b in built[:i]) >= 4096)  # (past the first page)
+    start, end = sum(len(b) for b in built[:first]), sum(len(b) for b in built)
+    want = _rendered(text, built[first:])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: the OS lets them go
+        for renderer in (text, jsonl):
+            with pytest.raises(BlockingIOError):
+                renderer.render_range(fd, start, end, None, nowait=True)
+        os.pread(fd, end, 0)  # now they are in memory
+        try:
+            rendered = text.render_range(fd, start, end, len(want), nowait=True)
+        except BlockingIOError:
+            pytest.skip(f"{tmp_path}: the file system does not read with RWF_NOWAIT")
+        assert rendered == want
+        assert text.render_range(fd, start, end, None, nowait=True) == want
+        assert jsonl.render_range(fd, start, end, nowait=True) == jsonl.render_range(fd, start, end)
+        with pytest.raises(BlockingIOError):
+            text.render_range(fd, start, end + 100, None, nowait=True)
+        assert text.render_range(fd, start, end - 1, None, nowait=True) is None  # ends inside a batch
+    finally:
+        os.close(fd)
+
+
 def test_what_the_batch_renderers_print_or_refuse_otherwise_is_left_to_them(tmp_path: Path) -> None:
     """Where the record-at-a-time path would print or refuse what the core cannot match, the
     range gives None: a time past int64 (Python prints it whole; C would wrap it to a number of

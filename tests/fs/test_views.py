@@ -92,8 +92,8 @@ class CountingRenderer:
     def render_indexed(self, header, batch):
         return self.renderer.render_indexed(header, batch)
 
-    def render_range(self, fd, start, end, size):
-        return self.renderer.render_range(fd, start, end, size)
+    def render_range(self, fd, start, end, size, *, nowait=False):
+        return self.renderer.render_range(fd, start, end, size, nowait=nowait)
 
     def measure(self, header, batch, columns=None):
         with self._lock:
@@ -670,13 +670,15 @@ def test_pages_span_a_bounded_stretch_of_the_segment(tmp_path: Path, monkeypatch
 
 class RangeCountingRenderer:
     """A renderer that counts the batches it renders one by one and the ranges the core renders
-    whole (`render_range`) or leaves to it."""
+    whole (`render_range`) or leaves to it: those of the render-ahead thread (`spans`) and those
+    a reader on the loop renders (`reader_spans`, nowait)."""
 
     def __init__(self, renderer) -> None:
         self.renderer = renderer
         self.batches = 0
         self.ranges: list[bool] = []  # per range asked: rendered whole
         self.spans: list[tuple[int, int]] = []
+        self.reader_spans: list[tuple[int, int]] = []
 
     def render_indexed(self, header, batch):
         self.batches += 1
@@ -685,10 +687,10 @@ class RangeCountingRenderer:
     def measure(self, header, batch, columns=None):
         return self.renderer.measure(header, batch, columns)
 
-    def render_range(self, fd, start, end, size):
-        rendered = self.renderer.render_range(fd, start, end, size)
+    def render_range(self, fd, start, end, size, *, nowait=False):
+        rendered = self.renderer.render_range(fd, start, end, size, nowait=nowait)
         self.ranges.append(rendered is not None)
-        self.spans.append((start, end))
+        (self.reader_spans if nowait else self.spans).append((start, end))
         return rendered
 
 
@@ -778,11 +780,11 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     started, go_on = threading.Event(), threading.Event()
 
     class HeldRenderer(RangeCountingRenderer):
-        def render_range(self, fd, start, end, size):
-            if not self.spans:
+        def render_range(self, fd, start, end, size, *, nowait=False):
+            if not self.spans and not nowait:
                 started.set()
                 go_on.wait(10)
-            return super().render_range(fd, start, end, size)
+            return super().render_range(fd, start, end, size, nowait=nowait)
 
     renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
     view = View(Layout(log, renderer, mark_bytes=512), 0)
@@ -798,8 +800,35 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
         go_on.set()
     assert views._AHEAD.settle(10), "rendering ahead did not end"
     assert bytes(out) == expected
-    assert renderer.batches > 250, "the reader did not render the pages itself"
+    # (each page by a call of the core: the loop's rendering of a complete page)
+    rendered_by_reader = sum(end - start for start, end in renderer.reader_spans)
+    assert rendered_by_reader > 0.8 * sum(s.size for s in log.segments), "the reader did not render the pages itself"
     assert len(renderer.spans) == 1, renderer.spans  # (the run it was held on)
+    log.close()
+
+
+def test_a_complete_page_is_rendered_on_the_loop_by_one_call_of_the_core_and_kept(tmp_path: Path) -> None:
+    """A read on the event loop of a page not rendered renders that page whole, by a call of the
+    core (not batch by batch), and keeps it: the next read inside the page renders nothing. A
+    page rendered batch by batch already (to find an offset) is taken as it is; the growing
+    segment's last page, which grows, is rendered batch by batch."""
+    if not nowait_reads_work(tmp_path):
+        pytest.skip("this file system cannot tell what is in the page cache: nothing is read on the loop")
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    expected = expected_text(log, 0, TextFormat())
+    renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    assert view.size() == len(expected)
+    batches = renderer.batches  # (where offset 0 is: its page, batch by batch)
+    assert view.read_now(0, 10) == expected[:10]  # (that page: taken as it is)
+    assert renderer.reader_spans == [] and renderer.batches == batches
+    assert view.read_now(600, 10) == expected[600:610]
+    assert view.read_now(610, 10) == expected[610:620]
+    assert len(renderer.reader_spans) == 1 and renderer.batches == batches
+    last = len(expected) - 5
+    assert view.read_now(last, 5) == expected[last:]
+    assert renderer.batches > batches, "the growing segment's last page was not rendered batch by batch"
     log.close()
 
 
