@@ -230,9 +230,7 @@ def _batches(segment: LogSegment, start_offset: int = 0) -> Iterator[tuple[Batch
     for header, batch in segment.checked_batches(position, end):
         position = header.next_position
         yield header, batch
-    if position < end:
-        segment.check_not_legacy(position)
-        raise CorruptRecordError(segment.log_path, position, "a batch is cut short or has an impossible length")
+    segment.check_whole(position, end)
 
 
 def _batch_records_at(segment: LogSegment, header: BatchHeader, batch: memoryview) -> BatchRecords:

@@ -733,6 +733,7 @@ class PartitionLog:
         (not `whole`) their headers only, with None."""
         self.check_online()
         stop = self._log_end_offset if end_offset is None else end_offset
+        last = self._segments.last
         for segment in self._segments.from_offset(start_offset):
             if segment.base_offset >= stop:
                 return
@@ -754,7 +755,11 @@ class PartitionLog:
                     return
                 yield segment, header, batch
                 position = header.next_position
-            if position < size:
+            if segment is not last:
+                # A sealed segment is whole batches to its end: a scan stopping short of it met damage
+                # (the rest of the segment would be skipped without a word).
+                segment.check_whole(position, size)
+            elif position < size:  # (a batch being written, a torn tail)
                 segment.check_not_legacy(position)  # legacy messages too short to parse as batches
 
     def records(self, start_offset: int, end_offset: int | None = None) -> Iterator[Record]:

@@ -591,6 +591,20 @@ class LogSegment:
         self.check(header, batch)
         return batch
 
+    def check_whole(self, position: int, end: int) -> None:
+        """Where a scan of bytes that must be whole batches (a sealed segment's, up to its size)
+        stopped at `position`, short of `end`: UnsupportedFormatError for intact legacy data
+        there, else CorruptRecordError naming the position (a batch cut short or with an
+        impossible length field: the batches after it are still on disk, but cannot be found
+        from it). Nothing when the scan reached `end`."""
+        if position < end:
+            self.check_not_legacy(position)
+            raise CorruptRecordError(
+                self.log_path,
+                position,
+                f"a batch is cut short or has an impossible length ({end - position} bytes to the segment's end)",
+            )
+
     def check_not_legacy(self, position: int) -> None:
         """Where a batch failed its check (or a scan stopped): raise UnsupportedFormatError when
         a legacy message whose CRC-32 holds starts at `position` all the same (a wrapper whose

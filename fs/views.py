@@ -901,6 +901,8 @@ class Layout:
                 sibling._note(companion, header, sibling.renderer.measure(header, batch, columns))
             if sibling is not None and companion is not None:
                 sibling._hand_over(companion, sealed=not last and companion.scanned_to == end)
+        if not last:
+            segment.check_whole(layout.scanned_to, end)  # (else the view would end the segment early)
         if not last and layout.scanned_to == end:
             layout.sealed = True
             if self._store is not None and self._store_directory is not None:

@@ -159,6 +159,9 @@ class SegmentSlice:
     from_offset: int
     until_offset: int
     aborted: tuple[AbortedTransaction, ...] = ()  # read_committed: aborted transactions in the offsets
+    # The segment was not the log's last when planned: its bytes are whole batches to its end (a
+    # read that stops short of `end_position` met damage; in the last, a batch being written).
+    sealed: bool = False
 
     @property
     def size_bytes(self) -> int:
@@ -419,6 +422,7 @@ def _segment_slices(log: PartitionLog, offsets: OffsetRange, min_timestamp_ms: i
                 end_position=end,
                 from_offset=lo,
                 until_offset=hi,
+                sealed=next_base is not None,
             )
         )
     return slices

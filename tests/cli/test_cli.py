@@ -774,3 +774,27 @@ def test_consume_prints_the_records_before_a_failing_scan(tmp_path: Path, fmt: s
     first_segment = sorted((data / "t-0").glob("*.log"))[1].name
     assert status == 1 and err.decode().splitlines() == ["seglogfs: Input/output error"]
     assert len(printed.splitlines()) == int(first_segment.removesuffix(".log"))
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+@pytest.mark.parametrize("limit", [[], ["--max-messages", "100000"]], ids=["to-the-end", "limited"])
+def test_consume_reports_a_damaged_batch_length_in_a_sealed_segment(tmp_path: Path, fmt: str, limit: list[str]) -> None:
+    """A batch length field no batch can have, in a segment that is not the last: the records
+    before it, then one line naming the file and position, exit 1 (it printed the records of
+    the segments after it, having skipped the rest of its own without a word)."""
+    from tests.engine.test_log import damage_batch_length
+
+    data = tmp_path / "data"
+    lines = b"".join(b"line-%06d %s\n" % (n, b"x" * 80) for n in range(20_000))
+    run("produce", str(data), "--topic", "t", "--override", "log.segment.bytes=300000", stdin=lines)
+    segments = sorted((data / "t-0").glob("*.log"))
+    assert len(segments) > 3
+    position = damage_batch_length(segments[1], 2, 10)
+    result = run("consume", str(data), "--topic", "t", "--from-beginning", "--format", fmt, *limit, check=False)
+    assert result.returncode == 1
+    assert result.stderr.decode().splitlines() == [
+        f"seglogfs: {segments[1]}: corrupt record batch at position {position}: a batch is cut short or has an "
+        f"impossible length ({segments[1].stat().st_size - position} bytes to the segment's end)"
+    ]
+    printed = result.stdout.splitlines()
+    assert b"line-%06d" % (len(printed) - 1) in printed[-1] and len(printed) > int(segments[1].stem)

@@ -18,6 +18,7 @@ from seglogfs.engine import (
     RecordTooLargeError,
 )
 from seglogfs.engine.config import LogConfig, apply_topic_overrides
+from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.records import build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
@@ -729,3 +730,38 @@ def test_a_read_only_log_whose_last_batch_is_cut_ends_after_the_batch_before(par
     assert values_of(reader, 8) == [b"after"]
     writer.close()
     reader.close()
+
+
+def damage_batch_length(path: Path, nth: int, length: int) -> int:
+    """Write `length` into the length field of the file's `nth` batch; returns its position."""
+    from seglogfs.engine.records import iter_batch_headers
+
+    content = bytearray(path.read_bytes())
+    position = list(iter_batch_headers(content))[nth].position
+    content[position + 8 : position + 12] = length.to_bytes(4, "big", signed=True)
+    path.write_bytes(bytes(content))
+    return position
+
+
+@pytest.mark.parametrize("length", [10, 1 << 30], ids=["impossible", "past-the-end"])
+def test_a_damaged_batch_length_in_a_sealed_segment_is_an_error_not_its_end(part_dir: Path, length: int) -> None:
+    """A sealed segment is whole batches to its end: a length field no batch can have, or one
+    that runs past the end, is damage named by file and position after the records before it,
+    not the segment's end (the records after it were skipped without a word). In the last
+    segment the same is a batch being written or a torn tail: the records before it, and no
+    error."""
+    log = make_log(part_dir, segment_bytes=3000)
+    for n in range(60):
+        log.append_records([b"record-%d-" % n + b"x" * 100], now_ms=NOW_MS)
+    first, last = log.segments[0], log.segments[-1]
+    assert len(log.segments) > 2 and last.size > 0
+    position = damage_batch_length(first.log_path, 3, length)
+    seen: list[int] = []
+    with pytest.raises(
+        CorruptRecordError, match=rf"{first.log_path.name}: .* at position {position}: a batch is cut short"
+    ):
+        seen.extend(record.offset for record in log.records(0))
+    assert seen == [0, 1, 2]
+    damage_batch_length(last.log_path, 0, length)  # (its first and only batch)
+    assert [r.offset for r in log.records(last.base_offset)] == []
+    log.close()

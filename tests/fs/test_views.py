@@ -807,6 +807,32 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     log.close()
 
 
+@pytest.mark.parametrize("length", [10, 1 << 30], ids=["impossible", "past-the-end"])
+def test_a_damaged_batch_length_in_a_sealed_segment_fails_the_measure(tmp_path: Path, length: int) -> None:
+    """A measure of a sealed segment whose batch has a length field no batch can have (or one
+    past the segment's end) fails naming the file and position (EIO, and a log line, in the
+    mount), as a CRC failure does: the view does not end the segment there, without the
+    records after it. In the last segment the same is a batch being written: the view ends
+    before it."""
+    from tests.engine.test_log import damage_batch_length
+
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "3000"})
+    for n in range(60):
+        log.append_records([b"record-%d-" % n + b"x" * 100], now_ms=NOW_MS)
+    first, last = log.segments[0], log.segments[-1]
+    whole = expected_text(log, 0, TextFormat())
+    damage_batch_length(last.log_path, 0, length)  # (its first and only batch)
+    view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
+    assert view.size() == len(expected_text(log, 0, TextFormat())) < len(whole)
+    position = damage_batch_length(first.log_path, 3, length)
+    view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
+    with pytest.raises(
+        CorruptRecordError, match=rf"{first.log_path.name}: .* at position {position}: a batch is cut short"
+    ):
+        view.size()
+    log.close()
+
+
 def test_a_complete_page_is_rendered_on_the_loop_by_one_call_of_the_core_and_kept(tmp_path: Path) -> None:
     """A read on the event loop of a page not rendered renders that page whole, by a call of the
     core (not batch by batch), and keeps it: the next read inside the page renders nothing. A

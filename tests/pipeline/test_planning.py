@@ -236,3 +236,24 @@ def test_arrow_schemas_are_what_spark_expects_of_a_python_data_source() -> None:
     # (Spark's check, records_to_arrow_batches: the declared schema converted with timezone UTC)
     assert to_arrow_schema(spark_schema(False), timezone="UTC").equals(ARROW_SCHEMA)
     assert to_arrow_schema(spark_schema(True), timezone="UTC").equals(ARROW_SCHEMA_WITH_HEADERS)
+
+
+def test_a_damaged_batch_length_in_a_sealed_segment_fails_the_read(tmp_path: Path) -> None:
+    """A slice of a sealed segment whose batch has a length field no batch can have: the read
+    fails naming the file and position (the task's error), rather than ending the slice there
+    and leaving out the records after it."""
+    from seglogfs.engine.errors import CorruptRecordError
+    from tests.engine.test_log import damage_batch_length
+
+    path = tmp_path / "data"
+    config = BrokerConfig.load(overrides=["log.segment.bytes=3000"], log_dirs=[path])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", 1, now_ms=NOW_MS)
+        for n in range(60):
+            data_dir.partition("t", 0).append_records([b"record-%d-" % n + b"x" * 100], now_ms=NOW_MS)
+    slices = plan(path, [("t", 0)])
+    assert len(slices) > 2 and slices[0].sealed and not slices[-1].sealed
+    first = path / "t-0" / "00000000000000000000.log"
+    position = damage_batch_length(first, 3, 10)
+    with pytest.raises(CorruptRecordError, match=rf"{first.name}: .* at position {position}: a batch is cut short"):
+        read_offsets(path, slices[:1])
