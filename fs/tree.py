@@ -258,6 +258,8 @@ class Tree:
                     "measuredBytes": now.done_bytes,
                     "segmentBytes": now.total_bytes,
                 }
+                if now.error is not None:  # (what its reads fail with: EIO, named in the log too)
+                    progress[fmt]["error"] = now.error
         return progress
 
     def read_committed_state(self, log: PartitionLog) -> dict[str, object] | None:

@@ -59,6 +59,7 @@ from typing import Protocol
 import numpy as np
 
 from seglogfs.engine.columns import RecordColumns, record_columns
+from seglogfs.engine.errors import EngineError
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from seglogfs.engine.renderers import RenderedBatch
@@ -104,6 +105,7 @@ class MeasureProgress:
     done_bytes: int
     total_bytes: int
     measured: bool  # the first measure is complete: sizes are known without rendering
+    error: str | None = None  # why the last look at the log failed (damage, the OS), if it did
 
 
 # A read may render pages on the event loop, this many segment bytes of them at most, when their
@@ -694,6 +696,7 @@ class Layout:
         self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
         self._progress = (0, 0)  # (segment bytes measured, segment bytes to measure), while measuring
         self._progress_lock = threading.Lock()  # (the threads of one measure add to it)
+        self._failure: str | None = None  # why the last snapshot failed, if it did
         # Rendering ahead of sequential readers (`_pieces`): read_uncommitted layouts only, whose
         # pages are their batches' renderings whole. Where recent reads ended, to tell a read
         # that goes on from one.
@@ -703,7 +706,19 @@ class Layout:
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
         Sealed segments cost nothing: only the last segment is looked at again (read_committed:
-        and those not measured to their end yet, held back by a transaction still open)."""
+        and those not measured to their end yet, held back by a transaction still open). What
+        made it fail (damage, the OS) is kept for `progress` until one succeeds."""
+        try:
+            snapshot = self._snapshot()
+        except MeasureStopped:
+            raise
+        except (EngineError, OSError) as error:
+            self._failure = str(error)
+            raise
+        self._failure = None
+        return snapshot
+
+    def _snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         with self._lock:
             started = time.monotonic()
             if self.transactions is not None:
@@ -802,9 +817,10 @@ class Layout:
         return self.log.log_end_offset if self.stable_offset is None else self.stable_offset
 
     def progress(self) -> MeasureProgress:
-        """How far the first measure is (no lock: for `status` while it runs)."""
+        """How far the first measure is, and why the last look failed if it did (no lock: for
+        `status` while it runs)."""
         done, total = self._progress
-        return MeasureProgress(total if self.measured else done, total, self.measured)
+        return MeasureProgress(total if self.measured else done, total, self.measured, self._failure)
 
     def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
         """Layouts for a changed segment list: kept, loaded from the store, or measured."""

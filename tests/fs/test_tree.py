@@ -14,7 +14,7 @@ import pytest
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.console_formats import LineFormat
-from seglogfs.engine.errors import ConfigError, InvalidRecordError, RecordTooLargeError
+from seglogfs.engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from seglogfs.fs.node import Handle, Node, Refused
 from seglogfs.fs.tree import MountOptions, Tree
 from seglogfs.fs.view_file import ViewFile
@@ -331,6 +331,27 @@ def test_an_offline_partition_answers_eio_and_its_status_says_why(data_dir: Data
     assert status["offline"] == "flush failed: [Errno 5] Input/output error"
     walk(tree, "u/0/append").open(os.O_WRONLY).write(0, b"fine\n")  # the rest serves
     assert read_all(walk(tree, "u/0/records").open(os.O_RDONLY)) == b"fine\n"
+
+
+def test_a_view_that_cannot_be_measured_has_its_status_say_why(data_dir: DataDir) -> None:
+    """A batch damaged under the views (its CRC no longer holds): their measure fails naming the
+    file and position, and the partition's `status` says so under `views`, until a look
+    succeeds again (the batch is written back as it was)."""
+    log = data_dir.partition("t", 0)
+    log.roll(NOW_MS)
+    log.append_records([b"four"], now_ms=NOW_MS)
+    tree = tree_of(data_dir)
+    damaged = log.segments[0].log_path
+    content = damaged.read_bytes()
+    damaged.write_bytes(content[:-1] + bytes([content[-1] ^ 0x01]))  # the last byte of its only batch
+    with pytest.raises(CorruptRecordError, match="corrupt record batch at position 0: CRC-32C mismatch"):
+        walk(tree, "t/0/records").attributes()  # (the mount's EIO, with this in its log)
+    status = json.loads(read_all(walk(tree, "t/0/status").open(os.O_RDONLY)))
+    assert "CRC-32C mismatch" in status["views"]["text"]["error"] and str(damaged) in status["views"]["text"]["error"]
+    damaged.write_bytes(content)
+    assert read_all(walk(tree, "t/0/records").open(os.O_RDONLY)) == b"one\ntwo\nthree\nfour\n"
+    status = json.loads(read_all(walk(tree, "t/0/status").open(os.O_RDONLY)))
+    assert "error" not in status["views"]["text"]
 
 
 def test_a_write_tells_of_records_and_open_views_only(data_dir: DataDir) -> None:
