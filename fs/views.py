@@ -59,7 +59,7 @@ from typing import Protocol
 import numpy as np
 
 from seglogfs.engine.columns import RecordColumns, record_columns
-from seglogfs.engine.errors import EngineError
+from seglogfs.engine.errors import CorruptRecordError, EngineError
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from seglogfs.engine.renderers import RenderedBatch
@@ -146,8 +146,12 @@ class _SegmentLayout:
     marks_file: array = field(default_factory=lambda: array("q", [0]))
     marks_offset: array = field(default_factory=lambda: array("q", [-1]))
     since_mark: int = 0
+    next_offset: int = -1  # after the last batch measured (-1: none yet)
     sealed: bool = False
     last_batch: tuple[int, int] = (-1, 0)  # (position, CRC) of the last batch measured
+    # Damaged batches the measure found, by the mark of the page each has to itself, whose one
+    # byte reads as the damage (the records before and after it are served).
+    damage: dict[int, CorruptRecordError] = field(default_factory=dict)
     # Tells this measure's pages from those of an earlier measure of the same segment (cut back
     # and appended to again: the same positions may hold other batches now).
     serial: int = field(default_factory=lambda: next(_SERIALS))
@@ -156,6 +160,12 @@ class _SegmentLayout:
         """The file positions of the batches between mark `mark` and the next."""
         end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to
         return self.marks_file[mark], end
+
+    def check_page(self, mark: int) -> None:
+        """CorruptRecordError when the page at `mark` is a damaged batch's."""
+        error = self.damage.get(mark)
+        if error is not None:
+            raise CorruptRecordError(error.path, error.position, error.reason)
 
     def view_bounds(self, mark: int) -> tuple[int, int]:
         """Where the page at mark `mark` lies in the segment's rendering."""
@@ -543,8 +553,8 @@ class _RenderAhead:
             run_bytes = 0
             for mark in range(first, marks.stop):
                 key = _page_key(layout, segment_layout, mark)
-                if key in self._pages or key in self._pending:
-                    continue
+                if key in self._pages or key in self._pending or mark in segment_layout.damage:
+                    continue  # (a damaged batch's page is never rendered: it reads as the damage)
                 cost = max(_span(segment_layout.page_bounds(mark)), _span(segment_layout.view_bounds(mark)))
                 if run and (run[-1] != mark - 1 or run_bytes + cost > AHEAD_CALL_BYTES):
                     self._queue(layout, segment_layout, run)
@@ -820,7 +830,10 @@ class Layout:
         """How far the first measure is, and why the last look failed if it did (no lock: for
         `status` while it runs)."""
         done, total = self._progress
-        return MeasureProgress(total if self.measured else done, total, self.measured, self._failure)
+        error = self._failure
+        if error is None:  # (a damaged batch, read as EIO with the records around it served)
+            error = next((str(e) for layout in self._published[0] for e in layout.damage.values()), None)
+        return MeasureProgress(total if self.measured else done, total, self.measured, error)
 
     def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
         """Layouts for a changed segment list: kept, loaded from the store, or measured."""
@@ -899,30 +912,102 @@ class Layout:
             measuring = not self.measured
             sibling = self._sibling_to_measure(layout)
             companion = _SegmentLayout(segment) if sibling is not None else None
-            for header, batch in segment.checked_batches(layout.scanned_to, end, once=True):
-                if stable_offset is not None and header.base_offset >= stable_offset:
-                    return  # (not sealed: measured to here)
-                self._check_stop()
-                if _MEASURE_DELAY_S:
-                    time.sleep(_MEASURE_DELAY_S)
-                if measuring:
-                    with self._progress_lock:
-                        done, total = self._progress
-                        self._progress = (done + header.next_position - header.position, total)
-                if sibling is None or companion is None:
-                    self._note(layout, header, self._measure_batch(header, batch))
-                    continue
-                columns = None if header.is_control else record_columns(header, batch)
-                self._note(layout, header, self.renderer.measure(header, batch, columns))
-                sibling._note(companion, header, sibling.renderer.measure(header, batch, columns))
+            while True:
+                try:
+                    if self._measure_batches(layout, end, measuring, sibling, companion):
+                        return  # (not sealed: measured to the last stable offset)
+                    if not last:
+                        segment.check_whole(layout.scanned_to, end)  # (else the view would end the segment early)
+                    break
+                except CorruptRecordError as error:
+                    if error.position != layout.scanned_to:
+                        raise  # (not at the scan's next batch: the view fails whole)
+                    after = self._past_damage(segment, error.position, end)
+                    self._damaged(layout, error, after)
+                    if sibling is not None and companion is not None:
+                        sibling._damaged(companion, error, after)
             if sibling is not None and companion is not None:
                 sibling._hand_over(companion, sealed=not last and companion.scanned_to == end)
-        if not last:
-            segment.check_whole(layout.scanned_to, end)  # (else the view would end the segment early)
         if not last and layout.scanned_to == end:
             layout.sealed = True
-            if self._store is not None and self._store_directory is not None:
+            if self._store is not None and self._store_directory is not None and not layout.damage:
                 self._store.save(self._store_directory, layout, self._mark_bytes)
+
+    def _measure_batches(
+        self,
+        layout: _SegmentLayout,
+        end: int,
+        measuring: bool,
+        sibling: Layout | None,
+        companion: _SegmentLayout | None,
+    ) -> bool:
+        """Measure the segment's batches from where its layout was measured to up to `end` (and
+        the sibling's `companion` layout with them); True when it stopped at the last stable
+        offset (read_committed). CorruptRecordError at a damaged batch."""
+        stable_offset = self.stable_offset
+        for header, batch in layout.segment.checked_batches(layout.scanned_to, end, once=True):
+            if stable_offset is not None and header.base_offset >= stable_offset:
+                return True
+            self._check_stop()
+            if _MEASURE_DELAY_S:
+                time.sleep(_MEASURE_DELAY_S)
+            if measuring:
+                with self._progress_lock:
+                    done, total = self._progress
+                    self._progress = (done + header.next_position - header.position, total)
+            if sibling is None or companion is None:
+                self._note(layout, header, self._measure_batch(header, batch))
+                continue
+            columns = None if header.is_control else record_columns(header, batch)
+            self._note(layout, header, self.renderer.measure(header, batch, columns))
+            sibling._note(companion, header, sibling.renderer.measure(header, batch, columns))
+        return False
+
+    @staticmethod
+    def _next_offset(layout: _SegmentLayout) -> int:
+        """The offset after the last batch measured into a segment's layout (one loaded from the
+        store knows where that batch is, not its offsets: its header is read)."""
+        if layout.next_offset >= 0:
+            return layout.next_offset
+        position = layout.last_batch[0]
+        if position >= 0:
+            for header in layout.segment.iter_headers(position, layout.scanned_to):
+                return header.last_offset + 1
+        return layout.segment.base_offset
+
+    @staticmethod
+    def _past_damage(segment: LogSegment, position: int, end: int) -> int:
+        """Where the batches go on after a damaged one at `position`: after it, when its length
+        field is one a batch can have and it ends by `end` (its CRC failed, say); else `end`
+        (nothing after it can be found)."""
+        try:
+            head = segment.with_descriptor(lambda fd: os.pread(fd, BATCH_OVERHEAD_BYTES, position))
+        except OSError:
+            return end
+        if len(head) < 12:
+            return end
+        after = position + 12 + int.from_bytes(head[8:12], "big", signed=True)
+        return after if position + BATCH_OVERHEAD_BYTES <= after <= end else end
+
+    def _damaged(self, layout: _SegmentLayout, error: CorruptRecordError, after: int) -> None:
+        """A damaged batch at the measure's next position, its batches going on at `after`: a
+        page of its own, one byte long, that reads as the damage, and the measure goes on at
+        `after` in a page of its own (the records before and after it are served). Logged."""
+        if layout.marks_file[-1] != error.position:  # (else the last page is empty: it is that page)
+            layout.marks_view.append(layout.size)
+            layout.marks_file.append(error.position)
+            layout.marks_offset.append(self._next_offset(layout))
+        layout.damage[len(layout.marks_file) - 1] = error
+        layout.size += 1
+        layout.scanned_to = after
+        layout.since_mark = self._mark_bytes  # (the next batch starts a page)
+        logger.warning(
+            "%s-%d (%s): %s; its views answer EIO there, and serve the records before and after it",
+            self.log.topic,
+            self.log.partition,
+            self.format_name or "view",
+            error,
+        )
 
     def _note(self, layout: _SegmentLayout, header: BatchHeader, rendered: int) -> None:
         """One more batch measured into a segment's layout: a mark where a page is full. The size
@@ -937,6 +1022,7 @@ class Layout:
         layout.since_mark += rendered
         layout.scanned_to = header.next_position
         layout.last_batch = (header.position, header.crc)
+        layout.next_offset = header.last_offset + 1
         layout.size += rendered
 
     def _sibling_to_measure(self, layout: _SegmentLayout) -> Layout | None:
@@ -956,7 +1042,7 @@ class Layout:
         the store by this layout's own first measure (kept there too when sealed)."""
         if sealed:
             layout.sealed = True
-            if self._store is not None and self._store_directory is not None:
+            if self._store is not None and self._store_directory is not None and not layout.damage:
                 self._store.save(self._store_directory, layout, self._mark_bytes)
         with self._handed_over_lock:
             if not self.measured:
@@ -968,11 +1054,13 @@ class Layout:
         with self._lock:
             if self._store is not None and self._store_directory is not None and self._order:
                 last = self._order[-1]
-                if not last.sealed:
+                if not last.sealed and not last.damage:
                     self._store.save(self._store_directory, last, self._mark_bytes)
 
     def _page(self, layout: _SegmentLayout, mark: int) -> Page:
-        """The batches between mark `mark` and the next, each with its rendering."""
+        """The batches between mark `mark` and the next, each with its rendering
+        (CorruptRecordError for a damaged batch's page)."""
+        layout.check_page(mark)
         start, end = layout.page_bounds(mark)
         key = (self, layout.segment, layout.serial, start, end)
         page = _PAGES.get(key)
@@ -1025,6 +1113,8 @@ class Layout:
         layout = order[slot]
         mark = max(bisect.bisect_right(layout.marks_offset, offset) - 1, 0)
         at = starts[slot] + layout.marks_view[mark]
+        if mark in layout.damage:  # (an offset of a damaged batch: its page, which reads as the damage)
+            return at, total
         # The first batch reaching `offset` is in this page, or it is the next page's first.
         for header, rendered in self._page(layout, mark):
             if header.last_offset < offset:
@@ -1039,14 +1129,29 @@ class Layout:
         """Up to `length` layout bytes from `position`; none from positions of segments that are
         gone (removed by retention while a reader held a view). A view of a rendering, not a
         copy, when one holds them all."""
-        return _joined([piece for piece in self._pieces(position, length, now=False) if piece is not None])
+        pieces: list[memoryview] = []
+        try:
+            pieces.extend(piece for piece in self._pieces(position, length, now=False) if piece is not None)
+        except (EngineError, OSError):
+            if not pieces:
+                raise
+            # The bytes before what failed (a damaged batch): the read that starts there fails.
+        return _joined(pieces)
 
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`length` layout bytes from `position` when they are measured and their pages rendered
-        or cheap to render from the OS page cache (cheap enough for the event loop), else None."""
+        or cheap to render from the OS page cache (cheap enough for the event loop), else None.
+        What fails before the first byte raises; after it, None (a worker thread's read gives
+        the bytes before it)."""
         if position + length > self.known_size():
             return None
-        pieces = list(self._pieces(position, length, now=True))
+        pieces: list[memoryview | None] = []
+        try:
+            pieces.extend(self._pieces(position, length, now=True))
+        except (EngineError, OSError):
+            if not pieces:
+                raise
+            return None
         if None in pieces:
             return None
         data = _joined(pieces)  # type: ignore[arg-type]
@@ -1079,7 +1184,12 @@ class Layout:
                 mark = bisect.bisect_right(layout.marks_view, local) - 1
                 at = layout.marks_view[mark]
                 while mark < len(layout.marks_view) and wanted > 0:
-                    spans = self._page_spans(layout, mark, budget if now else None)
+                    try:
+                        spans = self._page_spans(layout, mark, budget if now else None)
+                    except (EngineError, OSError):
+                        if piece is not None:  # (the bytes before it first: see `read`)
+                            yield memoryview(piece[0])[piece[1] : piece[2]]
+                        raise
                     if spans is None:
                         yield None
                         return
@@ -1119,6 +1229,7 @@ class Layout:
         cannot give the page; a page still being rendered ahead is rendered here too. Without
         (a worker thread's read), a page being rendered ahead is waited for, `_AHEAD_WAIT_S` at
         most (then rendered here)."""
+        layout.check_page(mark)
         key = _page_key(self, layout, mark)
         if self._renders_ahead:
             ahead = _AHEAD.get(key) if budget is not None else _AHEAD.wait(key, _AHEAD_WAIT_S)

@@ -17,8 +17,8 @@ from tests.conftest import REPO
 from tests.fs.conftest import REFUSED, Mount
 
 
-def sh(command: str, **kwargs) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["bash", "-c", command], capture_output=True, check=True, timeout=60, **kwargs)
+def sh(command: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, check=check, timeout=60, **kwargs)
 
 
 def consume(data: Path, topic: str, *extra: str) -> bytes:
@@ -461,3 +461,44 @@ def test_a_mount_point_given_as_a_data_dir_is_refused_in_one_line(mount, tmp_pat
         check=False,
     )
     assert consumed.stdout == b"one\ntwo\n", consumed
+
+
+@pytest.mark.expect_warnings("its views answer EIO there", "corrupt record batch at position")
+def test_cat_of_a_partition_with_a_damaged_batch_prints_what_consume_prints(mount, tmp_path: Path) -> None:
+    """A batch whose CRC fails in the middle of a partition: `cat records` (and the JSON Lines
+    view, and `grep`) prints every record before it, as `consume` does, and ends with EIO; a
+    by-offset view past it reads on; `status` names the file and position; the mount stays up."""
+    from seglogfs.engine.records import iter_batch_headers
+
+    data = tmp_path / "data"
+    lines = b"".join(b"line-%06d %s\n" % (n, b"z" * 60) for n in range(60_000))
+    produce = [sys.executable, "-m", "seglogfs.mount_tools.cli", "produce", str(data), "--topic", "t"]
+    produce += ["--override", "log.segment.bytes=1000000"]
+    subprocess.run(produce, input=lines, cwd=REPO, check=True, capture_output=True, timeout=60)
+    segment = sorted((data / "t-0").glob("*.log"))[1]
+    content = bytearray(segment.read_bytes())
+    bad = list(iter_batch_headers(content))[3]
+    content[bad.position + 100] ^= 0xFF  # a byte of its records: the CRC no longer holds
+    segment.write_bytes(bytes(content))
+    before = subprocess.run(
+        [sys.executable, "-m", "seglogfs.mount_tools.cli", "consume", str(data), "--topic", "t", "--from-beginning"],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert before.returncode == 1 and before.stdout.count(b"\n") == bad.base_offset
+    m: Mount = mount(data, "-o", "ro")
+    view = m.path / "t" / "0" / "records"
+    cat = sh(f"cat {view}", check=False)
+    assert cat.returncode == 1 and b"Input/output error" in cat.stderr
+    assert cat.stdout == before.stdout
+    assert sh(f"grep -c line- {view}.jsonl", check=False).stdout == b"%d\n" % bad.base_offset
+    after = sh(f"head -1 {m.path}/t/0/by-offset/{bad.last_offset + 1}").stdout
+    assert after == b"line-%06d %s\n" % (bad.last_offset + 1, b"z" * 60)
+    status = json.loads((m.path / "t" / "0" / "status").read_text())
+    assert (
+        f"{segment}: corrupt record batch at position {bad.position}: CRC-32C mismatch"
+        in status["views"]["text"]["error"]
+    )
+    assert sh(f"ls {m.path}/t/0").returncode == 0  # (up)

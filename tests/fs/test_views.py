@@ -403,9 +403,12 @@ def test_a_read_on_the_loop_during_a_measure_is_whole_or_refused(tmp_path: Path)
 
 
 def test_damaged_bytes_are_reported_by_the_worker_thread_read(tmp_path: Path) -> None:
+    """A batch damaged after the measure: a read gives the bytes before its page (short), and
+    the read that starts there fails naming it; none of it on the event loop."""
     log = make_log(tmp_path / "t-0")
     fill(log, 10)
     log.flush()
+    expected = expected_text(log, 0, TextFormat())
     view = View(Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64), 0)
     size = view.size()
     segment = log.segments[0]
@@ -413,8 +416,10 @@ def test_damaged_bytes_are_reported_by_the_worker_thread_read(tmp_path: Path) ->
         damaged.seek(segment.size - 3)
         damaged.write(b"\xff")
     assert view.read_now(0, size) is None
-    with pytest.raises(CorruptRecordError):
-        view.read(0, size)
+    before = bytes(view.read(0, size))
+    assert 0 < len(before) < size and expected.startswith(before)
+    with pytest.raises(CorruptRecordError, match=segment.log_path.name):
+        view.read(len(before), size)
     log.close()
 
 
@@ -437,16 +442,24 @@ def test_sealed_segments_are_measured_on_two_threads(tmp_path: Path, monkeypatch
     log.close()
 
 
-def test_a_damaged_sealed_segment_fails_the_measure_after_the_others_are_kept(tmp_path: Path) -> None:
-    """A segment whose batch fails its CRC fails the first measure with that segment's file and
-    position, whichever thread measured it; the sealed segments measured meanwhile are kept in
-    the store, so a measure after the repair reads only the damaged one again."""
+@pytest.mark.expect_warnings("its views answer EIO there")
+def test_a_damaged_batch_in_a_sealed_segment_reads_as_eio_between_the_records_around_it(tmp_path: Path) -> None:
+    """A sealed segment's batch that fails its CRC (found by whichever thread measured it): the
+    view serves every record before it and after it, and its page's one byte reads as the
+    damage (EIO naming file and position, as Kafka's consumer stops at it); a view from an
+    offset after it reads on from there, one from an offset in it begins at the damage. The
+    sealed segments around it are kept in the store, the damaged one is not: a measure after
+    the repair reads it (and the last) again, and the whole partition."""
     log = make_log(tmp_path / "t-0")
     fill(log, 60)
     log.flush()
     segments = log.segments
     assert len(segments) >= 4
     damaged = segments[2]
+    bad = list(damaged.iter_headers())[-1]  # (the batch holding the byte damaged below)
+    full = expected_text(log, 0, TextFormat())
+    before = full[: len(full) - len(expected_text(log, bad.base_offset, TextFormat()))]
+    after = expected_text(log, bad.last_offset + 1, TextFormat())
     with open(damaged.log_path, "r+b") as file:
         file.seek(damaged.size - 3)
         original = file.read(1)
@@ -454,19 +467,29 @@ def test_a_damaged_sealed_segment_fails_the_measure_after_the_others_are_kept(tm
         file.write(bytes([original[0] ^ 0xFF]))
     store = LayoutStore(tmp_path / "cache")
     layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64, store=store, format_key="text")
-    with pytest.raises(CorruptRecordError) as failed:
-        View(layout, 0).size()
-    assert str(damaged.log_path) in str(failed.value)
+    view = View(layout, 0)
+    assert view.size() == len(before) + 1 + len(after)
+    assert bytes(view.read(0, view.size())) == before  # (short: up to the damage)
+    with pytest.raises(
+        CorruptRecordError, match=rf"{damaged.log_path.name}: corrupt record batch at position {bad.position}"
+    ):
+        view.read(len(before), 100)
+    assert read_as_the_mount_does(View(layout, bad.last_offset + 1), 1000) == after
+    assert bytes(view.read(len(before) + 1, len(after) + 10)) == after
+    into = View(layout, bad.base_offset)
+    assert into.size() == 1 + len(after)
+    with pytest.raises(CorruptRecordError):
+        into.read(0, 10)
+    assert "CRC-32C mismatch" in str(layout.progress().error)
+    kept = {segment.base_offset for segment in segments[:-1] if segment is not damaged}
+    stored = {int(path.name.split(".")[0]) for path in store.directory(log, "text").glob("*.layout")}
+    assert stored == kept
     with open(damaged.log_path, "r+b") as file:
         file.seek(damaged.size - 3)
         file.write(original)
     again = CountingRenderer(TextRenderer(TextFormat(), 0))
     view = View(Layout(log, again, mark_bytes=64, store=store, format_key="text"), 0)
-    expected = expected_text(log, 0, TextFormat())
-    assert view.read(0, len(expected) + 1) == expected
-    kept = {segment.base_offset for segment in segments[:-1] if segment is not damaged}
-    stored = {int(path.name.split(".")[0]) for path in store.directory(log, "text").glob("*.layout")}
-    assert kept <= stored
+    assert view.read(0, len(full) + 1) == full
     batches_of = {segment.base_offset: len(list(segment.iter_batches())) for segment in segments}
     assert again.measured <= batches_of[damaged.base_offset] + batches_of[segments[-1].base_offset]
     log.close()
@@ -807,29 +830,36 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     log.close()
 
 
+@pytest.mark.expect_warnings("its views answer EIO there")
 @pytest.mark.parametrize("length", [10, 1 << 30], ids=["impossible", "past-the-end"])
-def test_a_damaged_batch_length_in_a_sealed_segment_fails_the_measure(tmp_path: Path, length: int) -> None:
-    """A measure of a sealed segment whose batch has a length field no batch can have (or one
-    past the segment's end) fails naming the file and position (EIO, and a log line, in the
-    mount), as a CRC failure does: the view does not end the segment there, without the
-    records after it. In the last segment the same is a batch being written: the view ends
-    before it."""
+def test_a_damaged_batch_length_in_a_sealed_segment_reads_as_eio_where_it_is(tmp_path: Path, length: int) -> None:
+    """A sealed segment whose batch has a length field no batch can have (or one past the
+    segment's end): the view does not end the segment there, as if the records after it were
+    not there; its records before it are served, then one byte that reads as the damage (EIO
+    naming file and position), then the next segments' records (the rest of its own cannot be
+    found). In the last segment the same is a batch being written: the view ends before it."""
     from tests.engine.test_log import damage_batch_length
 
     log = make_log(tmp_path / "t-0", **{"segment.bytes": "3000"})
     for n in range(60):
         log.append_records([b"record-%d-" % n + b"x" * 100], now_ms=NOW_MS)
-    first, last = log.segments[0], log.segments[-1]
+    first, second, last = log.segments[0], log.segments[1], log.segments[-1]
     whole = expected_text(log, 0, TextFormat())
+    before = whole[: len(whole) - len(expected_text(log, 3, TextFormat()))]  # (one record a batch)
+    after = expected_text(log, second.base_offset, TextFormat())
     damage_batch_length(last.log_path, 0, length)  # (its first and only batch)
     view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
     assert view.size() == len(expected_text(log, 0, TextFormat())) < len(whole)
+    after = after[: len(after) - (len(whole) - view.size())]  # (less the last segment's)
     position = damage_batch_length(first.log_path, 3, length)
     view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
+    assert view.size() == len(before) + 1 + len(after)
+    assert bytes(view.read(0, view.size())) == before
     with pytest.raises(
         CorruptRecordError, match=rf"{first.log_path.name}: .* at position {position}: a batch is cut short"
     ):
-        view.size()
+        view.read(len(before), 10)
+    assert bytes(view.read(len(before) + 1, view.size())) == after
     log.close()
 
 
