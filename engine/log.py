@@ -669,7 +669,7 @@ class PartitionLog:
             grown = False
             for segment in segments[-2:]:  # the last one grows; the one before may just have been sealed
                 before = segment.size
-                grown = segment.refresh_size() != before or grown
+                grown = segment.refresh_size(sealed=segment is not segments[-1]) != before or grown
             if not changed and not grown:
                 return False
             gone = [segment for segment in current if segment not in segments]

@@ -297,13 +297,18 @@ class LogSegment:
         """Bytes of batches in the `.log` file."""
         return self._size
 
-    def refresh_size(self) -> int:
+    def refresh_size(self, *, sealed: bool = False) -> int:
         """A read-only segment of a log another process appends to: the size grows to the end of
         the last *complete* batch in the file now (a batch still being written, or cut by a
         crash, stays out). Only the bytes appended since the last look are scanned (the first
-        time, from the last offset index entry). Returns the size; a writable segment's is
-        already exact."""
+        time, from the last offset index entry). `sealed` (no longer the log's last: nothing is
+        written to it any more): the file's size, whatever it holds (a batch cut short there is
+        damage, which its readers report, not a batch being written). Returns the size; a
+        writable segment's is already exact."""
         if self.writable:
+            return self._size
+        if sealed:
+            self._size = self._size_on_disk()
             return self._size
         start, next_offset = self._complete_to, self._followed_next_offset
         if start is None:
@@ -311,11 +316,7 @@ class LogSegment:
             # (an entry holds its batch's last offset: the offset before it is known once that
             # batch is read whole)
             start, next_offset = entry.position, (None if entry.position else self.base_offset)
-        with self._handle_lock:  # an open descriptor cannot be closed meanwhile
-            handle = self._handle
-            on_disk = os.fstat(handle).st_size if handle is not None else None
-        if on_disk is None:
-            on_disk = os.stat(self.log_path).st_size
+        on_disk = self._size_on_disk()
         if start > on_disk:  # cut back (the writer's recovery): scan it again from the start
             start, next_offset = 0, self.base_offset
             self._verified_to = 0
@@ -329,6 +330,13 @@ class LogSegment:
         self._complete_to, self._followed_next_offset = end, next_offset
         self._size = end
         return end
+
+    def _size_on_disk(self) -> int:
+        with self._handle_lock:  # an open descriptor cannot be closed meanwhile
+            handle = self._handle
+            if handle is not None:
+                return os.fstat(handle).st_size
+        return os.stat(self.log_path).st_size
 
     @property
     def followed_next_offset(self) -> int:

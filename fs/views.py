@@ -1114,7 +1114,9 @@ class Layout:
         mark = max(bisect.bisect_right(layout.marks_offset, offset) - 1, 0)
         at = starts[slot] + layout.marks_view[mark]
         if mark in layout.damage:  # (an offset of a damaged batch: its page, which reads as the damage)
-            return at, total
+            while mark - 1 in layout.damage and layout.marks_offset[mark - 1] == layout.marks_offset[mark]:
+                mark -= 1  # (damaged batches one after the other: their offsets are not known, the first's)
+            return starts[slot] + layout.marks_view[mark], total
         # The first batch reaching `offset` is in this page, or it is the next page's first.
         for header, rendered in self._page(layout, mark):
             if header.last_offset < offset:

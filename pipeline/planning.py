@@ -405,7 +405,7 @@ def _segment_slices(log: PartitionLog, offsets: OffsetRange, min_timestamp_ms: i
             continue
         if min_timestamp_ms is not None and segment.max_timestamp_so_far.timestamp < min_timestamp_ms:
             continue  # every record of the segment is older (a closed segment's index says so)
-        size = segment.refresh_size()
+        size = segment.refresh_size(sealed=next_base is not None)
         start = 0 if lo == segment.base_offset else segment.offset_index.lookup(lo).position
         end = size if next_base is not None and hi == next_base else _end_position(segment, hi, size)
         if start >= end:

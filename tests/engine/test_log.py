@@ -764,4 +764,13 @@ def test_a_damaged_batch_length_in_a_sealed_segment_is_an_error_not_its_end(part
     assert seen == [0, 1, 2]
     damage_batch_length(last.log_path, 0, length)  # (its first and only batch)
     assert [r.offset for r in log.records(last.base_offset)] == []
+    config, sealed_last = log.config, log.segments[-2]
     log.close()
+    # A reader following the partition: after a refresh, which looks again at the segment sealed
+    # last (it takes its file's size, not where its batch headers stop), the same error.
+    position = damage_batch_length(sealed_last.log_path, 1, length)
+    reader = PartitionLog.open(part_dir, "t", 0, config, writable=False, clean_shutdown=True, now_ms=NOW_MS)
+    reader.refresh(NOW_MS)
+    with pytest.raises(CorruptRecordError, match=rf"{sealed_last.log_path.name}: .* at position {position}: a batch"):
+        list(reader.records(sealed_last.base_offset))
+    reader.close()

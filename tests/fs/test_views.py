@@ -831,6 +831,31 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
 
 
 @pytest.mark.expect_warnings("its views answer EIO there")
+def test_a_view_from_an_offset_in_damaged_batches_one_after_the_other_begins_at_the_first(tmp_path: Path) -> None:
+    """Two damaged batches in a row (their offsets unknown): a view from an offset of the first
+    begins at the first's byte, which names the first."""
+    log = make_log(tmp_path / "t-0")
+    for n in range(40):
+        log.append_records([b"v-%d" % n], now_ms=NOW_MS)
+    segment = log.segments[0]
+    first, second = list(segment.iter_headers())[3:5]
+    before = len(expected_text(log, 0, TextFormat())) - len(expected_text(log, first.base_offset, TextFormat()))
+    with open(segment.log_path, "r+b") as file:
+        for header in (first, second):  # the last byte of each: their CRCs no longer hold
+            file.seek(header.next_position - 1)
+            byte = file.read(1)
+            file.seek(header.next_position - 1)
+            file.write(bytes([byte[0] ^ 0x01]))
+    layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64)
+    assert len(View(layout, 0).read(0, 1 << 20)) == before
+    view = View(layout, first.base_offset)
+    assert view.size() == View(layout, 0).size() - before
+    with pytest.raises(CorruptRecordError, match=rf"at position {first.position}: CRC-32C mismatch"):
+        view.read(0, 10)
+    log.close()
+
+
+@pytest.mark.expect_warnings("its views answer EIO there")
 @pytest.mark.parametrize("length", [10, 1 << 30], ids=["impossible", "past-the-end"])
 def test_a_damaged_batch_length_in_a_sealed_segment_reads_as_eio_where_it_is(tmp_path: Path, length: int) -> None:
     """A sealed segment whose batch has a length field no batch can have (or one past the

@@ -257,3 +257,9 @@ def test_a_damaged_batch_length_in_a_sealed_segment_fails_the_read(tmp_path: Pat
     position = damage_batch_length(first, 3, 10)
     with pytest.raises(CorruptRecordError, match=rf"{first.name}: .* at position {position}: a batch is cut short"):
         read_offsets(path, slices[:1])
+    # Planned after the damage: a sealed segment's slice ends at its file's end, not at the
+    # damage (where its batch headers stop), and the read says so.
+    replanned = plan(path, [("t", 0)])
+    assert replanned[0].end_position == first.stat().st_size
+    with pytest.raises(CorruptRecordError, match=rf"at position {position}: a batch is cut short"):
+        read_offsets(path, replanned[:1])
