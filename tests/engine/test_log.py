@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -253,11 +254,57 @@ def test_roll_of_empty_active_segment_returns_it(part_dir: Path) -> None:
 
 
 def test_roll_flushes_and_moves_recovery_point(part_dir: Path) -> None:
-    # Case 15: after rolls the recovery point is at least the active segment's base.
+    # Case 15: after rolls the recovery point is at least the active segment's base (once the
+    # last roll's flush, which runs on a thread of its own as Kafka schedules it, is done).
     log = make_log(part_dir, segment_bytes=100)
     for i in range(30):
         log.append_records([b"record-%d" % i], now_ms=NOW_MS)
+    deadline = time.monotonic() + 10
+    while log.recovery_point < log.active_segment.base_offset and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert log.recovery_point >= log.active_segment.base_offset > 0
+    log.close()
+
+
+def test_a_roll_leaves_the_sealed_segment_s_fsync_to_a_thread_of_its_own(part_dir: Path, monkeypatch) -> None:
+    """The fsync of the `.log` a roll seals runs on a thread of its own (a GiB's took a quarter
+    of a second and more in the appending thread): the roll and the appends after it do not
+    wait for it; the recovery point passes the segment once it is done, and a flush or a close
+    waits for it. Its failure is raised by the next flush, and the segment is flushed again."""
+    import errno as errno_module
+
+    log = make_log(part_dir, segment_bytes=300)  # (a batch of a 100-byte record: about 170 bytes)
+    log.append_records([b"x" * 100], now_ms=NOW_MS)
+    release, fail = threading.Event(), [False]
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if threading.current_thread().name.startswith("flush "):
+            assert release.wait(10)
+            if fail[0]:
+                raise OSError(errno_module.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    sealed = log.active_segment
+    log.append_records([b"y" * 100], now_ms=NOW_MS)  # rolls: the fsync waits in its thread
+    log.append_records([b"z" * 10], now_ms=NOW_MS)
+    assert log.active_segment is not sealed and log.recovery_point < log.active_segment.base_offset
+    release.set()
+    log.flush()
+    assert log.recovery_point == log.log_end_offset
+    release.clear()
+    fail[0] = True
+    log.append_records([b"w"], now_ms=NOW_MS)
+    log.roll(NOW_MS)  # (the segment that record went to: its fsync fails)
+    behind = log.active_segment.base_offset
+    release.set()
+    with pytest.raises(OSError, match="Input/output error"):
+        log.flush()
+    assert log.recovery_point < behind
+    fail[0] = False
+    log.flush()  # (the segment's fsync, again)
+    assert log.recovery_point == log.log_end_offset
     log.close()
 
 
