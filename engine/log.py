@@ -124,7 +124,7 @@ class PartitionLog:
         # The fsync of the segment the last roll sealed, on a thread of its own (Kafka schedules
         # it right after the roll): (thread, the segment, the recovery point once it is done, the
         # log's truncations when it started, what it raised).
-        self._behind: tuple[threading.Thread, LogSegment, int, int, list[BaseException]] | None = None
+        self._behind: tuple[threading.Thread | None, LogSegment, int, int, list[BaseException]] | None = None
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
@@ -243,7 +243,8 @@ class PartitionLog:
         """Below it, everything is on disk: a roll's flush done in the background counts once it
         is done."""
         behind = self._behind
-        if behind is not None and not behind[0].is_alive() and not behind[4] and behind[3] == self.truncations:
+        done = behind is not None and (behind[0] is None or not behind[0].is_alive())
+        if behind is not None and done and not behind[4] and behind[3] == self.truncations:
             return max(self._recovery_point, behind[2])
         return self._recovery_point
 
@@ -615,13 +616,17 @@ class PartitionLog:
             for segment in self._segments.from_offset(self._recovery_point):
                 if segment is not active:
                     segment.flush()
-        descriptor = active.take_flush()
         segment = segment_for(self.directory, new_base, self.config, writable=True, now_ms=now_ms)
         segment.roll_jitter_ms = self._new_jitter()
         segment.make_active()
         self._segments.add(segment)
         # The new files' directory entries are durable before the recovery point passes them.
         fsync_dir(self.directory)
+        try:
+            descriptor = active.take_flush()  # (only now: a roll that failed above left it to be flushed)
+        except OSError:  # (no descriptor to spare, EMFILE: flushed here and now)
+            active.flush()
+            descriptor = None
         if descriptor is None:
             self._recovery_point = max(self._recovery_point, new_base)
         else:
@@ -629,8 +634,8 @@ class PartitionLog:
         return segment
 
     def _flush_behind(self, segment: LogSegment, descriptor: int, recovery_point: int) -> None:
-        """fsync `descriptor` (a duplicate of `segment`'s `.log`, which the thread closes) on a
-        thread of its own; `_join_behind` waits for it."""
+        """fsync `descriptor` (a duplicate of `segment`'s `.log`, closed when done) on a thread of
+        its own (here, when no thread can be started); `_join_behind` waits for it."""
         failures: list[BaseException] = []
 
         def flush() -> None:
@@ -642,19 +647,30 @@ class PartitionLog:
                 os.close(descriptor)
 
         thread = threading.Thread(target=flush, name=f"flush {self._where}", daemon=True)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError:  # (no thread to be had)
+            flush()
+            self._behind = (None, segment, recovery_point, self.truncations, failures)
+            return
         self._behind = (thread, segment, recovery_point, self.truncations, failures)
 
     def _join_behind(self) -> None:
         """Wait for the last roll's flush; the recovery point passes its segment (unless the log
-        was cut back meanwhile), or its failure is raised here. Holds: the partition lock."""
-        behind, self._behind = self._behind, None
+        was cut back meanwhile). Its failure takes the partition offline, as Kafka takes a log
+        dir offline when a flush fails (a second fsync would succeed without the data: Linux
+        reports a failed writeback once and drops the pages), and is raised here. Holds: the
+        partition lock."""
+        behind = self._behind
         if behind is None:
             return
         thread, segment, recovery_point, truncations, failures = behind
-        thread.join()
+        if thread is not None:
+            thread.join()
+        self._behind = None  # (only once done: an interrupted join waits again next time)
         if failures:
             segment.failed_flush()
+            self.take_offline(f"flush of {segment.log_path} failed: {failures[0]}")
             raise failures[0]
         if truncations == self.truncations:
             self._recovery_point = max(self._recovery_point, recovery_point)
@@ -982,11 +998,20 @@ class PartitionLog:
                 return
             self._closed = True
             if self.writable:
-                self._flush_locked()
+                failure: BaseException | None = None
+                try:
+                    self._flush_locked()
+                except BaseException as error:  # (raised below, once the files are closed all the same)
+                    failure = error
                 for segment in self._segments.snapshot():
-                    segment.close()
+                    try:
+                        segment.close()
+                    except BaseException as error:
+                        failure = failure or error
                 for _, segment in self._pending_deletes:
                     segment.close_handlers()  # the `.deleted` files go at the next open, as in Kafka
+                if failure is not None:
+                    raise failure
             else:
                 for segment in self._segments.snapshot():
                     segment.close_handlers()

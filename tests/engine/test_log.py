@@ -19,7 +19,7 @@ from seglogfs.engine import (
     RecordTooLargeError,
 )
 from seglogfs.engine.config import LogConfig, apply_topic_overrides
-from seglogfs.engine.errors import CorruptRecordError
+from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
 from seglogfs.engine.records import build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
@@ -266,11 +266,13 @@ def test_roll_flushes_and_moves_recovery_point(part_dir: Path) -> None:
     log.close()
 
 
+@pytest.mark.expect_warnings(r"t-0 is offline: flush of .* failed: \[Errno 5\] Input/output error")
 def test_a_roll_leaves_the_sealed_segment_s_fsync_to_a_thread_of_its_own(part_dir: Path, monkeypatch) -> None:
     """The fsync of the `.log` a roll seals runs on a thread of its own (a GiB's took a quarter
     of a second and more in the appending thread): the roll and the appends after it do not
     wait for it; the recovery point passes the segment once it is done, and a flush or a close
-    waits for it. Its failure is raised by the next flush, and the segment is flushed again."""
+    waits for it. Its failure is raised by the next flush and takes the partition offline, as
+    Kafka takes a log dir offline (a second fsync would succeed without the data)."""
     import errno as errno_module
 
     log = make_log(part_dir, segment_bytes=300)  # (a batch of a 100-byte record: about 170 bytes)
@@ -302,9 +304,41 @@ def test_a_roll_leaves_the_sealed_segment_s_fsync_to_a_thread_of_its_own(part_di
     with pytest.raises(OSError, match="Input/output error"):
         log.flush()
     assert log.recovery_point < behind
+    with pytest.raises(LogOfflineError, match=r"flush of .* failed"):
+        log.append_records([b"v"], now_ms=NOW_MS)
     fail[0] = False
-    log.flush()  # (the segment's fsync, again)
-    assert log.recovery_point == log.log_end_offset
+    log.close()
+
+
+def test_a_roll_that_fails_half_way_leaves_the_sealed_segment_to_be_flushed(part_dir: Path, monkeypatch) -> None:
+    """A roll that fails after sealing the segment (the new segment's directory entry cannot be
+    made durable): the sealed segment is still to be flushed, and the next flush fsyncs it (it
+    was counted flushed before its fsync had run, and the recovery point passed it)."""
+    import errno as errno_module
+
+    from seglogfs.engine import log as log_module
+
+    log = make_log(part_dir, segment_bytes=300)
+    log.append_records([b"x" * 100], now_ms=NOW_MS)
+    sealed = log.active_segment
+    synced: set[int] = set()
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.add(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    def failing_fsync_dir(path: object) -> None:
+        raise OSError(errno_module.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    with monkeypatch.context() as patched:
+        patched.setattr(log_module, "fsync_dir", failing_fsync_dir)
+        with pytest.raises(OSError, match="No space left"):
+            log.append_records([b"y" * 100], now_ms=NOW_MS)  # rolls, and fails
+    assert sealed.log_path.stat().st_ino not in synced
+    log.flush()
+    assert sealed.log_path.stat().st_ino in synced
     log.close()
 
 
