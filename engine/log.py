@@ -669,7 +669,6 @@ class PartitionLog:
             thread.join()
         self._behind = None  # (only once done: an interrupted join waits again next time)
         if failures:
-            segment.failed_flush()
             self.take_offline(f"flush of {segment.log_path} failed: {failures[0]}")
             raise failures[0]
         if truncations == self.truncations:
@@ -688,6 +687,8 @@ class PartitionLog:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
+        if self.offline_reason is not None:
+            return  # (its storage failed: nothing it says is trusted, and the recovery point stays)
         self._join_behind()
         for segment in self._segments.from_offset(self._recovery_point):
             segment.flush()

@@ -1093,6 +1093,9 @@ class LogSegment:
                 self._log_dirty = False
             finally:
                 self._unlease()
+        self._flush_indexes()
+
+    def _flush_indexes(self) -> None:
         for index in (self._offset_index, self._time_index):
             if index is not None:
                 index.flush()  # nothing to do once closed: closing fsynced it
@@ -1101,8 +1104,8 @@ class LogSegment:
     def take_flush(self) -> int | None:
         """`flush`, with the `.log`'s fsync left to the caller (a roll's, on a thread of its own):
         a duplicate of its descriptor when batches were appended since the last fsync, which the
-        caller fsyncs and closes (the segment counts them flushed from now on: `failed_flush`
-        when that fsync fails), else None. The indexes are flushed here."""
+        caller fsyncs and closes (the segment counts them flushed from now on), else None. The
+        indexes are flushed here."""
         descriptor = None
         if self._log_dirty:
             handle = self._lease()
@@ -1111,15 +1114,8 @@ class LogSegment:
                 self._log_dirty = False
             finally:
                 self._unlease()
-        for index in (self._offset_index, self._time_index):
-            if index is not None:
-                index.flush()
-        self.transaction_index.flush()
+        self._flush_indexes()
         return descriptor
-
-    def failed_flush(self) -> None:
-        """The fsync of a `take_flush` descriptor failed: the next flush tries again."""
-        self._log_dirty = True
 
     def on_become_inactive(self) -> None:
         """Roll: add the closing time-index entry and trim both indexes to their entries. The
