@@ -146,7 +146,6 @@ class _SegmentLayout:
     marks_file: array = field(default_factory=lambda: array("q", [0]))
     marks_offset: array = field(default_factory=lambda: array("q", [-1]))
     since_mark: int = 0
-    next_offset: int = -1  # after the last batch measured (-1: none yet)
     sealed: bool = False
     last_batch: tuple[int, int] = (-1, 0)  # (position, CRC) of the last batch measured
     # Damaged batches the measure found, by the mark of the page each has to itself, whose one
@@ -965,10 +964,7 @@ class Layout:
 
     @staticmethod
     def _next_offset(layout: _SegmentLayout) -> int:
-        """The offset after the last batch measured into a segment's layout (one loaded from the
-        store knows where that batch is, not its offsets: its header is read)."""
-        if layout.next_offset >= 0:
-            return layout.next_offset
+        """The offset after the last batch measured into a segment's layout (its header read)."""
         position = layout.last_batch[0]
         if position >= 0:
             for header in layout.segment.iter_headers(position, layout.scanned_to):
@@ -981,13 +977,10 @@ class Layout:
         field is one a batch can have and it ends by `end` (its CRC failed, say); else `end`
         (nothing after it can be found)."""
         try:
-            head = segment.with_descriptor(lambda fd: os.pread(fd, BATCH_OVERHEAD_BYTES, position))
+            header = next(segment.iter_headers(position, end), None)
         except OSError:
             return end
-        if len(head) < 12:
-            return end
-        after = position + 12 + int.from_bytes(head[8:12], "big", signed=True)
-        return after if position + BATCH_OVERHEAD_BYTES <= after <= end else end
+        return end if header is None else header.next_position
 
     def _damaged(self, layout: _SegmentLayout, error: CorruptRecordError, after: int) -> None:
         """A damaged batch at the measure's next position, its batches going on at `after`: a
@@ -1022,7 +1015,6 @@ class Layout:
         layout.since_mark += rendered
         layout.scanned_to = header.next_position
         layout.last_batch = (header.position, header.crc)
-        layout.next_offset = header.last_offset + 1
         layout.size += rendered
 
     def _sibling_to_measure(self, layout: _SegmentLayout) -> Layout | None:
@@ -1129,31 +1121,18 @@ class Layout:
 
     def read(self, position: int, length: int) -> bytes | memoryview:
         """Up to `length` layout bytes from `position`; none from positions of segments that are
-        gone (removed by retention while a reader held a view). A view of a rendering, not a
-        copy, when one holds them all."""
-        pieces: list[memoryview] = []
-        try:
-            pieces.extend(piece for piece in self._pieces(position, length, now=False) if piece is not None)
-        except (EngineError, OSError):
-            if not pieces:
-                raise
-            # The bytes before what failed (a damaged batch): the read that starts there fails.
-        return _joined(pieces)
+        gone (removed by retention while a reader held a view); short, up to a page that fails
+        (a damaged batch). A view of a rendering, not a copy, when one holds them all."""
+        return _joined([piece for piece in self._pieces(position, length, now=False) if piece is not None])
 
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`length` layout bytes from `position` when they are measured and their pages rendered
-        or cheap to render from the OS page cache (cheap enough for the event loop), else None.
-        What fails before the first byte raises; after it, None (a worker thread's read gives
-        the bytes before it)."""
+        or cheap to render from the OS page cache (cheap enough for the event loop), else None
+        (also when something fails after the first byte: a worker thread's read gives the bytes
+        before it). What fails at the first byte raises."""
         if position + length > self.known_size():
             return None
-        pieces: list[memoryview | None] = []
-        try:
-            pieces.extend(self._pieces(position, length, now=True))
-        except (EngineError, OSError):
-            if not pieces:
-                raise
-            return None
+        pieces = list(self._pieces(position, length, now=True))
         if None in pieces:
             return None
         data = _joined(pieces)  # type: ignore[arg-type]
@@ -1168,7 +1147,9 @@ class Layout:
     def _pieces(self, position: int, length: int, *, now: bool) -> Iterator[memoryview | None]:
         """The layout bytes [position, position + length) as pieces of renderings (views, not
         copies: pages rendered ahead together make one piece); with `now`, None (and the end)
-        at the first page `_page_now` cannot give within the read's rendering budget. A read
+        at the first page `_page_now` cannot give within the read's rendering budget; None (and
+        the end) after the bytes before a page that fails, unless it is the first (then its
+        error is raised: the read that starts there fails). A read
         that goes on from where an earlier one ended has the pages after it rendered ahead
         (`_RenderAhead`)."""
         order, starts = self._published
@@ -1189,9 +1170,14 @@ class Layout:
                     try:
                         spans = self._page_spans(layout, mark, budget if now else None)
                     except (EngineError, OSError):
-                        if piece is not None:  # (the bytes before it first: see `read`)
+                        if piece is None and wanted == length:
+                            raise  # (the read starts at what failed)
+                        # The bytes before what failed (a damaged batch), and the end: the read
+                        # that starts there fails (a read on the loop gives them on a worker).
+                        if piece is not None:
                             yield memoryview(piece[0])[piece[1] : piece[2]]
-                        raise
+                        yield None
+                        return
                     if spans is None:
                         yield None
                         return
