@@ -1504,26 +1504,41 @@ static PyObject *render_range(const range_args_t *a, int fd, long long start, lo
     uint8_t *data = NULL;
     int ok, exact = size != -1;
     Py_ssize_t used = 0;
-    Py_BEGIN_ALLOW_THREADS
-    ok = read_range(fd, start, end, &data, nowait);
-    if (ok == 1 && !exact) ok = range_bound(a, data, end - start, &size);
-    Py_END_ALLOW_THREADS
-    if (ok == WOULD_WAIT) {
-        free(data);
-        errno = EAGAIN;
-        return PyErr_SetFromErrno(PyExc_BlockingIOError);
-    }
     PyObject *result = NULL;
-    if (ok) result = PyBytes_FromStringAndSize(NULL, size);
-    if (result == NULL && ok && !exact && PyErr_ExceptionMatches(PyExc_MemoryError)) {
-        PyErr_Clear(); /* (a bound too large to be had: left to the batch renderers, as they are) */
-        ok = 0;
-    }
-    if (result != NULL) {
+    if (exact) {
+        /* The size known: the block made first, and the GIL released once for the read and the
+         * rendering (the render-ahead thread waited for it in between, on a busy event loop). */
+        result = PyBytes_FromStringAndSize(NULL, size);
+        if (result == NULL) return NULL;
         uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
         Py_BEGIN_ALLOW_THREADS
-        ok = render_batches(a, data, end - start, out, size, exact ? NULL : &used);
+        ok = read_range(fd, start, end, &data, nowait);
+        if (ok == 1) ok = render_batches(a, data, end - start, out, size, NULL);
         Py_END_ALLOW_THREADS
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        ok = read_range(fd, start, end, &data, nowait);
+        if (ok == 1) ok = range_bound(a, data, end - start, &size);
+        Py_END_ALLOW_THREADS
+        if (ok == 1) {
+            result = PyBytes_FromStringAndSize(NULL, size);
+            if (result == NULL && PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                PyErr_Clear(); /* (a bound too large to be had: left to the batch renderers, as they are) */
+                ok = 0;
+            }
+        }
+        if (result != NULL) {
+            uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+            Py_BEGIN_ALLOW_THREADS
+            ok = render_batches(a, data, end - start, out, size, &used);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    if (ok == WOULD_WAIT) {
+        free(data);
+        Py_XDECREF(result);
+        errno = EAGAIN;
+        return PyErr_SetFromErrno(PyExc_BlockingIOError);
     }
     free(data);
     if (ok && result != NULL && !exact && _PyBytes_Resize(&result, used) < 0) return NULL; /* (result freed) */
