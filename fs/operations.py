@@ -14,6 +14,7 @@ what and where; anything unexpected is logged with its traceback and answers EIO
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -42,6 +43,7 @@ from seglogfs.engine.errors import (
 )
 from seglogfs.fs.node import Attributes, Changes, Handle, Node, NoEntry, Refused, join
 from seglogfs.fs.tree import Tree
+from seglogfs.fs.views import RenderingAhead
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,9 @@ _CALLERS_ERRNOS = frozenset(
 
 
 _SIGNAL_POLL_S = 0.05
+# A read on the loop that meets pages being rendered ahead waits for them this long at most (a
+# run takes about a millisecond from the OS page cache), then goes to a worker thread.
+_RENDERING_WAIT_S = 1.0
 FOLLOW_PERIOD_S = 0.5  # a read-only mount looks for other writers' changes this often
 
 
@@ -366,7 +371,7 @@ class Operations(pyfuse3.Operations):
         # A read that needs neither the disk nor much rendering is served on the loop: handing
         # it to a worker thread costs more than the read (sequential readers ran at half speed).
         with _errors(f"read {handle.node.path}"):
-            data = handle.read_now(off, size)
+            data = await self._read_now(handle, off, size)
         if data is None:
             data = await self._run_interruptible(
                 lambda: handle.read(off, size), f"read {handle.node.path}", self._openers.get(fh, 0)
@@ -376,6 +381,29 @@ class Operations(pyfuse3.Operations):
         if data:  # (an empty read, at or past the end, returns nothing the kernel might not hold)
             self._cover_read(handle, off + len(data))
         return data
+
+    async def _read_now(self, handle: Handle, off: int, size: int) -> bytes | bytearray | memoryview | None:
+        """`handle.read_now`; when the pages it needs are being rendered ahead at that moment,
+        tried again once they are, waiting on the loop: neither rendered twice nor handed to a
+        worker thread (each cost more than the wait, and a sequential reader catches up with
+        the render-ahead thread a thousand times a GiB). None to hand the read to a worker."""
+        token = trio.lowlevel.current_trio_token()
+        while True:
+            try:
+                return handle.read_now(off, size)
+            except RenderingAhead as rendering:
+                rendered = trio.Event()
+
+                def wake(rendered: trio.Event = rendered) -> None:
+                    with contextlib.suppress(trio.RunFinishedError):  # (the mount is ending)
+                        token.run_sync_soon(rendered.set)
+
+                if rendering.when_rendered(wake):
+                    self.requests["read_waited"] += 1
+                    with trio.move_on_after(_RENDERING_WAIT_S) as waited:
+                        await rendered.wait()
+                    if waited.cancelled_caught:
+                        return None
 
     def _cover_read(self, handle: Handle, end: int) -> None:
         """Make sure the kernel holds no size below `end`, where a read is about to end.

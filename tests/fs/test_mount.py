@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from seglogfs.fs.views import AHEAD_DELAY_ENV
 from tests.conftest import REPO
 from tests.fs.conftest import REFUSED, Mount
 
@@ -409,6 +410,29 @@ def test_sequential_readers_get_every_byte_of_pages_rendered_ahead(mount, tmp_pa
     assert sh(f"wc -l < {view}").stdout.strip() == b"150000"
     assert sh(f"head -c 5000000 {view} | tail -c 20").stdout == text[5_000_000 - 20 : 5_000_000]
     assert sh(f"cat {view}").stdout == text  # (after a reader that went away mid-file)
+
+
+def test_a_reader_that_catches_up_with_the_render_ahead_thread_waits_on_the_loop(
+    mount, tmp_path: Path, monkeypatch
+) -> None:
+    """With each run rendered ahead slowed down, `cat` of a view catches up with the thread
+    again and again: its reads wait on the loop for the run being rendered (they do not go to
+    a worker thread), and it gets every record, in order."""
+    data = tmp_path / "data"
+    records = [b"record-%06d " % i + b"z" * (i % 90) for i in range(120_000)]  # about 8 MiB
+    cli = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+    produce = [*cli, "produce", str(data), "--topic", "t"]
+    subprocess.run(produce, input=b"\n".join(records) + b"\n", cwd=REPO, check=True, capture_output=True, timeout=60)
+    monkeypatch.setenv(AHEAD_DELAY_ENV, "40")
+    m: Mount = mount(data, "-o", "ro")
+    view = m.path / "t" / "0" / "records"
+    assert view.stat().st_size == sum(len(r) + 1 for r in records)  # (measured: the reads below render)
+    m.requests()
+    assert sh(f"cat {view}").stdout == b"\n".join(records) + b"\n"
+    counted = m.requests()  # (since the last report)
+    assert counted.get("read_waited", 0) >= 1, "no read waited for the thread"
+    # (but the two that reach the end, which take a look at the log first)
+    assert counted["read"] - counted["read_now"] <= 2, f"reads went to a worker thread: {counted}"
 
 
 def test_one_line_appends_are_served_on_the_loop_unless_they_roll(mount) -> None:

@@ -390,7 +390,7 @@ def test_a_read_on_the_loop_during_a_measure_is_whole_or_refused(tmp_path: Path)
     try:
         while at_a_line.acquire(timeout=10) and measuring.is_alive():
             known = view.layout.known_size()
-            got = view.read_now(0, known)
+            got = read_on_the_loop(view, 0, known)
             assert got is None or got == expected[:known], f"after line {steps[-1]}: {got!r}"
             go_on.release()
     finally:
@@ -717,13 +717,25 @@ class RangeCountingRenderer:
         return rendered
 
 
+def read_on_the_loop(view: View, position: int, length: int) -> bytes | memoryview | None:
+    """`view.read_now` as the mount's loop calls it: a read that meets pages being rendered
+    ahead waits for them and is tried again."""
+    while True:
+        try:
+            return view.read_now(position, length)
+        except views.RenderingAhead as rendering:
+            rendered = threading.Event()
+            if rendering.when_rendered(rendered.set):
+                assert rendered.wait(10), "the run being rendered ahead did not end"
+
+
 def read_as_the_mount_does(view: View, chunk: int) -> bytes:
     """The whole view in `chunk`-byte reads one after the other, each served as the mount serves
     it: on the loop when it can be (`read_now`), else by a worker thread (`read`). Between two
     reads, the pages asked for are rendered ahead (as they are while a slow reader thinks)."""
     out, size = bytearray(), view.size()
     while len(out) < size:
-        data = view.read_now(len(out), min(chunk, size - len(out)))
+        data = read_on_the_loop(view, len(out), min(chunk, size - len(out)))
         out += data if data is not None else view.read(len(out), chunk)
         assert views._AHEAD.settle(10), "rendering ahead did not end"
     return bytes(out)
@@ -779,7 +791,7 @@ def test_reads_through_runs_rendered_ahead_get_the_view_s_bytes(tmp_path_factory
     for length, on_the_loop, back in reads:
         if back > 9:  # (a reader that goes back: not sequential, nothing asked ahead)
             position = max(position - back * 1000, 0)
-        data = view.read_now(position, length) if on_the_loop else None
+        data = read_on_the_loop(view, position, length) if on_the_loop else None
         if data is None:
             data = view.read(position, length)
         assert bytes(data) == expected[position : position + length], (position, length)
@@ -790,43 +802,100 @@ def test_reads_through_runs_rendered_ahead_get_the_view_s_bytes(tmp_path_factory
     log.close()
 
 
+class HeldRenderer(RangeCountingRenderer):
+    """Holds the render-ahead thread in its first run until `go_on` is set (`started`: it is
+    held)."""
+
+    def __init__(self, renderer) -> None:
+        super().__init__(renderer)
+        self.started, self.go_on = threading.Event(), threading.Event()
+
+    def render_range(self, fd, start, end, size, *, nowait=False):
+        if not self.spans and not nowait:
+            self.started.set()
+            self.go_on.wait(10)
+        return super().render_range(fd, start, end, size, nowait=nowait)
+
+
+def end_of_the_run_being_rendered(layout: Layout) -> int:
+    """The layout position where the run the render-ahead thread is rendering ends."""
+    (_, segment, serial), _, last = views._AHEAD._current
+    order, starts = layout._published
+    slot = next(i for i, s in enumerate(order) if s.segment is segment and s.serial == serial)
+    return starts[slot] + order[slot].view_bounds(last)[1]
+
+
 @pytest.mark.usefixtures("small_ahead")
 def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path: Path) -> None:
     """A reader faster than the render-ahead thread catches up with pages still queued and
     renders them on the loop; a run that has not started then leaves out the pages the reader
-    passed: the thread, held on its first run while the reader reads the whole view, renders
-    nothing more once let go. (The reader waits for the thread to start its first run: a thread
-    that has not started one by the time the reader passed its pages renders nothing at all.)"""
+    passed: the thread, held on its first run while the reader reads on past it, renders
+    nothing more once let go. (The reader reads on from the end of the held run: the pages of
+    a run being rendered are waited for, not rendered again.)"""
     log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     expected = expected_text(log, 0, TextFormat())
-    started, go_on = threading.Event(), threading.Event()
-
-    class HeldRenderer(RangeCountingRenderer):
-        def render_range(self, fd, start, end, size, *, nowait=False):
-            if not self.spans and not nowait:
-                started.set()
-                go_on.wait(10)
-            return super().render_range(fd, start, end, size, nowait=nowait)
-
     renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
     view = View(Layout(log, renderer, mark_bytes=512), 0)
     out, size = bytearray(), view.size()
     try:
         while len(out) < size:
-            data = view.read_now(len(out), min(1000, size - len(out)))  # (a pending page is rendered here)
+            try:
+                data = view.read_now(len(out), min(1000, size - len(out)))  # (a pending page is rendered here)
+            except views.RenderingAhead:
+                assert renderer.started.is_set()
+                skipped = end_of_the_run_being_rendered(view.layout)
+                out += expected[len(out) : skipped]  # (the held run's pages, not read)
+                view.read_now(len(out), 1)  # (what follows is read as a sequential reader's again)
+                continue
             assert data is not None, len(out)
             out += data
-            if views._AHEAD.pending_count() and not started.is_set():
-                assert started.wait(10), "the render-ahead thread did not start the run asked for"
+            if views._AHEAD.pending_count() and not renderer.started.is_set():
+                assert renderer.started.wait(10), "the render-ahead thread did not start the run asked for"
     finally:
-        go_on.set()
+        renderer.go_on.set()
     assert views._AHEAD.settle(10), "rendering ahead did not end"
     assert bytes(out) == expected
     # (each page by a call of the core: the loop's rendering of a complete page)
     rendered_by_reader = sum(end - start for start, end in renderer.reader_spans)
-    assert rendered_by_reader > 0.8 * sum(s.size for s in log.segments), "the reader did not render the pages itself"
+    assert rendered_by_reader > 0.7 * sum(s.size for s in log.segments), "the reader did not render the pages itself"
     assert len(renderer.spans) == 1, renderer.spans  # (the run it was held on)
+    log.close()
+
+
+@pytest.mark.usefixtures("small_ahead")
+def test_a_read_on_the_loop_waits_for_pages_being_rendered_ahead(tmp_path: Path) -> None:
+    """A read on the loop that meets a page in the run the render-ahead thread is rendering
+    raises RenderingAhead rather than render it a second time; `when_rendered` calls back once
+    the run is done (and says False once it is), and the read then takes the run's pages."""
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    expected = expected_text(log, 0, TextFormat())
+    renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    view.size()
+    position = 0
+    try:
+        while True:
+            data = view.read_now(position, 1000)  # (raises when it meets the held run)
+            assert data is not None
+            position += len(data)
+            if views._AHEAD.pending_count():
+                assert renderer.started.wait(10), "the render-ahead thread did not start the run asked for"
+    except views.RenderingAhead as rendering:
+        called = threading.Event()
+        assert rendering.when_rendered(called.set)
+        assert not called.wait(0.1), "called back before the run was done"
+        renderer.go_on.set()
+        assert called.wait(10), "not called back once the run was done"
+        assert not rendering.when_rendered(called.set)  # (done: nothing to wait for)
+    finally:
+        renderer.go_on.set()
+    reader_spans = len(renderer.reader_spans)
+    data = view.read_now(position, 1000)
+    assert data is not None and bytes(data) == expected[position : position + 1000]
+    assert len(renderer.reader_spans) == reader_spans, "the run's pages were rendered again"
+    assert views._AHEAD.settle(10), "rendering ahead did not end"
     log.close()
 
 
