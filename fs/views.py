@@ -142,7 +142,7 @@ _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 AHEAD_BYTES = 16 << 20
 AHEAD_PAGES = 512
 AHEAD_CALL_BYTES = 4 << 20
-_AHEAD_CACHE_BYTES = 32 << 20
+_AHEAD_CACHE_BYTES = 64 << 20  # two readers' pages asked ahead, and the runs they are reading
 _AHEAD_SEGMENTS_KEPT = 1024  # segment layouts whose asks are remembered (the latest)
 _AHEAD_WAIT_S = 5.0  # a worker thread's read waits this long for a page rendered ahead, then renders it
 _DECLINED = -1
@@ -641,34 +641,43 @@ class _RenderAhead:
                 if not run:
                     continue
                 self._current = (segment_key, run[0], run[-1])
-            pages: list[tuple[bytes, int, int]] = []
-            if _AHEAD_DELAY_S:
-                time.sleep(_AHEAD_DELAY_S)
             try:
-                if not declined:  # (asked before an earlier run of the same segment was declined)
-                    pages = layout.render_run(segment_layout, run)
-            except Exception as error:  # left to the readers, who report it
-                logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
-            with self._lock:
-                if not pages:
-                    self._asked[segment_key] = _DECLINED
-                if pages:
-                    data, run_end, last = pages[0][0], pages[-1][2], run[-1]
-                    for mark, (_, start, end) in zip(run, pages, strict=True):
-                        self._keep_locked(_page_key(layout, segment_layout, mark), (data, start, end, run_end, last))
-                for mark in run:
-                    key = _page_key(layout, segment_layout, mark)
-                    self._pending.discard(key)
-                    self._taken.discard(key)
-                self._evict_locked()
-                self._current = None
-                done, self._when_done = self._when_done, []
-                self._work.notify_all()
-            for callback in done:
-                try:
-                    callback()
-                except Exception:  # (the thread renders on for the other readers)
-                    logger.exception("rendering ahead: telling a reader a run is done")
+                self._render_run(layout, segment_layout, run, declined=declined)
+            finally:  # (however it ended, the run is over for the readers waiting for it)
+                with self._lock:
+                    self._current = None
+                    done, self._when_done = self._when_done, []
+                    self._work.notify_all()
+                for callback in done:
+                    try:
+                        callback()
+                    except Exception:  # (the thread renders on for the other readers)
+                        logger.exception("rendering ahead: telling a reader a run is done")
+
+    def _render_run(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int], *, declined: bool) -> None:
+        """Render a run of pages and keep them, or decline the segment layout when the core
+        does not render them."""
+        segment_key = (layout, segment_layout.segment, segment_layout.serial)
+        pages: list[tuple[bytes, int, int]] = []
+        if _AHEAD_DELAY_S:
+            time.sleep(_AHEAD_DELAY_S)
+        try:
+            if not declined:  # (asked before an earlier run of the same segment was declined)
+                pages = layout.render_run(segment_layout, run)
+        except Exception as error:  # left to the readers, who report it
+            logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
+        with self._lock:
+            if not pages:
+                self._asked[segment_key] = _DECLINED
+            if pages:
+                data, run_end, last = pages[0][0], pages[-1][2], run[-1]
+                for mark, (_, start, end) in zip(run, pages, strict=True):
+                    self._keep_locked(_page_key(layout, segment_layout, mark), (data, start, end, run_end, last))
+            for mark in run:
+                key = _page_key(layout, segment_layout, mark)
+                self._pending.discard(key)
+                self._taken.discard(key)
+            self._evict_locked()
 
     def _untaken_locked(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> list[int]:
         """The marks of a run about to start, but those up to the last page a reader took: those
@@ -1110,6 +1119,10 @@ class Layout:
             page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
         return page
 
+    def _cached_page(self, layout: _SegmentLayout, mark: int) -> Page | None:
+        """The page at mark `mark` if it was rendered batch by batch and is cached."""
+        return _PAGES.get((self, layout.segment, layout.serial, *layout.page_bounds(mark)))
+
     def _page_now(self, layout: _SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
         """`_page` for the event loop, and how many segment bytes it rendered: the page if it is
         rendered already, or holds at most `budget` segment bytes and they are in the OS page
@@ -1205,7 +1218,8 @@ class Layout:
         (`_RenderAhead`)."""
         order, starts = self._published
         sequential = self._renders_ahead and position in self._read_ends
-        self._read_ends.append(position + length)
+        if not self._read_ends or self._read_ends[-1] != position + length:  # (once: a read tried again)
+            self._read_ends.append(position + length)
         wanted = length
         budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
@@ -1276,7 +1290,7 @@ class Layout:
             if ahead is not None:
                 data, start, end, last_mark = ahead
                 return [(data, start, end)], 0, last_mark + 1
-            if budget is not None and _AHEAD.rendering(key):
+            if budget is not None and _AHEAD.rendering(key) and self._cached_page(layout, mark) is None:
                 raise RenderingAhead(key)
             if budget is not None:
                 try:
@@ -1327,7 +1341,7 @@ class Layout:
         complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
         if mark >= complete or _span(layout.page_bounds(mark)) > budget or _AHEAD.declined(self, layout):
             return None
-        if _PAGES.get((self, layout.segment, layout.serial, *layout.page_bounds(mark))) is not None:
+        if self._cached_page(layout, mark) is not None:
             return None  # (rendered batch by batch already, to find an offset: the caller takes that)
         try:
             pages = self.render_run(layout, [mark], nowait=True)

@@ -1056,6 +1056,33 @@ def test_rendering_ahead_fits_the_cache_and_renders_each_page_once(tmp_path: Pat
     log.close()
 
 
+def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(tmp_path: Path, monkeypatch) -> None:
+    """Two sequential readers of two partitions, read by turns: what is asked ahead for both,
+    and the runs they are in, fit the cache as the mount sizes it, so neither reader renders
+    the pages asked for it again (with the cache half as large, each rendered most of them)."""
+    scale = 4096 / views.AHEAD_CALL_BYTES  # (small runs; the cache and how far ahead as the mount has them)
+    monkeypatch.setattr(views, "AHEAD_CALL_BYTES", 4096)
+    monkeypatch.setattr(views, "AHEAD_BYTES", int(views.AHEAD_BYTES * scale))
+    monkeypatch.setattr(views._AHEAD, "capacity_bytes", int(views._AHEAD_CACHE_BYTES * scale))
+    readers = []
+    for n in range(2):
+        log = make_log(tmp_path / f"t-{n}", **{"segment.bytes": "40000"})
+        many_batches(log)
+        renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
+        readers.append((log, renderer, View(Layout(log, renderer, mark_bytes=512), 0), bytearray()))
+    while any(len(out) < view.size() for _, _, view, out in readers):
+        for _, _, view, out in readers:
+            if len(out) < view.size():
+                data = read_on_the_loop(view, len(out), min(1000, view.size() - len(out)))
+                out += data if data is not None else view.read(len(out), 1000)
+                assert views._AHEAD.settle(10), "rendering ahead did not end"
+    for log, renderer, _, out in readers:
+        assert bytes(out) == expected_text(log, 0, TextFormat())
+        rendered_by_reader = sum(end - start for start, end in renderer.reader_spans)
+        assert rendered_by_reader < 0.1 * sum(s.size for s in log.segments), "pages asked ahead were evicted unread"
+        log.close()
+
+
 def test_a_worker_read_waits_a_bounded_time_for_a_page_rendered_ahead(tmp_path: Path, monkeypatch) -> None:
     """A page asked for ahead that never comes (its rendering stuck) holds a worker thread's read
     `_AHEAD_WAIT_S` at most: then the read renders it itself."""
