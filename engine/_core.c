@@ -78,9 +78,11 @@
  *     released while it copies.
  *
  * crc32c(data) -> int
- *     CRC-32C (Castagnoli) of a buffer, Kafka's batch checksum: the SSE4.2 instruction where the
- *     machine has it, three chains at once; a table loop elsewhere (crc32c_without_hardware, for
- *     the tests). The GIL is released for buffers of 64 KiB or more.
+ *     CRC-32C (Castagnoli) of a buffer, Kafka's batch checksum: on a machine with VPCLMULQDQ
+ *     (AVX-512), buffers of 1 KiB and more folded by carry-less multiplication; else the SSE4.2
+ *     instruction where the machine has it, three chains at once; a table loop elsewhere
+ *     (crc32c_without_folding and crc32c_without_hardware, for the tests). The GIL is released
+ *     for buffers of 64 KiB or more.
  *
  * murmur2(data, starts, lengths, out)
  *     Kafka's `Utils.murmur2` (the default partitioner's hash; seed 0x9747b28c) of each blob
@@ -117,6 +119,9 @@
 #endif
 #ifdef __SSE2__
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
 #endif
 
 #define FIELDS 8
@@ -956,6 +961,10 @@ static PyObject *gather(PyObject *self, PyObject *args) {
 static uint32_t crc32c_table[8][256];
 static uint32_t crc32c_x2n[32];         /* x^(2^k) mod the polynomial */
 static uint32_t crc32c_shift[2][4][256]; /* ·x^(8·BLOCK) and ·x^(16·BLOCK), a byte of the register at a time */
+/* What the machine does: 0 the table loop, CRC32C_CHAINS the crc32 instruction (SSE4.2), and
+ * CRC32C_FOLDING carry-less multiplication as well (VPCLMULQDQ, AVX-512). */
+#define CRC32C_CHAINS 1
+#define CRC32C_FOLDING 2
 static int crc32c_hardware;
 
 /* a·b modulo the polynomial (reflected: the high bit of a word is x^0) */
@@ -980,6 +989,24 @@ static uint32_t crc32c_zeros(uint64_t n) {
     return factor;
 }
 
+/* x^n modulo the polynomial */
+static uint32_t crc32c_xn(uint64_t n) {
+    uint32_t factor = 1u << 31; /* x^0 */
+    for (unsigned k = 0; n; n >>= 1, k++)
+        if (n & 1) factor = crc32c_multiply(crc32c_x2n[k & 31], factor);
+    return factor;
+}
+
+/* Folding (Intel's "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ", reflected): a
+ * 128-bit piece A of the message, D bits before the piece it is folded into, is replaced by what
+ * is congruent to it there: A's first eight bytes times x^(D+31) and its last eight times
+ * x^(D-33) (mod the polynomial; the exponents for the reflected order of bits and a carry-less
+ * product one bit short), which xor into that piece. What is left, one piece and the tail, is
+ * checksummed by the crc32 instruction from a register of 0: it has the message's remainder. */
+#define CRC32C_FOLDS 5
+static const uint64_t CRC32C_FOLD_BITS[CRC32C_FOLDS] = {128, 256, 384, 512, 2048}; /* the distances D */
+static uint64_t crc32c_fold[CRC32C_FOLDS][2];                                      /* (x^(D+31), x^(D-33)) */
+
 static void crc32c_init(void) {
     for (uint32_t n = 0; n < 256; n++) {
         uint32_t c = n;
@@ -999,7 +1026,14 @@ static void crc32c_init(void) {
     }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
-    crc32c_hardware = __builtin_cpu_supports("sse4.2");
+    crc32c_hardware = __builtin_cpu_supports("sse4.2") ? CRC32C_CHAINS : 0;
+    if (crc32c_hardware && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("vpclmulqdq") &&
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
+        crc32c_hardware = CRC32C_FOLDING;
+    for (int d = 0; d < CRC32C_FOLDS; d++) {
+        crc32c_fold[d][0] = crc32c_xn(CRC32C_FOLD_BITS[d] + 31);
+        crc32c_fold[d][1] = crc32c_xn(CRC32C_FOLD_BITS[d] - 33);
+    }
 #endif
 }
 
@@ -1060,10 +1094,55 @@ __attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, con
 }
 #endif
 
+#define CRC32C_FOLD_MIN 1024 /* shorter buffers: the three chains (the folding's set-up costs more) */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+__attribute__((target("sse4.2,pclmul,avx512f,avx512vl,vpclmulqdq"))) static inline __m128i
+crc32c_fold128(__m128i piece, int d) {
+    __m128i k = _mm_set_epi64x((long long)crc32c_fold[d][1], (long long)crc32c_fold[d][0]);
+    return _mm_xor_si128(_mm_clmulepi64_si128(piece, k, 0x00), _mm_clmulepi64_si128(piece, k, 0x11));
+}
+
+__attribute__((target("sse4.2,pclmul,avx512f,avx512vl,vpclmulqdq"))) static inline __m512i
+crc32c_fold512(__m512i pieces, int d) {
+    __m512i k = _mm512_broadcast_i32x4(_mm_set_epi64x((long long)crc32c_fold[d][1], (long long)crc32c_fold[d][0]));
+    return _mm512_xor_si512(_mm512_clmulepi64_epi128(pieces, k, 0x00), _mm512_clmulepi64_epi128(pieces, k, 0x11));
+}
+
+/* The register over `data` (at least CRC32C_FOLD_MIN bytes): 256 bytes a round, four 64-byte
+ * registers of four pieces each folded 2048 bits forward; then the four registers into one, its
+ * four pieces into one, and that piece and the tail by the crc32 instruction. */
+__attribute__((target("sse4.2,pclmul,avx512f,avx512vl,vpclmulqdq"))) static uint32_t
+crc32c_folded(uint32_t crc, const uint8_t *data, size_t length) {
+    __m512i z0 = _mm512_loadu_si512(data), z1 = _mm512_loadu_si512(data + 64), z2 = _mm512_loadu_si512(data + 128),
+            z3 = _mm512_loadu_si512(data + 192);
+    z0 = _mm512_xor_si512(z0, _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128((int)crc), 0));
+    for (data += 256, length -= 256; length >= 256; data += 256, length -= 256) {
+        z0 = _mm512_xor_si512(crc32c_fold512(z0, 4), _mm512_loadu_si512(data));
+        z1 = _mm512_xor_si512(crc32c_fold512(z1, 4), _mm512_loadu_si512(data + 64));
+        z2 = _mm512_xor_si512(crc32c_fold512(z2, 4), _mm512_loadu_si512(data + 128));
+        z3 = _mm512_xor_si512(crc32c_fold512(z3, 4), _mm512_loadu_si512(data + 192));
+    }
+    /* (each register's pieces 512 bits before the next's; each piece of the last 128 bits before the next) */
+    z1 = _mm512_xor_si512(z1, crc32c_fold512(z0, 3));
+    z2 = _mm512_xor_si512(z2, crc32c_fold512(z1, 3));
+    z3 = _mm512_xor_si512(z3, crc32c_fold512(z2, 3));
+    __m128i x = _mm512_extracti32x4_epi32(z3, 3);
+    x = _mm_xor_si128(x, crc32c_fold128(_mm512_extracti32x4_epi32(z3, 0), 2));
+    x = _mm_xor_si128(x, crc32c_fold128(_mm512_extracti32x4_epi32(z3, 1), 1));
+    x = _mm_xor_si128(x, crc32c_fold128(_mm512_extracti32x4_epi32(z3, 2), 0));
+    uint64_t c = __builtin_ia32_crc32di(0, (uint64_t)_mm_cvtsi128_si64(x));
+    c = __builtin_ia32_crc32di(c, (uint64_t)_mm_extract_epi64(x, 1));
+    return crc32c_sse42((uint32_t)c, data, length);
+}
+#endif
+
 /* CRC-32C of `data` (a whole checksum, conditioning included) */
 static uint32_t crc32c_of(const uint8_t *data, size_t length, int hardware) {
     uint32_t crc = 0xFFFFFFFFu;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (hardware >= CRC32C_FOLDING && length >= CRC32C_FOLD_MIN) return ~crc32c_folded(crc, data, length);
     if (hardware) return ~crc32c_sse42(crc, data, length);
 #else
     (void)hardware;
@@ -1091,6 +1170,12 @@ static PyObject *crc32c_entry(PyObject *self, PyObject *args, int hardware) {
 static PyObject *crc32c(PyObject *self, PyObject *args) { return crc32c_entry(self, args, crc32c_hardware); }
 
 static PyObject *crc32c_without_hardware(PyObject *self, PyObject *args) { return crc32c_entry(self, args, 0); }
+
+static PyObject *crc32c_without_folding(PyObject *self, PyObject *args) {
+    return crc32c_entry(self, args, crc32c_hardware < CRC32C_CHAINS ? crc32c_hardware : CRC32C_CHAINS);
+}
+
+static PyObject *crc32c_folding(PyObject *self, PyObject *args) { return PyBool_FromLong(crc32c_hardware >= CRC32C_FOLDING); }
 
 /* -- lengths of a list's byte strings -------------------------------------------------------------- */
 /* blob_lengths(blobs, out): out[i] = len(blobs[i]), 0 for None (the sizes a batch split weighs). */
@@ -1629,6 +1714,9 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(section, starts, lengths, out, out_offsets): blobs into Arrow binary buffers (see the module)."},
     {"crc32c", crc32c, METH_VARARGS, "crc32c(data) -> int: CRC-32C (Castagnoli) of a buffer."},
+    {"crc32c_without_folding", crc32c_without_folding, METH_VARARGS,
+     "crc32c_without_folding(data) -> int: crc32c without carry-less multiplication (the three chains, or the table loop)."},
+    {"crc32c_folding", crc32c_folding, METH_NOARGS, "crc32c_folding() -> bool: whether crc32c folds long buffers."},
     {"crc32c_without_hardware", crc32c_without_hardware, METH_VARARGS,
      "crc32c_without_hardware(data) -> int: crc32c by the portable table loop (what machines without SSE4.2 use)."},
     {"keep_freed_memory", keep_freed_memory, METH_VARARGS,
