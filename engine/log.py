@@ -557,14 +557,12 @@ class PartitionLog:
         its producer snapshots instead)."""
         if self._transactions is None:
             builder = TransactionIndexBuilder()
-            for segment in self._segments.snapshot():
-                if segment.base_offset >= end_offset:
-                    break
-                for header, batch in segment.iter_batches(0):
-                    if header.base_offset >= end_offset:
-                        break
-                    if header.is_transactional:
-                        builder.add(header, batch)
+            # (damage in a sealed segment is an error, not its end: open transactions after it
+            # would be missed, and the last stable offset moved past them)
+            for _, header, batch in self._scan(0, end_offset, whole=True):
+                if header.is_transactional:
+                    assert batch is not None
+                    builder.add(header, batch)
             self._transactions = builder
         return self._transactions
 

@@ -27,6 +27,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.check import check_log_dirs
+from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.transaction_index import AbortedTxn, TransactionIndexBuilder, read_transaction_index
@@ -238,6 +239,29 @@ def test_appends_write_every_entry_across_segments(log_dir: Path, seed: int) -> 
     model = expected_entries(with_offsets(events + more))
     assert written_entries(partition_dir) == by_segment(model, segment_bases(partition_dir))
     assert_clean(log_dir)
+
+
+def test_open_transactions_behind_a_damaged_length_are_not_skipped_without_a_word(log_dir: Path) -> None:
+    """A later process's first transactional append reads the open transactions back from the
+    whole log: a sealed segment whose batch has a length field no batch can have is damage named
+    by file and position, not the segment's end (the transactions after it were missed, and the
+    last stable offset moved past one still open)."""
+    events = random_corpus(7, 120)
+    with open_dir(log_dir) as data_dir:
+        log = data_dir.partition_for_append(TOPIC, 0, now_ms=NOW_MS)[0]
+        append_in_chunks(log, events, 7)
+    partition_dir = log_dir / f"{TOPIC}-0"
+    sealed = partition_dir / f"{segment_bases(partition_dir)[1]:020d}.log"
+    content = bytearray(sealed.read_bytes())
+    length = struct.unpack_from(">i", content, 8)[0]
+    position = 12 + length  # (the second batch)
+    struct.pack_into(">i", content, position + 8, 10)
+    sealed.write_bytes(bytes(content))
+    with open_dir(log_dir) as data_dir:
+        log = data_dir.partition(TOPIC, 0)
+        damage = rf"{sealed.name}: .* at position {position}: a batch is cut short"
+        with pytest.raises(CorruptRecordError, match=damage):
+            log.append_batches(Event(1, "data", 2).batch(), assign_offsets=True, now_ms=NOW_MS)
 
 
 def test_an_adopted_file_of_batches_gets_its_entries(log_dir: Path) -> None:
