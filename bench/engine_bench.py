@@ -137,8 +137,9 @@ def bench_lookups(root: Path) -> dict:
     raw = np.empty(entries, dtype=[("relative_offset", ">i4"), ("position", ">i4")])
     raw["relative_offset"] = relative
     raw["position"] = np.arange(entries) * 4100
-    index._mmap[: entries * 8] = raw.tobytes()  # type: ignore[index]  # bulk fill; append() is the per-entry path
-    index._entries = entries
+    with index._lock:  # bulk fill, as append() writes an entry: pwrite to the file, which the mapping sees
+        index._write_locked(0, raw.tobytes())
+        index._entries = entries
     rng = np.random.default_rng(1)
     targets = rng.integers(0, entries * 3, size=200_000)
     singles = targets[:100_000].tolist()
