@@ -142,6 +142,11 @@ _PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
 AHEAD_BYTES = 16 << 20
 AHEAD_PAGES = 512
 AHEAD_CALL_BYTES = 4 << 20
+# A reader is rendered ahead of once it has read this much in reads that each went on from the
+# last: a single 1 MiB read (`head`, or `by-offset/N` read through a buffered file, which the
+# kernel splits in two requests where the buffer crosses a page) had 16 MiB rendered that were
+# never read.
+AHEAD_AFTER_BYTES = 2 << 20
 _AHEAD_CACHE_BYTES = 64 << 20  # two readers' pages asked ahead, and the runs they are reading
 _AHEAD_SEGMENTS_KEPT = 1024  # segment layouts whose asks are remembered (the latest)
 _AHEAD_WAIT_S = 5.0  # a worker thread's read waits this long for a page rendered ahead, then renders it
@@ -766,10 +771,11 @@ class Layout:
         self._progress_lock = threading.Lock()  # (the threads of one measure add to it)
         self._failure: str | None = None  # why the last snapshot failed, if it did
         # Rendering ahead of sequential readers (`_pieces`): read_uncommitted layouts only, whose
-        # pages are their batches' renderings whole. Where recent reads ended, to tell a read
-        # that goes on from one.
+        # pages are their batches' renderings whole. Where recent reads ended, and how much their
+        # readers had read in reads that each went on from the last: a read that goes on from
+        # one continues its reader's run.
         self._renders_ahead = not read_committed
-        self._read_ends: deque[int] = deque(maxlen=8)
+        self._read_ends: deque[tuple[int, int]] = deque(maxlen=8)
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -1217,9 +1223,11 @@ class Layout:
         that goes on from where an earlier one ended has the pages after it rendered ahead
         (`_RenderAhead`)."""
         order, starts = self._published
-        sequential = self._renders_ahead and position in self._read_ends
-        if not self._read_ends or self._read_ends[-1] != position + length:  # (once: a read tried again)
-            self._read_ends.append(position + length)
+        ends = list(self._read_ends)  # (a copy: reads on worker threads note theirs meanwhile)
+        run = next((run for end, run in reversed(ends) if end == position), 0) + length
+        if (position + length, run) not in ends:  # (once: a read tried again)
+            self._read_ends.append((position + length, run))
+        sequential = self._renders_ahead and run >= AHEAD_AFTER_BYTES
         wanted = length
         budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
