@@ -754,6 +754,16 @@ def many_batches(log: PartitionLog) -> None:
         log.append_records([b"%d-%d-" % (n, i) + b"x" * 40 for i in range(1 + n % 4)], now_ms=NOW_MS)
 
 
+def measured_text_view(tmp_path: Path, renderer) -> tuple[PartitionLog, bytes, View]:
+    """A log of `many_batches` in segments of 20,000 bytes, its text, and a measured view of it
+    through `renderer`."""
+    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    many_batches(log)
+    view = View(Layout(log, renderer, mark_bytes=512), 0)
+    view.size()
+    return log, expected_text(log, 0, TextFormat()), view
+
+
 @pytest.mark.usefixtures("small_ahead")
 @pytest.mark.parametrize("jsonl", [False, True])
 def test_a_sequential_reader_s_pages_are_rendered_ahead_by_the_core(tmp_path: Path, jsonl: bool) -> None:
@@ -781,12 +791,8 @@ def test_a_reader_is_rendered_ahead_of_once_it_has_read_on_for_a_while(tmp_path:
     read of `by-offset/N`, split in two by the kernel), until the reads that went on from one
     another make `AHEAD_AFTER_BYTES`: pages asked ahead of a reader that stops were rendered
     for nothing."""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
-    many_batches(log)
-    expected = expected_text(log, 0, TextFormat())
     renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
-    view = View(Layout(log, renderer, mark_bytes=512), 0)
-    view.size()
+    log, expected, view = measured_text_view(tmp_path, renderer)
     position = 0
     for length in (1500, 400):  # (1,900 bytes)
         assert read_on_the_loop(view, position, length) == expected[position : position + length]
@@ -895,12 +901,8 @@ def test_a_read_on_the_loop_waits_for_pages_being_rendered_ahead(tmp_path: Path)
     """A read on the loop that meets a page in the run the render-ahead thread is rendering
     raises RenderingAhead rather than render it a second time; `when_rendered` calls back once
     the run is done (and says False once it is), and the read then takes the run's pages."""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
-    many_batches(log)
-    expected = expected_text(log, 0, TextFormat())
     renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
-    view = View(Layout(log, renderer, mark_bytes=512), 0)
-    view.size()
+    log, expected, view = measured_text_view(tmp_path, renderer)
     position = 0
     try:
         while True:
