@@ -1300,13 +1300,12 @@ class Layout:
                 return [(data, start, end)], 0, last_mark + 1
             if budget is not None and _AHEAD.rendering(key) and self._cached_page(layout, mark) is None:
                 raise RenderingAhead(key)
-            if budget is not None:
-                try:
-                    whole = self._render_whole_now(layout, mark, key, budget)
-                except BlockingIOError:  # (not in the OS page cache: a worker thread's read)
-                    return None
-                if whole is not None:
-                    return [(whole, 0, len(whole))], _span(layout.page_bounds(mark)), mark + 1
+            try:
+                whole = self._render_whole(layout, mark, key, budget)
+            except BlockingIOError:  # (on the loop, not in the OS page cache: a worker thread's read)
+                return None
+            if whole is not None:
+                return [(whole, 0, len(whole))], _span(layout.page_bounds(mark)), mark + 1
         page: Page | None
         if budget is None:
             page, cost = self._page(layout, mark), 0
@@ -1336,23 +1335,25 @@ class Layout:
         last = max(last, first + 1)
         _AHEAD.ask(self, layout, range(first, last), whole=last == complete)
 
-    def _render_whole_now(
-        self, layout: _SegmentLayout, mark: int, key: tuple[object, ...], budget: int
+    def _render_whole(
+        self, layout: _SegmentLayout, mark: int, key: tuple[object, ...], budget: int | None
     ) -> bytes | None:
-        """On the event loop, a complete page not rendered ahead (the reader caught up with the
-        render-ahead thread, or a read that is not sequential) rendered by one call of the core,
-        and kept with the pages rendered ahead: batch by batch it cost several times more, most
-        of it in Python. None when the page is not complete, costs more than `budget`, is
-        rendered batch by batch already, or is one the core does not render (then neither is
-        the rest of its segment: the caller renders it batch by batch, which says what is
-        wrong); BlockingIOError when its bytes are not all in the OS page cache."""
+        """A complete page not rendered ahead (the reader caught up with the render-ahead
+        thread, a read that is not sequential, a worker thread's read of a page the thread did
+        not render) rendered by one call of the core, and kept with the pages rendered ahead:
+        batch by batch it cost several times more, most of it in Python. None when the page is
+        not complete, costs more than `budget` (a read on the event loop), is rendered batch by
+        batch already, or is one the core does not render (then neither is the rest of its
+        segment: the caller renders it batch by batch, which says what is wrong). With a
+        `budget`, BlockingIOError when its bytes are not all in the OS page cache."""
         complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
-        if mark >= complete or _span(layout.page_bounds(mark)) > budget or _AHEAD.declined(self, layout):
+        too_dear = budget is not None and _span(layout.page_bounds(mark)) > budget
+        if mark >= complete or too_dear or _AHEAD.declined(self, layout):
             return None
         if self._cached_page(layout, mark) is not None:
             return None  # (rendered batch by batch already, to find an offset: the caller takes that)
         try:
-            pages = self.render_run(layout, [mark], nowait=True)
+            pages = self.render_run(layout, [mark], nowait=budget is not None)
         except BlockingIOError:
             raise
         except Exception:  # (the segment closed meanwhile, a failed read: the caller's read says so)

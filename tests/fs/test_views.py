@@ -896,6 +896,20 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     log.close()
 
 
+def test_a_worker_thread_s_read_renders_a_complete_page_by_a_call_of_the_core(tmp_path: Path) -> None:
+    """A page a worker thread's read needs that was not rendered ahead (a read that is not
+    sequential, a page whose bytes were not in the OS page cache for the loop) is rendered by
+    one call of the core, not batch by batch, and kept: a read inside it renders nothing."""
+    renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
+    log, expected, view = measured_text_view(tmp_path, renderer)
+    batches = renderer.batches
+    assert bytes(view.read(600, 10)) == expected[600:610]
+    assert len(renderer.spans) == 1 and renderer.reader_spans == [] and renderer.batches == batches
+    assert bytes(view.read(620, 10)) == expected[620:630]
+    assert len(renderer.spans) == 1 and renderer.batches == batches
+    log.close()
+
+
 @pytest.mark.usefixtures("small_ahead")
 def test_a_read_on_the_loop_waits_for_pages_being_rendered_ahead(tmp_path: Path) -> None:
     """A read on the loop that meets a page in the run the render-ahead thread is rendering
