@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +88,22 @@ class AppendInfo:
     max_timestamp: int
 
 
+@dataclass
+class _RollFlush:
+    """The fsync of the segment the last roll sealed, on a thread of its own (Kafka schedules it
+    right after the roll): the recovery point passes the segment once it is done."""
+
+    segment: LogSegment
+    recovery_point: int  # the recovery point once it is done
+    truncations: int  # the log's truncations when it started (cut back since: it says nothing)
+    thread: threading.Thread | None = None  # (None: done in the rolling thread)
+    failures: list[BaseException] = field(default_factory=list)  # what it raised
+
+    @property
+    def done(self) -> bool:
+        return self.thread is None or not self.thread.is_alive()
+
+
 class PartitionLog:
     """One partition dir. Create with `PartitionLog.open` or `PartitionLog.create`."""
 
@@ -121,10 +137,7 @@ class PartitionLog:
         self._unflushed_records = 0
         self._last_flush_ms = now_ms
         self._closed = False
-        # The fsync of the segment the last roll sealed, on a thread of its own (Kafka schedules
-        # it right after the roll): (thread, the segment, the recovery point once it is done, the
-        # log's truncations when it started, what it raised).
-        self._behind: tuple[threading.Thread | None, LogSegment, int, int, list[BaseException]] | None = None
+        self._behind: _RollFlush | None = None  # the last roll's flush, until it is waited for
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
@@ -243,9 +256,8 @@ class PartitionLog:
         """Below it, everything is on disk: a roll's flush done in the background counts once it
         is done."""
         behind = self._behind
-        done = behind is not None and (behind[0] is None or not behind[0].is_alive())
-        if behind is not None and done and not behind[4] and behind[3] == self.truncations:
-            return max(self._recovery_point, behind[2])
+        if behind is not None and behind.done and not behind.failures and behind.truncations == self.truncations:
+            return max(self._recovery_point, behind.recovery_point)
         return self._recovery_point
 
     @property
@@ -634,24 +646,23 @@ class PartitionLog:
     def _flush_behind(self, segment: LogSegment, descriptor: int, recovery_point: int) -> None:
         """fsync `descriptor` (a duplicate of `segment`'s `.log`, closed when done) on a thread of
         its own (here, when no thread can be started); `_join_behind` waits for it."""
-        failures: list[BaseException] = []
+        behind = _RollFlush(segment, recovery_point, self.truncations)
 
         def flush() -> None:
             try:
                 os.fsync(descriptor)
             except BaseException as error:  # said by `_join_behind`, in the thread that rolls or flushes next
-                failures.append(error)
+                behind.failures.append(error)
             finally:
                 os.close(descriptor)
 
-        thread = threading.Thread(target=flush, name=f"flush {self._where}", daemon=True)
+        behind.thread = threading.Thread(target=flush, name=f"flush {self._where}", daemon=True)
         try:
-            thread.start()
+            behind.thread.start()
         except RuntimeError:  # (no thread to be had)
+            behind.thread = None
             flush()
-            self._behind = (None, segment, recovery_point, self.truncations, failures)
-            return
-        self._behind = (thread, segment, recovery_point, self.truncations, failures)
+        self._behind = behind  # (only now: the recovery point reads it without the lock)
 
     def _join_behind(self) -> None:
         """Wait for the last roll's flush; the recovery point passes its segment (unless the log
@@ -662,15 +673,14 @@ class PartitionLog:
         behind = self._behind
         if behind is None:
             return
-        thread, segment, recovery_point, truncations, failures = behind
-        if thread is not None:
-            thread.join()
+        if behind.thread is not None:
+            behind.thread.join()
         self._behind = None  # (only once done: an interrupted join waits again next time)
-        if failures:
-            self.take_offline(f"flush of {segment.log_path} failed: {failures[0]}")
-            raise failures[0]
-        if truncations == self.truncations:
-            self._recovery_point = max(self._recovery_point, recovery_point)
+        if behind.failures:
+            self.take_offline(f"flush of {behind.segment.log_path} failed: {behind.failures[0]}")
+            raise behind.failures[0]
+        if behind.truncations == self.truncations:
+            self._recovery_point = max(self._recovery_point, behind.recovery_point)
 
     def _new_jitter(self) -> int:
         """A segment's random share of `segment.jitter.ms` (Kafka's randomSegmentJitter)."""
