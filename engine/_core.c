@@ -560,6 +560,24 @@ static inline uint64_t escaped_bytes(uint64_t w) {
     return zero_bytes(w & (ONES * 0xE0)) | zero_bytes(w ^ (ONES * '"')) | zero_bytes(w ^ (ONES * '\\'));
 }
 
+/* Whether the `length` bytes of `data` are all ASCII (none when `length` < 0). */
+static inline int all_ascii(const uint8_t *data, int64_t length) {
+    int64_t i = 0;
+    uint64_t high = 0;
+#ifdef __SSE2__
+    __m128i any = _mm_setzero_si128();
+    for (; length - i >= 16; i += 16) any = _mm_or_si128(any, _mm_loadu_si128((const __m128i *)(data + i)));
+    if (_mm_movemask_epi8(any)) return 0;
+#endif
+    for (; length - i >= 8; i += 8) {
+        uint64_t w;
+        memcpy(&w, data + i, 8);
+        high |= w;
+    }
+    for (; i < length; i++) high |= data[i];
+    return (high & HIGHS) == 0;
+}
+
 /* The length of engine.json_records.bytes_json_text(data) in UTF-8: "null"; a JSON string as
  * json's encode_basestring writes it (\" \\ \b \f \n \r \t, other bytes below 0x20 as \u00XX,
  * the rest as they are); {"base64":"..."} when the bytes are not UTF-8. `*valid` (when not
@@ -1555,10 +1573,18 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
             if (__builtin_add_overflow(base_offset, f[2], &offset)) return 0;
             if (!log_append_time && __builtin_add_overflow(base_timestamp, f[1], &timestamp)) return 0;
             if (a->json) {
-                uint8_t valid[2];
+                uint8_t valid[2] = {1, 1};
                 if (f[7] != 0) return 0;
-                Py_ssize_t need = json_lines_size(section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
-                                                  a->prefix.len, kind->len, valid);
+                /* A key and value of ASCII bytes (nearly every record) are UTF-8, and their text is at
+                 * most six bytes a byte (\u00XX): with room for that, the line is written without
+                 * being measured first (its escapes found once, as it is written). */
+                Py_ssize_t most = a->prefix.len + kind->len + (Py_ssize_t)JSON_FIXED + 2 * 20 + 2 * 4 +
+                                  6 * ((f[4] > 0 ? f[4] : 0) + (f[6] > 0 ? f[6] : 0));
+                int ascii = most <= limit - at && all_ascii(section + (f[4] > 0 ? f[3] : 0), f[4]) &&
+                            all_ascii(section + (f[6] > 0 ? f[5] : 0), f[6]);
+                Py_ssize_t need = ascii ? 0
+                                        : json_lines_size(section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
+                                                          a->prefix.len, kind->len, valid);
                 if (need > limit - at) return 0;
                 at = put_json_lines(out, at, section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
                                     a->prefix.buf, a->prefix.len, kind->buf, kind->len, valid, NULL);

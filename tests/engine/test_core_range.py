@@ -115,6 +115,29 @@ def _render(path: Path, renderer, start: int, end: int, size: int | None) -> byt
         os.close(fd)
 
 
+def test_json_lines_of_ascii_and_other_texts_of_every_length_render_as_the_batches_do(tmp_path: Path) -> None:
+    """JSON Lines of keys and values of ASCII bytes are written without being measured first:
+    texts of every length up to past 64 bytes, with quotes, backslashes and control bytes at
+    every place, and the same texts with a byte that is not ASCII (or not UTF-8), render as the
+    batch renderers render them, with a size given (to the byte) or not."""
+    texts = []
+    for length in range(100):
+        plain = bytes(b"abcdefghij"[i % 10] for i in range(length))
+        texts.append(plain)
+        for at in {0, length // 2, length - 1} if length else set():
+            for odd in (b'"', b"\\", b"\n", b"\x01", b"\xc3\xa9", b"\xff"):
+                texts.append(plain[:at] + odd + plain[at + 1 :])
+    records = [(texts[(i * 7) % len(texts)], text) for i, text in enumerate(texts)]
+    spec = [(records[i : i + 50], TimestampType.CREATE_TIME, "data") for i in range(0, len(records), 50)]
+    path, built = _file(tmp_path, spec)
+    renderer = JsonLinesRenderer("t", 3)
+    want = _rendered(renderer, built)
+    end = sum(len(b) for b in built)
+    assert _render(path, renderer, 0, end, len(want)) == want
+    assert _render(path, renderer, 0, end, None) == want
+    assert _render(path, renderer, 0, end, len(want) - 1) is None
+
+
 def test_the_range_and_size_must_be_the_renderings_exactly(plain) -> None:
     path, built, renderer, want = plain
     end = sum(len(b) for b in built)
