@@ -740,9 +740,15 @@ class PartitionLog:
                 recent = time.time_ns() - directory_changed < 1_000_000_000
                 self._listed_at_mtime_ns = None if recent else directory_changed
             grown = False
-            for segment in segments[-2:]:  # the last one grows; the one before may just have been sealed
+            # The last one grows; the one that was last at the previous look may have grown too
+            # before it was sealed, however many rolls came after it (its last batches were
+            # missed when only the one before the last was looked at again). The others were
+            # sealed when first seen.
+            last = segments[-1:]
+            was_last = current[-1:] if current and last and current[-1] is not last[0] else []
+            for segment in [s for s in was_last if s in segments] + last:
                 before = segment.size
-                grown = segment.refresh_size(sealed=segment is not segments[-1]) != before or grown
+                grown = segment.refresh_size(sealed=segment is not last[0]) != before or grown
             if not changed and not grown:
                 return False
             gone = [segment for segment in current if segment not in segments]

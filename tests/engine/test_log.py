@@ -791,6 +791,27 @@ def test_lock_for_quick_append_only_for_a_page_cache_write(part_dir: Path) -> No
     flushing.close()
 
 
+def test_a_reader_takes_in_what_its_last_segment_got_before_several_rolls(part_dir: Path) -> None:
+    """Between two looks of a read-only reader, a writer appends to the segment that was the
+    last and then rolls twice: the reader takes in the batches that segment got before it was
+    sealed (it looked again only at the one before the last, and missed them: a mount beside
+    `produce` runs skipped 18,724 of 400,000 records)."""
+    writer = make_log(part_dir, segment_bytes=3000)
+    writer.append_records([b"first-%d" % i for i in range(3)], now_ms=NOW_MS)
+    reader = PartitionLog.open(part_dir, "t", 0, writer.config, writable=False, clean_shutdown=True, now_ms=NOW_MS)
+    assert len(reader.segments) == 1 and reader.log_end_offset == 3
+    n = 3
+    while len(writer.segments) < 4:  # (the reader's last segment grows, then two rolls and more)
+        writer.append_records([b"record-%d-" % n + b"x" * 200], now_ms=NOW_MS)
+        n += 1
+    writer.flush()
+    assert reader.refresh(NOW_MS)
+    assert reader.log_end_offset == writer.log_end_offset
+    assert values_of(reader) == values_of(writer)
+    writer.close()
+    reader.close()
+
+
 @pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch .* \(unclean stop\)")
 def test_a_read_only_log_whose_last_batch_is_cut_ends_after_the_batch_before(part_dir: Path) -> None:
     """A crash cut the last batch, which the offset index holds (an entry has its batch's last
