@@ -564,17 +564,18 @@ class PartitionLog:
 
     def _transactions_locked(self, end_offset: int) -> TransactionIndexBuilder:
         """The producers' open transactions below `end_offset`, the first time from a scan of
-        every segment from the first (a read of the whole log, control batches decoded; once
-        per process, when its first transactional batch arrives: Kafka loads this state from
-        its producer snapshots instead)."""
+        every segment from the first (its batch headers, and its transactional batches whole;
+        once per process, when its first transactional batch arrives: Kafka loads this state
+        from its producer snapshots instead)."""
         if self._transactions is None:
             builder = TransactionIndexBuilder()
-            # (damage in a sealed segment is an error, not its end: open transactions after it
-            # would be missed, and the last stable offset moved past them)
-            for _, header, batch in self._scan(0, end_offset, whole=True):
+            # Headers only, and the transactional batches whole and checked, as
+            # TransactionTracker.catch_up reads (a log with few transactions costs a read per
+            # large batch, not a read of the log under the lock). Damage in a sealed segment is
+            # an error, not its end: open transactions after it would be missed.
+            for segment, header, _ in self._scan(0, end_offset, whole=False):
                 if header.is_transactional:
-                    assert batch is not None
-                    builder.add(header, batch)
+                    builder.add(header, segment.checked_batch(header))
             self._transactions = builder
         return self._transactions
 
