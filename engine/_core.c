@@ -999,15 +999,7 @@ static uint32_t crc32c_multiply(uint32_t a, uint32_t b) {
     return product;
 }
 
-/* x^(8n) modulo the polynomial: what a register becomes over n zero bytes, as a factor */
-static uint32_t crc32c_zeros(uint64_t n) {
-    uint32_t factor = 1u << 31; /* x^0 */
-    for (unsigned k = 3; n; n >>= 1, k++)
-        if (n & 1) factor = crc32c_multiply(crc32c_x2n[k & 31], factor);
-    return factor;
-}
-
-/* x^n modulo the polynomial */
+/* x^n modulo the polynomial (x^(8n): what a register becomes over n zero bytes, as a factor) */
 static uint32_t crc32c_xn(uint64_t n) {
     uint32_t factor = 1u << 31; /* x^0 */
     for (unsigned k = 0; n; n >>= 1, k++)
@@ -1038,7 +1030,7 @@ static void crc32c_init(void) {
     crc32c_x2n[0] = p;
     for (int k = 1; k < 32; k++) crc32c_x2n[k] = p = crc32c_multiply(p, p);
     for (int t = 0; t < 2; t++) {
-        uint32_t factor = crc32c_zeros((uint64_t)(t + 1) * CRC32C_BLOCK);
+        uint32_t factor = crc32c_xn(8 * (uint64_t)(t + 1) * CRC32C_BLOCK);
         for (int k = 0; k < 4; k++)
             for (uint32_t n = 0; n < 256; n++) crc32c_shift[t][k][n] = crc32c_multiply(factor, n << (8 * k));
     }
