@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -97,11 +97,16 @@ class _RollFlush:
     recovery_point: int  # the recovery point once it is done
     truncations: int  # the log's truncations when it started (cut back since: it says nothing)
     thread: threading.Thread | None = None  # (None: done in the rolling thread)
-    failures: list[BaseException] = field(default_factory=list)  # what it raised
+    failure: BaseException | None = None  # what it raised
 
     @property
     def done(self) -> bool:
         return self.thread is None or not self.thread.is_alive()
+
+    def passes(self, truncations: int) -> bool:
+        """Whether the recovery point passes its segment, the log cut back `truncations` times:
+        done, without a failure, and the log not cut back since it started."""
+        return self.done and self.failure is None and self.truncations == truncations
 
 
 class PartitionLog:
@@ -256,7 +261,7 @@ class PartitionLog:
         """Below it, everything is on disk: a roll's flush done in the background counts once it
         is done."""
         behind = self._behind
-        if behind is not None and behind.done and not behind.failures and behind.truncations == self.truncations:
+        if behind is not None and behind.passes(self.truncations):
             return max(self._recovery_point, behind.recovery_point)
         return self._recovery_point
 
@@ -653,7 +658,7 @@ class PartitionLog:
             try:
                 os.fsync(descriptor)
             except BaseException as error:  # said by `_join_behind`, in the thread that rolls or flushes next
-                behind.failures.append(error)
+                behind.failure = error
             finally:
                 os.close(descriptor)
 
@@ -677,10 +682,10 @@ class PartitionLog:
         if behind.thread is not None:
             behind.thread.join()
         self._behind = None  # (only once done: an interrupted join waits again next time)
-        if behind.failures:
-            self.take_offline(f"flush of {behind.segment.log_path} failed: {behind.failures[0]}")
-            raise behind.failures[0]
-        if behind.truncations == self.truncations:
+        if behind.failure is not None:
+            self.take_offline(f"flush of {behind.segment.log_path} failed: {behind.failure}")
+            raise behind.failure
+        if behind.passes(self.truncations):
             self._recovery_point = max(self._recovery_point, behind.recovery_point)
 
     def _new_jitter(self) -> int:

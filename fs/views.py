@@ -1119,15 +1119,19 @@ class Layout:
         (CorruptRecordError for a damaged batch's page)."""
         layout.check_page(mark)
         start, end = layout.page_bounds(mark)
-        key = (self, layout.segment, layout.serial, start, end)
+        key = self._batch_page_key(layout, mark)
         page = _PAGES.get(key)
         if page is None:
             page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
         return page
 
+    def _batch_page_key(self, layout: _SegmentLayout, mark: int) -> tuple[object, ...]:
+        """The key of the page at mark `mark` rendered batch by batch, in `_PAGES`."""
+        return (self, layout.segment, layout.serial, *layout.page_bounds(mark))
+
     def _cached_page(self, layout: _SegmentLayout, mark: int) -> Page | None:
         """The page at mark `mark` if it was rendered batch by batch and is cached."""
-        return _PAGES.get((self, layout.segment, layout.serial, *layout.page_bounds(mark)))
+        return _PAGES.get(self._batch_page_key(layout, mark))
 
     def _page_now(self, layout: _SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
         """`_page` for the event loop, and how many segment bytes it rendered: the page if it is
@@ -1136,7 +1140,7 @@ class Layout:
         page of a view that shows little of each record, `print.value=false` or aborted
         transactions read_committed, spans a long stretch of the segment.)"""
         start, end = layout.page_bounds(mark)
-        key = (self, layout.segment, layout.serial, start, end)
+        key = self._batch_page_key(layout, mark)
         page = _PAGES.get(key)
         cost = end - start
         if page is not None or cost > budget:
