@@ -226,11 +226,7 @@ def _batches(segment: LogSegment, start_offset: int = 0) -> Iterator[tuple[Batch
     position = 0
     if start_offset > segment.base_offset:
         position = segment.offset_index.lookup(start_offset).position
-    end = segment.size
-    for header, batch in segment.checked_batches(position, end):
-        position = header.next_position
-        yield header, batch
-    segment.check_whole(position, end)
+    yield from segment.checked_batches(position, segment.size, whole=True)
 
 
 def _batch_records_at(segment: LogSegment, header: BatchHeader, batch: memoryview) -> BatchRecords:

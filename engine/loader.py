@@ -33,7 +33,7 @@ from pathlib import Path
 
 from seglogfs.engine.checkpoint import fsync_dir
 from seglogfs.engine.config import LogConfig
-from seglogfs.engine.errors import CorruptIndexError, UnsupportedFormatError
+from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, UnsupportedFormatError
 from seglogfs.engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -283,11 +283,20 @@ def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogS
     last = max(segments.index(segment) for segment in wanted)
     for segment in segments[: last + 1]:
         markers: list[AbortMarker] = []
-        for header, batch in segment.iter_batches(0):
-            if header.is_transactional:
-                marker = builder.add(header, batch)
-                if marker is not None:
-                    markers.append(marker)
+        try:
+            # Headers, and the transactional batches whole and checked. Every segment here is
+            # whole batches (sealed, or recovered): a scan that stops short met damage, and the
+            # transactions open after it are unknown.
+            for header in segment.iter_headers(0, whole=True):
+                if header.is_transactional:
+                    marker = builder.add(header, segment.checked_batch(header))
+                    if marker is not None:
+                        markers.append(marker)
+        except (CorruptRecordError, UnsupportedFormatError) as error:
+            later = [s.transaction_index_path.name for s in wanted if segments.index(s) >= segments.index(segment)]
+            log.warning("%s; the transaction indexes of %s are kept as they are, not rebuilt", error, ", ".join(later))
+            segment.release_handles()
+            return
         if segment not in wanted:
             segment.release_handles()  # thousands of segments may be read
             continue

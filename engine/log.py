@@ -827,24 +827,22 @@ class PartitionLog:
             if start_offset > segment.base_offset and first is None:
                 continue
             position = first.position if first is not None else 0
+            # A sealed segment is whole batches to its end: a scan stopping short of it met damage
+            # (the rest of the segment would be skipped without a word).
+            sealed = segment is not last
             read: Iterator[tuple[BatchHeader, memoryview | None]] = (
-                segment.iter_batches(position, size)
+                segment.iter_batches(position, size, whole=sealed)
                 if whole
-                else ((header, None) for header in segment.iter_headers(position, size))
+                else ((header, None) for header in segment.iter_headers(position, size, whole=sealed))
             )
             for header, batch in read:
+                position = header.next_position
                 if header.last_offset < start_offset:
-                    position = header.next_position
                     continue
                 if header.base_offset >= stop:
                     return
                 yield segment, header, batch
-                position = header.next_position
-            if segment is not last:
-                # A sealed segment is whole batches to its end: a scan stopping short of it met damage
-                # (the rest of the segment would be skipped without a word).
-                segment.check_whole(position, size)
-            elif position < size:  # (a batch being written, a torn tail)
+            if not sealed and position < size:  # (a batch being written, a torn tail)
                 segment.check_not_legacy(position)  # legacy messages too short to parse as batches
 
     def records(self, start_offset: int, end_offset: int | None = None) -> Iterator[Record]:

@@ -436,11 +436,15 @@ class LogSegment:
 
     # -- reading ------------------------------------------------------------------------------
     def iter_batches(
-        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False
+        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, whole: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Whole batches (header, bytes) from `start_position` up to `end_position` (default:
         the size now). Stops at a batch that is cut short or whose length is impossible; checks
         nothing else. Reads in large chunks, so a scan costs about one read of the file.
+
+        With `whole` (bytes that must be whole batches: a sealed segment's, up to its size) a
+        scan that stops short of the end raises `check_whole`'s error there instead: the
+        batches after it would otherwise be skipped without a word.
 
         With `nowait` (for small ranges read on an event loop) the range is read at once and
         only from the OS page cache: BlockingIOError, before any batch, when part of it would
@@ -448,6 +452,18 @@ class LogSegment:
 
         The segment is leased from the first batch read until the iterator ends or is closed."""
         end = self._size if end_position is None else end_position
+        if not whole:
+            yield from self._batches_from(start_position, end, nowait)
+            return
+        reached = start_position
+        for header, batch in self._batches_from(start_position, end, nowait):
+            yield header, batch
+            reached = header.next_position
+        self.check_whole(reached, end)
+
+    def _batches_from(
+        self, start_position: int, end: int, nowait: bool
+    ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         position = start_position
         if position + MIN_ENTRY_BYTES > end:
             return
@@ -516,14 +532,20 @@ class LogSegment:
             self._unlease()
 
     def checked_batches(
-        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, once: bool = False
+        self,
+        start_position: int = 0,
+        end_position: int | None = None,
+        *,
+        nowait: bool = False,
+        once: bool = False,
+        whole: bool = False,
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
-        """`iter_batches`, each batch checked whole (magic, length, CRC) before it is yielded:
+        """`iter_batches` (`whole` as there), each batch checked whole (magic, length, CRC) before it is yielded:
         CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
         legacy data. For whoever uses every batch it reads (views, the cleaner). With `once` (a
         view's first measure: each format reads the whole segment), batches an earlier `once`
         pass checked are not checked again; every other read checks what it reads."""
-        for header, batch in self.iter_batches(start_position, end_position, nowait=nowait):
+        for header, batch in self.iter_batches(start_position, end_position, nowait=nowait, whole=whole):
             if not once or header.next_position > self._verified_to:
                 self.check(header, batch)
                 if once and header.position == self._verified_to:
@@ -645,15 +667,27 @@ class LogSegment:
         finally:
             self._unlease()
 
-    def iter_headers(self, position: int = 0, end_position: int | None = None) -> Iterator[BatchHeader]:
+    def iter_headers(
+        self, position: int = 0, end_position: int | None = None, *, whole: bool = False
+    ) -> Iterator[BatchHeader]:
         """Batch headers from `position` up to `end_position` (default: the size now), without
         reading whole batches. Each read is the next header alone (61 bytes), or, after two
         small batches in a row, a window that holds the headers of the batches that follow:
         4 KiB, doubling up to `_HEADER_WINDOW_BYTES` while windows hold more than one header.
         A scan costs a read per large batch, about one read of the file when batches are small
         (one record each, say), and at most a small window's waste where sizes alternate.
-        Stops where `iter_batches` does."""
+        Stops where `iter_batches` does (`whole` as there)."""
         end = self._size if end_position is None else end_position
+        if not whole:
+            yield from self._headers_from(position, end)
+            return
+        reached = position
+        for header in self._headers_from(position, end):
+            yield header
+            reached = header.next_position
+        self.check_whole(reached, end)
+
+    def _headers_from(self, position: int, end: int) -> Iterator[BatchHeader]:
         if position + MIN_ENTRY_BYTES > end:
             return
         handle = self._lease()

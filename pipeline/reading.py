@@ -277,16 +277,13 @@ def _batches_in_slice(piece: SegmentSlice, stats: ReadStats) -> Iterator[tuple[B
         created_ms=0,
     )
     try:
-        position = piece.start_position
-        for header, batch in segment.checked_batches(piece.start_position, piece.end_position):
+        # (a sealed slice is whole batches: else the rest of it would be skipped at damage)
+        for header, batch in segment.checked_batches(piece.start_position, piece.end_position, whole=piece.sealed):
             if header.base_offset >= piece.until_offset:
                 return
             stats.bytes += header.size_in_bytes
             stats.batches += 1
             yield header, batch
-            position = header.next_position
-        if piece.sealed:
-            segment.check_whole(position, piece.end_position)  # (else the rest of the slice is skipped)
     finally:
         segment.close()
 

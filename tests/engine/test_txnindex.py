@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -432,6 +433,36 @@ def test_recovery_rebuilds_the_txnindex_of_the_segments_it_reads(log_dir: Path) 
     (log_dir / "recovery-point-offset-checkpoint").write_text(f"0\n1\n{TOPIC} 0 {last}\n")
     open_dir(log_dir).close()
     assert written_entries(partition_dir) == files
+
+
+@pytest.mark.expect_warnings("transaction indexes of .* are kept as they are")
+def test_recovery_behind_a_damaged_length_keeps_the_txnindex_it_cannot_rebuild(
+    log_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recovery reads the open transactions from the first segment on: a sealed segment before
+    the recovery point whose batch has an impossible length is named by file and position, and
+    the `.txnindex` files after it are left as they are (not rebuilt from a log read past the
+    damage as if the segment ended there)."""
+    events = random_corpus(43, 200)
+    with open_dir(log_dir) as data_dir:
+        append_in_chunks(data_dir.partition_for_append(TOPIC, 0, now_ms=NOW_MS)[0], events, 43)
+    partition_dir = log_dir / f"{TOPIC}-0"
+    files = written_entries(partition_dir)
+    last = max(files)
+    sealed = partition_dir / f"{segment_bases(partition_dir)[1]:020d}.log"
+    content = bytearray(sealed.read_bytes())
+    position = 12 + struct.unpack_from(">i", content, 8)[0]  # (the second batch)
+    struct.pack_into(">i", content, position + 8, 10)
+    sealed.write_bytes(bytes(content))
+    written = (partition_dir / f"{last:020d}.txnindex").read_bytes()
+    (partition_dir / f"{last:020d}.txnindex").write_bytes(written[: len(written) // 2])  # as a power cut may leave it
+    (log_dir / ".kafka_cleanshutdown").unlink()
+    (log_dir / "recovery-point-offset-checkpoint").write_text(f"0\n1\n{TOPIC} 0 {last}\n")
+    open_dir(log_dir).close()
+    warned = [r.getMessage() for r in caplog.records if "kept as they are" in r.getMessage()]
+    assert len(warned) == 1 and re.search(rf"{sealed.name}: .* at position {position}: a batch is cut short", warned[0])
+    assert f"{last:020d}.txnindex" in warned[0]
+    assert (partition_dir / f"{last:020d}.txnindex").read_bytes() == written[: len(written) // 2]
 
 
 _KILLED_WRITER = """
