@@ -786,6 +786,24 @@ def encode_batches(
     large."""
     n = len(values)
     batch_bytes = min(target_batch_bytes or max_batch_bytes, max_batch_bytes)
+    if (
+        sizes is None
+        and keys is None
+        and headers is None
+        and isinstance(timestamps, int)
+        and compression is CompressionType.NONE
+        and isinstance(values, list)
+    ):
+        return _value_batches(
+            values,
+            timestamp=timestamps,
+            batch_bytes=batch_bytes,
+            max_batch_bytes=max_batch_bytes,
+            where=where,
+            base_offset=base_offset,
+            producer=producer,
+            partition_leader_epoch=partition_leader_epoch,
+        )
     if sizes is None and n == 1 and keys is None and headers is None:
         pending = [(0, 1)]  # one record (an `echo >> append`): one batch, no column to make
     else:
@@ -822,6 +840,59 @@ def encode_batches(
             continue
         batches.append(batch)
         offset += hi - lo
+    return batches
+
+
+def _value_batches(
+    values: list[bytes | None],
+    *,
+    timestamp: int,
+    batch_bytes: int,
+    max_batch_bytes: int,
+    where: str,
+    base_offset: int,
+    producer: ProducerState,
+    partition_leader_epoch: int,
+) -> list[bytearray]:
+    """encode_batches of a list of values alone, one timestamp, uncompressed (what producers,
+    the mount's append files and `produce` send), grouped and halved as encode_batches does,
+    the sizes weighed by the core as it encodes each run (no list sliced, no column made)."""
+    attributes = _TRANSACTIONAL_BIT if producer.is_transactional else 0
+    batches: list[bytearray] = []
+    halves: list[tuple[int, int]] = []  # of a batch that came out too large, the next last
+    start, n, room = 0, len(values), BATCH_OVERHEAD_BYTES
+    while halves or start < n:
+        if halves:
+            lo, hi = halves.pop()
+            batch, _ = _core.encode_value_run(values, lo, hi, 0, room, -1)
+        else:
+            lo = start
+            batch, hi = _core.encode_value_run(values, lo, -1, 0, room, batch_bytes - room)
+            start = hi
+        if len(batch) > max_batch_bytes:
+            if hi - lo == 1:
+                raise RecordTooLargeError(
+                    f"{where}: record {lo} makes a batch of {len(batch)} bytes, "
+                    f"over max.message.bytes={max_batch_bytes}"
+                )
+            middle = (lo + hi) // 2
+            halves += [(middle, hi), (lo, middle)]
+            continue
+        batches.append(
+            _framed(
+                batch,
+                CompressionType.NONE,
+                in_place=True,
+                attributes=attributes,
+                count=hi - lo,
+                base_offset=base_offset + lo,
+                partition_leader_epoch=partition_leader_epoch,
+                last_offset_delta=hi - lo - 1,
+                base_timestamp=timestamp,
+                max_timestamp=timestamp,
+                producer=producer,
+            )
+        )
     return batches
 
 

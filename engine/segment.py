@@ -67,6 +67,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from seglogfs.engine import _core
 from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
 from seglogfs.engine.handles import OPEN_SEGMENTS, opening
@@ -103,6 +104,9 @@ _HEADER_WINDOW_BYTES = 64 * 1024
 _SMALL_BATCH_BYTES = 8 * 1024
 _MIN_BATCH_LENGTH = BATCH_OVERHEAD_BYTES - LOG_OVERHEAD_BYTES
 _INT32_MAX = 2**31 - 1
+# An append of at least this many bytes has its blocks allocated first where that makes the
+# write faster (_core.allocate_ahead; ext4: the gain passes the call's cost at about 96 KiB).
+_ALLOCATE_AHEAD_BYTES = 128 * 1024
 
 
 def _impossible_length(header: BatchHeader) -> bool:
@@ -177,6 +181,8 @@ class LogSegment:
         self._closed = False
         # Appended to or cut since the last fsync: a release or an eviction fsyncs first.
         self._log_dirty = False
+        # Whether large appends allocate their blocks first (asked of the file system once).
+        self._allocates_ahead: bool | None = None
         # (st_dev, st_ino) of the `.log` once opened or renamed: a reopen must find that file.
         self._file_id: tuple[int, int] | None = None
         # A segment this object created takes appends until it is sealed: pinned until then.
@@ -893,6 +899,13 @@ class LogSegment:
         bytes_since_last_index_entry = self._bytes_since_last_index_entry
         self._log_dirty = True
         try:
+            if len(data) >= _ALLOCATE_AHEAD_BYTES:
+                if self._allocates_ahead is None:
+                    self._allocates_ahead = _core.allocates_ahead(handle)
+                if self._allocates_ahead:
+                    # Advice: a write it could not help (ENOSPC, EIO) fails on its own. What a
+                    # failed write leaves allocated past the end, the cut below frees.
+                    _core.allocate_ahead(handle, physical_position, len(data))
             _write_all(handle, data, physical_position)
             self._index_appended(data, headers, physical_position, max_so_far)
             # Published last: a reader bounded by the size never sees a batch that may be cut.

@@ -14,7 +14,9 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 
 from seglogfs.engine import _core, varint
 from seglogfs.engine.compression import CompressionType, compress, decompress
+from seglogfs.engine.errors import RecordTooLargeError
 from seglogfs.engine.records import (
+    BATCH_OVERHEAD_BYTES,
     BatchHeader,
     ControlType,
     ProducerState,
@@ -23,6 +25,7 @@ from seglogfs.engine.records import (
     check_batch,
     control_type,
     decode_records,
+    encode_batches,
     set_log_append_time,
 )
 
@@ -190,6 +193,54 @@ def test_values_alone_encode_as_records_with_every_field_given(values: list, del
     assert _core.encode_records(values, None, None, delta, None, 61)[61:] == _core.encode_records(
         values, None, None, [delta] * n, None
     )
+
+
+def general_and_value_batches(values: list, **options: object) -> tuple[object, object]:
+    """encode_batches of `values` by the general path (a tuple: sized by numpy, sliced, encoded
+    by build_batch) and by the core's value runs (a list), or the error each raised."""
+    made = []
+    for each in (tuple(values), values):
+        try:
+            made.append([bytes(b) for b in encode_batches(each, keys=None, headers=None, where="t-0", **options)])
+        except RecordTooLargeError as error:
+            made.append(str(error))
+    return made[0], made[1]
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.binary(max_size=300), st.binary(max_size=300).map(bytearray)), min_size=1),
+    st.sampled_from([100, 700, 5000, 1 << 20]),
+    st.sampled_from([None, 300, 2000]),
+    st.integers(0, 2**40),
+    st.booleans(),
+)
+def test_a_producers_values_batch_as_the_general_path_batches_them(
+    values: list, most: int, target: int | None, base_offset: int, transactional: bool
+) -> None:
+    """A list of values alone (what producers and the append files send) takes the core's value
+    runs: the same batches, byte for byte, as the general path makes of the same records —
+    grouped by estimated size up to the target, a record too large refused by the same words."""
+    producer = ProducerState(7, 1, 0, is_transactional=True) if transactional else ProducerState()
+    general, runs = general_and_value_batches(
+        values,
+        timestamps=1_763_800_000_000,
+        max_batch_bytes=most,
+        target_batch_bytes=target,
+        base_offset=base_offset,
+        producer=producer,
+        partition_leader_epoch=3,
+    )
+    assert runs == general
+
+
+def test_a_run_whose_estimate_falls_short_is_halved_as_the_general_path_halves_it() -> None:
+    """Values of 8 KiB or more past offset delta 8191 take 13 bytes of varints, one more than
+    the estimate: a run that fills the limit by estimate comes out over it and is halved."""
+    values = [b"v" * 8200] * 8300
+    estimated = BATCH_OVERHEAD_BYTES + 8300 * (8200 + 12)
+    general, runs = general_and_value_batches(values, timestamps=5, max_batch_bytes=estimated)
+    assert isinstance(runs, list) and len(runs) == 2 and runs == general
 
 
 def test_values_alone_must_be_bytes_or_none() -> None:
