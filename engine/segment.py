@@ -1051,6 +1051,9 @@ class LogSegment:
             self._log_dirty = True
         if truncate and truncated > 0:
             self._verified_to = min(self._verified_to, valid_bytes)
+        if truncate:
+            # (also when nothing is cut: blocks a crash left allocated past the end, between a
+            # large append's allocation and its write, are freed)
             os.ftruncate(handle, valid_bytes)
         if truncate or truncated == 0:
             self._size = valid_bytes

@@ -110,6 +110,23 @@ def test_a_full_ext4_fails_the_large_append_and_keeps_nothing_of_it(small_ext4: 
         log.close()
 
 
+def test_recovery_frees_what_a_crash_left_allocated_past_the_end(small_ext4: Path) -> None:
+    """A kill between a large append's allocation and its write leaves blocks allocated past
+    the segment's end: recovery cuts the segment at its valid end, which frees them."""
+    log = make_log(small_ext4 / "t-0")
+    try:
+        log.append_records([os.urandom(100)] * 3000, now_ms=NOW_MS)
+        segment = log.active_segment.log_path
+        with open(segment, "rb+") as handle:  # (as the crash left it)
+            assert _core.allocate_ahead(handle.fileno(), segment.stat().st_size, 4 << 20) == 0
+        assert allocated_past_end(segment) >= 4 << 20
+        log = reopen(log, clean=False, recovery_point=0)
+        assert allocated_past_end(segment) < TREE_BYTES
+        assert log.log_end_offset == 3000
+    finally:
+        log.close()
+
+
 def test_elsewhere_nothing_is_allocated_ahead(small_tmpfs: Path, allocations: list[int]) -> None:
     log = make_log(small_tmpfs / "t-0")
     try:
