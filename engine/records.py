@@ -829,18 +829,26 @@ def encode_batches(
             producer=producer,
             partition_leader_epoch=partition_leader_epoch,
         )
-        if len(batch) > max_batch_bytes:
-            if hi - lo == 1:
-                raise RecordTooLargeError(
-                    f"{where}: record {lo} makes a batch of {len(batch)} bytes, "
-                    f"over max.message.bytes={max_batch_bytes}"
-                )
-            middle = (lo + hi) // 2
-            pending += [(middle, hi), (lo, middle)]
+        if halves := _halves(len(batch), lo, hi, max_batch_bytes, where):
+            pending += halves
             continue
         batches.append(batch)
         offset += hi - lo
     return batches
+
+
+def _halves(size: int, lo: int, hi: int, max_batch_bytes: int, where: str) -> list[tuple[int, int]]:
+    """Nothing when a batch of records [lo, hi) and `size` bytes fits `max.message.bytes`; else
+    its two halves, the first last (for a stack of ranges to encode). RecordTooLargeError
+    naming `where` when it is one record."""
+    if size <= max_batch_bytes:
+        return []
+    if hi - lo == 1:
+        raise RecordTooLargeError(
+            f"{where}: record {lo} makes a batch of {size} bytes, over max.message.bytes={max_batch_bytes}"
+        )
+    middle = (lo + hi) // 2
+    return [(middle, hi), (lo, middle)]
 
 
 def _value_batches(
@@ -859,24 +867,18 @@ def _value_batches(
     the sizes weighed by the core as it encodes each run (no list sliced, no column made)."""
     attributes = _TRANSACTIONAL_BIT if producer.is_transactional else 0
     batches: list[bytearray] = []
-    halves: list[tuple[int, int]] = []  # of a batch that came out too large, the next last
+    pending: list[tuple[int, int]] = []  # halves of a batch that came out too large, the next last
     start, n, room = 0, len(values), BATCH_OVERHEAD_BYTES
-    while halves or start < n:
-        if halves:
-            lo, hi = halves.pop()
+    while pending or start < n:
+        if pending:
+            lo, hi = pending.pop()
             batch, _ = _core.encode_value_run(values, lo, hi, 0, room, -1)
         else:
             lo = start
             batch, hi = _core.encode_value_run(values, lo, -1, 0, room, batch_bytes - room)
             start = hi
-        if len(batch) > max_batch_bytes:
-            if hi - lo == 1:
-                raise RecordTooLargeError(
-                    f"{where}: record {lo} makes a batch of {len(batch)} bytes, "
-                    f"over max.message.bytes={max_batch_bytes}"
-                )
-            middle = (lo + hi) // 2
-            halves += [(middle, hi), (lo, middle)]
+        if halves := _halves(len(batch), lo, hi, max_batch_bytes, where):
+            pending += halves
             continue
         batches.append(
             _framed(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,26 @@ def data_dir(log_dir: Path) -> Iterator[DataDir]:
     yield opened
     opened.close()
     assert_log_dir_valid(log_dir)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs (another file system than `tmp_path`'s), unmounted after the test."""
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        unmount(where)
+
+
+def unmount(where: Path) -> None:
+    """Unmount a file system a test mounted; lazily when busy (a test that failed with files
+    open), so that none is left behind, and then the test fails."""
+    if subprocess.run(["umount", str(where)], check=False).returncode != 0:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+        raise AssertionError(f"{where} was busy at the end of the test")
 
 
 @pytest.fixture(autouse=True)

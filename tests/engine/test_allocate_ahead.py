@@ -15,7 +15,7 @@ import pytest
 
 from seglogfs.engine import _core
 from seglogfs.engine import segment as segment_module
-from tests.conftest import NOW_MS
+from tests.conftest import NOW_MS, unmount
 from tests.engine.test_log import make_log, reopen
 
 
@@ -32,25 +32,6 @@ def small_ext4(tmp_path: Path) -> Iterator[Path]:
         yield where
     finally:
         unmount(where)
-
-
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    where = tmp_path / "tmpfs"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        unmount(where)
-
-
-def unmount(where: Path) -> None:
-    """Unmount, lazily when busy (a test that failed with files open): no mount is left
-    behind, and a busy one fails the test."""
-    if subprocess.run(["umount", str(where)], check=False).returncode != 0:
-        subprocess.run(["umount", "-l", str(where)], check=True)
-        raise AssertionError(f"{where} was busy at the end of the test")
 
 
 @pytest.fixture
