@@ -98,8 +98,8 @@
  *
  * encode_value_run(values, start, stop, timestamp_delta, room, most) -> (records, end)
  *     encode_records of values[start:end] alone (no keys, no headers, offset deltas from 0,
- *     every timestamp delta `timestamp_delta`), after `room` bytes: `end` is `stop` (-1: the
- *     list's end), or with `most` >= 0 as far as the records' estimated sizes (a value's bytes
+ *     every timestamp delta `timestamp_delta`), after `room` bytes: `end` is `stop` (negative:
+ *     the list's end), or with `most` >= 0 as far as the records' estimated sizes (a value's bytes
  *     + 12) stay within `most` (one record at least). A producer's values split into batches as
  *     engine.records.encode_batches splits them, without the list sliced or measured apart.
  *
@@ -109,9 +109,11 @@
  *     [offset, offset + length), the file's size unchanged. Where the file system delays
  *     allocation (ext4), a buffered write into blocks allocated already skips reserving each
  *     page as it copies: a 1 MiB append is a third faster, but a 4 KiB one twice as slow
- *     (the call's own cost). allocates_ahead says whether `fd`'s file system is one where
- *     that holds; allocate_ahead returns 0, or the errno (advice: the write goes ahead either
- *     way and meets the same ENOSPC or EIO itself). The GIL is released during the call.
+ *     (the call's own cost). allocates_ahead says whether `fd`'s file system is of the kind
+ *     where that holds (ext4's magic number, which ext2 and ext3 share: there allocate_ahead
+ *     fails with EOPNOTSUPP). allocate_ahead returns 0, or the errno (advice: the write goes
+ *     ahead either way and meets the same ENOSPC or EIO itself). The GIL is released during
+ *     the call.
  *
  * encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas[, room])
  *     The records section of a v2 batch: per record its length, attributes (0), timestamp delta,
@@ -1277,7 +1279,7 @@ static PyObject *allocate_ahead(PyObject *self, PyObject *args) {
     long long offset, length;
     if (!PyArg_ParseTuple(args, "iLL", &fd, &offset, &length)) return NULL;
     if (offset < 0 || length <= 0) {
-        PyErr_SetString(PyExc_ValueError, "allocate_ahead: the offset is not negative and the length positive");
+        PyErr_SetString(PyExc_ValueError, "allocate_ahead: the offset must not be negative, the length must be positive");
         return NULL;
     }
 #ifdef __linux__

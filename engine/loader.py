@@ -285,18 +285,23 @@ def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogS
         markers: list[AbortMarker] = []
         try:
             # Headers, and the transactional batches whole and checked. Every segment here is
-            # whole batches (sealed, or recovered): a scan that stops short met damage, and the
-            # transactions open after it are unknown.
+            # whole batches (sealed, or recovered: cut at its first invalid batch).
             for header in segment.iter_headers(0, whole=True):
                 if header.is_transactional:
                     marker = builder.add(header, segment.checked_batch(header))
                     if marker is not None:
                         markers.append(marker)
         except (CorruptRecordError, UnsupportedFormatError) as error:
-            later = [s.transaction_index_path.name for s in wanted if segments.index(s) >= segments.index(segment)]
-            log.warning("%s; the transaction indexes of %s are kept as they are, not rebuilt", error, ", ".join(later))
+            # Damage in a sealed segment: the transactions open across it are unknown. The log
+            # after it is read as a log whose head retention removed (the files keep the
+            # entries it cannot contradict), and the segment's own file is left as it is.
+            log.warning(
+                "%s; the transaction indexes after it are rebuilt from the log that follows the damage alone",
+                error,
+            )
+            builder = TransactionIndexBuilder()
             segment.release_handles()
-            return
+            continue
         if segment not in wanted:
             segment.release_handles()  # thousands of segments may be read
             continue

@@ -875,7 +875,7 @@ def _value_batches(
             batch, _ = _core.encode_value_run(values, lo, hi, 0, room, -1)
         else:
             lo = start
-            batch, hi = _core.encode_value_run(values, lo, -1, 0, room, batch_bytes - room)
+            batch, hi = _core.encode_value_run(values, lo, -1, 0, room, max(batch_bytes - room, 0))
             start = hi
         if halves := _halves(len(batch), lo, hi, max_batch_bytes, where):
             pending += halves

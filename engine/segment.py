@@ -899,13 +899,7 @@ class LogSegment:
         bytes_since_last_index_entry = self._bytes_since_last_index_entry
         self._log_dirty = True
         try:
-            if len(data) >= _ALLOCATE_AHEAD_BYTES:
-                if self._allocates_ahead is None:
-                    self._allocates_ahead = _core.allocates_ahead(handle)
-                if self._allocates_ahead:
-                    # Advice: a write it could not help (ENOSPC, EIO) fails on its own. What a
-                    # failed write leaves allocated past the end, the cut below frees.
-                    _core.allocate_ahead(handle, physical_position, len(data))
+            self._allocate_ahead(handle, physical_position, len(data))
             _write_all(handle, data, physical_position)
             self._index_appended(data, headers, physical_position, max_so_far)
             # Published last: a reader bounded by the size never sees a batch that may be cut.
@@ -924,6 +918,17 @@ class LogSegment:
             if isinstance(error, OSError) and error.filename is None and error.errno:
                 raise OSError(error.errno, f"appending to {self.log_path}: {error.strerror}") from None
             raise
+
+    def _allocate_ahead(self, handle: int, position: int, length: int) -> None:
+        """Have a large append's blocks allocated before it is written, where that makes the
+        write faster (`_core.allocate_ahead`). Advice: a write it could not help (ENOSPC, EIO)
+        fails on its own, and what a failed write leaves allocated past the end, its cut frees."""
+        if length < _ALLOCATE_AHEAD_BYTES:
+            return
+        if self._allocates_ahead is None:
+            self._allocates_ahead = _core.allocates_ahead(handle)
+        if self._allocates_ahead and _core.allocate_ahead(handle, position, length) == errno.EOPNOTSUPP:
+            self._allocates_ahead = False  # (ext2 or ext3: ext4's magic number, not its fallocate)
 
     def adopt(self, path: Path) -> None:
         """Make the file at `path` this empty segment's `.log` by renaming it (its bytes are not
@@ -1051,10 +1056,14 @@ class LogSegment:
             self._log_dirty = True
         if truncate and truncated > 0:
             self._verified_to = min(self._verified_to, valid_bytes)
-        if truncate:
-            # (also when nothing is cut: blocks a crash left allocated past the end, between a
-            # large append's allocation and its write, are freed)
             os.ftruncate(handle, valid_bytes)
+        elif truncate:
+            # Nothing to cut, but blocks a crash left allocated past the end (between a large
+            # append's allocation and its write) are freed. The modification time is put back:
+            # retention goes by it where a segment's records carry no timestamps.
+            before = os.fstat(handle)
+            os.ftruncate(handle, valid_bytes)
+            os.utime(handle, ns=(before.st_atime_ns, before.st_mtime_ns))
         if truncate or truncated == 0:
             self._size = valid_bytes
         if max_so_far.timestamp != NO_TIMESTAMP:

@@ -210,8 +210,8 @@ def general_and_value_batches(values: list, **options: object) -> tuple[object, 
 @settings(max_examples=120, deadline=None)
 @given(
     st.lists(st.one_of(st.none(), st.binary(max_size=300), st.binary(max_size=300).map(bytearray)), min_size=1),
-    st.sampled_from([100, 700, 5000, 1 << 20]),
-    st.sampled_from([None, 300, 2000]),
+    st.sampled_from([0, 40, 100, 700, 5000, 1 << 20]),
+    st.sampled_from([None, 30, 300, 2000]),
     st.integers(0, 2**40),
     st.booleans(),
 )

@@ -435,14 +435,15 @@ def test_recovery_rebuilds_the_txnindex_of_the_segments_it_reads(log_dir: Path) 
     assert written_entries(partition_dir) == files
 
 
-@pytest.mark.expect_warnings("transaction indexes of .* are kept as they are")
-def test_recovery_behind_a_damaged_length_keeps_the_txnindex_it_cannot_rebuild(
+@pytest.mark.expect_warnings("transaction indexes after it are rebuilt from the log that follows the damage alone")
+def test_recovery_behind_a_damaged_length_names_it_and_rebuilds_from_the_log_after_it(
     log_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Recovery reads the open transactions from the first segment on: a sealed segment before
-    the recovery point whose batch has an impossible length is named by file and position, and
-    the `.txnindex` files after it are left as they are (not rebuilt from a log read past the
-    damage as if the segment ended there)."""
+    the recovery point whose batch has an impossible length is named by file and position (not
+    taken for the segment's end without a word), and the log after it is read as a log whose
+    head is gone: a torn `.txnindex` is rebuilt from it, each entry's transaction seen to begin
+    no earlier, and the partition stable no earlier, than it was."""
     events = random_corpus(43, 200)
     with open_dir(log_dir) as data_dir:
         append_in_chunks(data_dir.partition_for_append(TOPIC, 0, now_ms=NOW_MS)[0], events, 43)
@@ -454,15 +455,19 @@ def test_recovery_behind_a_damaged_length_keeps_the_txnindex_it_cannot_rebuild(
     position = 12 + struct.unpack_from(">i", content, 8)[0]  # (the second batch)
     struct.pack_into(">i", content, position + 8, 10)
     sealed.write_bytes(bytes(content))
-    written = (partition_dir / f"{last:020d}.txnindex").read_bytes()
-    (partition_dir / f"{last:020d}.txnindex").write_bytes(written[: len(written) // 2])  # as a power cut may leave it
+    torn = partition_dir / f"{last:020d}.txnindex"
+    torn.write_bytes(torn.read_bytes()[:50])  # as a power cut may leave it
     (log_dir / ".kafka_cleanshutdown").unlink()
     (log_dir / "recovery-point-offset-checkpoint").write_text(f"0\n1\n{TOPIC} 0 {last}\n")
     open_dir(log_dir).close()
-    warned = [r.getMessage() for r in caplog.records if "kept as they are" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "follows the damage" in r.getMessage()]
     assert len(warned) == 1 and re.search(rf"{sealed.name}: .* at position {position}: a batch is cut short", warned[0])
-    assert f"{last:020d}.txnindex" in warned[0]
-    assert (partition_dir / f"{last:020d}.txnindex").read_bytes() == written[: len(written) // 2]
+    original = {(entry.producer_id, entry.last_offset): entry for entry in files[last]}
+    rebuilt = read_transaction_index(torn) if torn.exists() else []
+    assert rebuilt, "nothing rebuilt"
+    for entry in rebuilt:
+        was = original[(entry.producer_id, entry.last_offset)]
+        assert entry.first_offset >= was.first_offset and entry.last_stable_offset >= was.last_stable_offset
 
 
 _KILLED_WRITER = """
