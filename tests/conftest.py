@@ -64,6 +64,11 @@ def data_dir(log_dir: Path) -> Iterator[DataDir]:
     assert_log_dir_valid(log_dir)
 
 
+# A command run as a terminal's foreground job, which Ctrl-C reaches: a harness that started
+# the tests from a non-interactive shell's `&` has SIGINT ignored, and children inherit that.
+AS_FOREGROUND = ["env", "--default-signal=INT"]
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs (another file system than `tmp_path`'s), unmounted after the test."""

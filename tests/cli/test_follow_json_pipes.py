@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.support import SEGLOGFS, one_error_line, run, run_json
-from tests.conftest import REPO, kafka_fixtures
+from tests.conftest import AS_FOREGROUND, REPO, kafka_fixtures
 
 SMALL_SEGMENTS = ["--override", "log.segment.bytes=300"]  # a few records a segment: the follower sees rolls
 
@@ -26,7 +26,7 @@ class Follower:
 
     def __init__(self, data: Path, *args: str) -> None:
         self.process = subprocess.Popen(
-            [SEGLOGFS, "consume", str(data), "--topic", "t", *args],
+            [*AS_FOREGROUND, SEGLOGFS, "consume", str(data), "--topic", "t", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=REPO,

@@ -16,7 +16,7 @@ import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.fs.views import MEASURE_DELAY_ENV
-from tests.conftest import NOW_MS
+from tests.conftest import AS_FOREGROUND, NOW_MS
 from tests.fs.conftest import Mount
 
 BATCHES = 400
@@ -59,7 +59,7 @@ def test_other_requests_answer_while_a_view_is_measured_and_ctrl_c_stops_the_sta
     listing = finishes(["ls", "-a", str(m.path / "t" / "0")])  # lists, measures nothing
     assert b"records.jsonl" in listing.stdout
     assert not any(v["measured"] or v["measuredBytes"] for v in status(m, 0)["views"].values())
-    waiting = subprocess.Popen(["stat", "-c", "%s", str(records)], stdout=subprocess.PIPE)
+    waiting = subprocess.Popen([*AS_FOREGROUND, "stat", "-c", "%s", str(records)], stdout=subprocess.PIPE)
     try:
         wait_until(lambda: status(m, 0)["views"].get("text", {}).get("measuredBytes", 0) > 0, "the measure to start")
         # While it measures: a listing, another partition's status and a measured view answer.
