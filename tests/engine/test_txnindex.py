@@ -421,16 +421,23 @@ def test_check_finds_a_damaged_txnindex_and_repair_rewrites_it(log_dir: Path) ->
     assert_clean(log_dir)
 
 
-def test_recovery_rebuilds_the_txnindex_of_the_segments_it_reads(log_dir: Path) -> None:
-    events = random_corpus(41, 200)
+def appended_then_crashed(log_dir: Path, seed: int) -> tuple[Path, dict[int, list[AbortedTxn]], int]:
+    """A corpus appended, then the data dir as a crash leaves it: no clean-shutdown mark, the
+    recovery point at the last segment with `.txnindex` entries (recovery reads it again).
+    The partition dir, its `.txnindex` entries and that segment's base offset."""
     with open_dir(log_dir) as data_dir:
-        append_in_chunks(data_dir.partition_for_append(TOPIC, 0, now_ms=NOW_MS)[0], events, 41)
+        append_in_chunks(data_dir.partition_for_append(TOPIC, 0, now_ms=NOW_MS)[0], random_corpus(seed, 200), seed)
     partition_dir = log_dir / f"{TOPIC}-0"
     files = written_entries(partition_dir)
     last = max(files)
-    (partition_dir / f"{last:020d}.txnindex").unlink()  # as a power cut may leave it
     (log_dir / ".kafka_cleanshutdown").unlink()
     (log_dir / "recovery-point-offset-checkpoint").write_text(f"0\n1\n{TOPIC} 0 {last}\n")
+    return partition_dir, files, last
+
+
+def test_recovery_rebuilds_the_txnindex_of_the_segments_it_reads(log_dir: Path) -> None:
+    partition_dir, files, last = appended_then_crashed(log_dir, 41)
+    (partition_dir / f"{last:020d}.txnindex").unlink()  # as a power cut may leave it
     open_dir(log_dir).close()
     assert written_entries(partition_dir) == files
 
@@ -444,12 +451,7 @@ def test_recovery_behind_a_damaged_length_names_it_and_rebuilds_from_the_log_aft
     taken for the segment's end without a word), and the log after it is read as a log whose
     head is gone: a torn `.txnindex` is rebuilt from it, each entry's transaction seen to begin
     no earlier, and the partition stable no earlier, than it was."""
-    events = random_corpus(43, 200)
-    with open_dir(log_dir) as data_dir:
-        append_in_chunks(data_dir.partition_for_append(TOPIC, 0, now_ms=NOW_MS)[0], events, 43)
-    partition_dir = log_dir / f"{TOPIC}-0"
-    files = written_entries(partition_dir)
-    last = max(files)
+    partition_dir, files, last = appended_then_crashed(log_dir, 43)
     sealed = partition_dir / f"{segment_bases(partition_dir)[1]:020d}.log"
     content = bytearray(sealed.read_bytes())
     position = 12 + struct.unpack_from(">i", content, 8)[0]  # (the second batch)
@@ -457,8 +459,6 @@ def test_recovery_behind_a_damaged_length_names_it_and_rebuilds_from_the_log_aft
     sealed.write_bytes(bytes(content))
     torn = partition_dir / f"{last:020d}.txnindex"
     torn.write_bytes(torn.read_bytes()[:50])  # as a power cut may leave it
-    (log_dir / ".kafka_cleanshutdown").unlink()
-    (log_dir / "recovery-point-offset-checkpoint").write_text(f"0\n1\n{TOPIC} 0 {last}\n")
     open_dir(log_dir).close()
     warned = [r.getMessage() for r in caplog.records if "follows the damage" in r.getMessage()]
     assert len(warned) == 1 and re.search(rf"{sealed.name}: .* at position {position}: a batch is cut short", warned[0])
