@@ -23,12 +23,10 @@ brought up to date from where that pass ended.
 from __future__ import annotations
 
 import bisect
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.records import BatchHeader, ControlType, control_type, decode_records
 
 if TYPE_CHECKING:
@@ -36,8 +34,6 @@ if TYPE_CHECKING:
     from seglogfs.engine.segment import LogSegment
 
 READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level values
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,46 +119,18 @@ class TransactionTracker:
         partition without transactions costs a read per large batch, not a read of the
         partition, and a damaged header cannot hold a transaction open unseen. (Any other
         batch's records are checked where a reader reads them.)"""
+        start = max(self.next_offset, log.log_start_offset)
         previous: tuple[LogSegment, BatchHeader] | None = None
-        while True:
-            start = max(self.next_offset, log.log_start_offset)
-            try:
-                for segment, header in log.batch_headers(start):
-                    if before_each is not None:
-                        before_each()
-                    whole = header.is_transactional or header.is_control
-                    if previous is not None and header.base_offset <= previous[1].last_offset:
-                        previous[0].checked_batch(previous[1])
-                        whole = True
-                    self.add(header, segment.checked_batch(header) if whole else b"")
-                    previous = segment, header
-            except CorruptRecordError as error:
-                if not self._passed_over(log, error, start):
-                    raise
-                previous = None
-                continue
-            return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
-
-    def _passed_over(self, log: PartitionLog, error: CorruptRecordError, start: int) -> bool:
-        """Damage in a sealed segment (a batch whose length no batch can have, or whose CRC
-        fails), met by a look from `start`: the rest of the segment is passed over, and the
-        tracking goes on at the next one, as in a log whose head retention removed. It stays
-        on the safe side: a transaction whose end lies in what was passed over stays open
-        (read_committed readers stop before it), and one that began there is seen to begin at
-        its first batch after it. False for damage in the last segment: the caller raises it."""
-        segments = log.segments
-        damaged = next((i for i, s in enumerate(segments) if str(s.log_path) == error.path), None)
-        if damaged is None or damaged == len(segments) - 1 or segments[damaged + 1].base_offset <= start:
-            return False
-        following = segments[damaged + 1].base_offset
-        logger.warning(
-            "%s; transactions are tracked on from offset %d (read_committed readers: a transaction "
-            "whose end it hides stays open)",
-            error,
-            following,
-        )
-        self.next_offset = max(self.next_offset, following)
-        return True
+        for segment, header in log.batch_headers(start):
+            if before_each is not None:
+                before_each()
+            whole = header.is_transactional or header.is_control
+            if previous is not None and header.base_offset <= previous[1].last_offset:
+                previous[0].checked_batch(previous[1])
+                whole = True
+            self.add(header, segment.checked_batch(header) if whole else b"")
+            previous = segment, header
+        return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
 
     def is_aborted(self, header: BatchHeader) -> bool:
         """Whether a data batch belongs to an aborted transaction (control batches are never

@@ -1000,44 +1000,6 @@ def test_a_damaged_batch_length_in_a_sealed_segment_reads_as_eio_where_it_is(tmp
     log.close()
 
 
-@pytest.mark.expect_warnings("its views answer EIO there", "transactions are tracked on from offset")
-def test_a_read_committed_view_passes_a_damaged_length_as_a_read_uncommitted_one_does(tmp_path: Path) -> None:
-    """read_committed tracks the transactions past a sealed segment whose batch has a length no
-    batch can have, from the next segment on (it answered EIO for the whole view): with no
-    transaction open across the damage the view is the read_uncommitted one, the damage one
-    byte that reads as EIO; a transaction whose marker lies in what could not be read stays
-    open, and the view ends before it."""
-    from tests.cli.test_transactions import COMMIT, control_batch, data_batch
-    from tests.engine.test_log import damage_batch_length
-
-    def damaged_log(name: str, transaction: bool) -> PartitionLog:
-        log = make_log(tmp_path / name, **{"segment.bytes": "3000"})
-        for n in range(60):
-            if transaction and n in (2, 6):  # (opened at offset 2, committed after the damage)
-                batch = data_batch([b"in-a-transaction"], 7) if n == 2 else control_batch(7, COMMIT)
-                log.append_batches(batch, assign_offsets=True, now_ms=NOW_MS)
-            else:
-                log.append_records([b"record-%d-" % n + b"x" * 100], now_ms=NOW_MS)
-        damage_batch_length(log.segments[0].log_path, 4, 10)
-        return log
-
-    log = damaged_log("t-0", transaction=False)
-    plain = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
-    committed = View(Layout(log, TextRenderer(TextFormat(), 0), read_committed=True), 0)
-    before = b"".join(b"record-%d-" % n + b"x" * 100 + b"\n" for n in range(4))  # (a batch each)
-    assert committed.size() == plain.size() > len(before) + 1
-    assert bytes(committed.read(0, len(before))) == before
-    with pytest.raises(CorruptRecordError, match="a batch is cut short"):
-        committed.read(len(before), 10)
-    assert bytes(committed.read(len(before) + 1, committed.size())) == bytes(plain.read(len(before) + 1, plain.size()))
-    log.close()
-
-    log = damaged_log("t-1", transaction=True)
-    committed = View(Layout(log, TextRenderer(TextFormat(), 0), read_committed=True), 0)
-    assert bytes(committed.read(0, committed.size())) == b"record-0-" + b"x" * 100 + b"\nrecord-1-" + b"x" * 100 + b"\n"
-    log.close()
-
-
 def test_a_complete_page_is_rendered_on_the_loop_by_one_call_of_the_core_and_kept(tmp_path: Path) -> None:
     """A read on the event loop of a page not rendered renders that page whole, by a call of the
     core (not batch by batch), and keeps it: the next read inside the page renders nothing. A
