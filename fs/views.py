@@ -994,8 +994,7 @@ class Layout:
                 sibling._hand_over(companion, sealed=not last and companion.scanned_to == end)
         if not last and layout.scanned_to == end:
             layout.sealed = True
-            if self._store is not None and self._store_directory is not None and not layout.damage:
-                self._store.save(self._store_directory, layout, self._mark_bytes)
+            self._store_layout(layout)
 
     def _measure_batches(
         self,
@@ -1099,8 +1098,7 @@ class Layout:
         the store by this layout's own first measure (kept there too when sealed)."""
         if sealed:
             layout.sealed = True
-            if self._store is not None and self._store_directory is not None and not layout.damage:
-                self._store.save(self._store_directory, layout, self._mark_bytes)
+            self._store_layout(layout)
         with self._handed_over_lock:
             if not self.measured:
                 self._handed_over[layout.segment] = layout
@@ -1109,10 +1107,14 @@ class Layout:
         """Store the layout of the last segment as measured so far (at unmount): the next mount
         measures only what was appended after. Sealed segments were stored when sealed."""
         with self._lock:
-            if self._store is not None and self._store_directory is not None and self._order:
-                last = self._order[-1]
-                if not last.sealed and not last.damage:
-                    self._store.save(self._store_directory, last, self._mark_bytes)
+            if self._order and not self._order[-1].sealed:
+                self._store_layout(self._order[-1])
+
+    def _store_layout(self, layout: _SegmentLayout) -> None:
+        """Keep a segment's layout in the view cache, when there is one; never one with damage
+        (measured afresh at each mount, which says where the damage is)."""
+        if self._store is not None and self._store_directory is not None and not layout.damage:
+            self._store.save(self._store_directory, layout, self._mark_bytes)
 
     def _page(self, layout: _SegmentLayout, mark: int) -> Page:
         """The batches between mark `mark` and the next, each with its rendering
