@@ -226,7 +226,7 @@ def _batches(segment: LogSegment, start_offset: int = 0) -> Iterator[tuple[Batch
     position = 0
     if start_offset > segment.base_offset:
         position = segment.offset_index.lookup(start_offset).position
-    yield from segment.checked_batches(position, segment.size, whole=True)
+    yield from segment.checked_batches(position, segment.size, to_end=True)
 
 
 def _batch_records_at(segment: LogSegment, header: BatchHeader, batch: memoryview) -> BatchRecords:

@@ -286,7 +286,7 @@ def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogS
         try:
             # Headers, and the transactional batches whole and checked. Every segment here is
             # whole batches (sealed, or recovered: cut at its first invalid batch).
-            for header in segment.iter_headers(0, whole=True):
+            for header in segment.iter_headers(0, to_end=True):
                 if header.is_transactional:
                     marker = builder.add(header, segment.checked_batch(header))
                     if marker is not None:

@@ -578,7 +578,7 @@ class PartitionLog:
             # TransactionTracker.catch_up reads (a log with few transactions costs a read per
             # large batch, not a read of the log under the lock). Damage in a sealed segment is
             # an error, not its end: open transactions after it would be missed.
-            for segment, header, _ in self._scan(0, end_offset, whole=False):
+            for segment, header in self.batch_headers(0, end_offset):
                 if header.is_transactional:
                     builder.add(header, segment.checked_batch(header))
             self._transactions = builder
@@ -831,9 +831,9 @@ class PartitionLog:
             # (the rest of the segment would be skipped without a word).
             sealed = segment is not last
             read: Iterator[tuple[BatchHeader, memoryview | None]] = (
-                segment.iter_batches(position, size, whole=sealed)
+                segment.iter_batches(position, size, to_end=sealed)
                 if whole
-                else ((header, None) for header in segment.iter_headers(position, size, whole=sealed))
+                else ((header, None) for header in segment.iter_headers(position, size, to_end=sealed))
             )
             for header, batch in read:
                 position = header.next_position

@@ -442,15 +442,15 @@ class LogSegment:
 
     # -- reading ------------------------------------------------------------------------------
     def iter_batches(
-        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, whole: bool = False
+        self, start_position: int = 0, end_position: int | None = None, *, nowait: bool = False, to_end: bool = False
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
         """Whole batches (header, bytes) from `start_position` up to `end_position` (default:
         the size now). Stops at a batch that is cut short or whose length is impossible; checks
         nothing else. Reads in large chunks, so a scan costs about one read of the file.
 
-        With `whole` (bytes that must be whole batches: a sealed segment's, up to its size) a
-        scan that stops short of the end raises `check_whole`'s error there instead: the
-        batches after it would otherwise be skipped without a word.
+        With `to_end` (bytes that must be whole batches up to the end: a sealed segment's, up
+        to its size) a scan that stops short of the end raises `check_whole`'s error there
+        instead: the batches after it would otherwise be skipped without a word.
 
         With `nowait` (for small ranges read on an event loop) the range is read at once and
         only from the OS page cache: BlockingIOError, before any batch, when part of it would
@@ -458,14 +458,19 @@ class LogSegment:
 
         The segment is leased from the first batch read until the iterator ends or is closed."""
         end = self._size if end_position is None else end_position
-        if not whole:
-            yield from self._batches_from(start_position, end, nowait)
-            return
-        reached = start_position
-        for header, batch in self._batches_from(start_position, end, nowait):
-            yield header, batch
-            reached = header.next_position
-        self.check_whole(reached, end)
+        batches = self._batches_from(start_position, end, nowait)
+        yield from self._to_end(batches, start_position, end, _batch_header) if to_end else batches
+
+    def _to_end(
+        self, items: Iterator[T], position: int, end: int, header_of: Callable[[T], BatchHeader]
+    ) -> Iterator[T]:
+        """`items` (batches or headers read from `position`), then `check_whole` where they
+        stopped, for bytes that must be whole batches up to `end`. (A caller that stops early
+        closes the iterator: nothing is checked then.)"""
+        for item in items:
+            yield item
+            position = header_of(item).next_position
+        self.check_whole(position, end)
 
     def _batches_from(
         self, start_position: int, end: int, nowait: bool
@@ -544,14 +549,14 @@ class LogSegment:
         *,
         nowait: bool = False,
         once: bool = False,
-        whole: bool = False,
+        to_end: bool = False,
     ) -> Generator[tuple[BatchHeader, memoryview], None, None]:
-        """`iter_batches` (`whole` as there), each batch checked whole (magic, length, CRC) before it is yielded:
+        """`iter_batches` (`to_end` as there), each batch checked whole (magic, length, CRC) before it is yielded:
         CorruptRecordError at the first that fails, UnsupportedFormatError when it is intact
         legacy data. For whoever uses every batch it reads (views, the cleaner). With `once` (a
         view's first measure: each format reads the whole segment), batches an earlier `once`
         pass checked are not checked again; every other read checks what it reads."""
-        for header, batch in self.iter_batches(start_position, end_position, nowait=nowait, whole=whole):
+        for header, batch in self.iter_batches(start_position, end_position, nowait=nowait, to_end=to_end):
             if not once or header.next_position > self._verified_to:
                 self.check(header, batch)
                 if once and header.position == self._verified_to:
@@ -674,7 +679,7 @@ class LogSegment:
             self._unlease()
 
     def iter_headers(
-        self, position: int = 0, end_position: int | None = None, *, whole: bool = False
+        self, position: int = 0, end_position: int | None = None, *, to_end: bool = False
     ) -> Iterator[BatchHeader]:
         """Batch headers from `position` up to `end_position` (default: the size now), without
         reading whole batches. Each read is the next header alone (61 bytes), or, after two
@@ -682,16 +687,10 @@ class LogSegment:
         4 KiB, doubling up to `_HEADER_WINDOW_BYTES` while windows hold more than one header.
         A scan costs a read per large batch, about one read of the file when batches are small
         (one record each, say), and at most a small window's waste where sizes alternate.
-        Stops where `iter_batches` does (`whole` as there)."""
+        Stops where `iter_batches` does (`to_end` as there)."""
         end = self._size if end_position is None else end_position
-        if not whole:
-            yield from self._headers_from(position, end)
-            return
-        reached = position
-        for header in self._headers_from(position, end):
-            yield header
-            reached = header.next_position
-        self.check_whole(reached, end)
+        headers = self._headers_from(position, end)
+        yield from self._to_end(headers, position, end, _itself) if to_end else headers
 
     def _headers_from(self, position: int, end: int) -> Iterator[BatchHeader]:
         if position + MIN_ENTRY_BYTES > end:
@@ -1062,8 +1061,9 @@ class LogSegment:
             # append's allocation and its write) are freed. The modification time is put back:
             # retention goes by it where a segment's records carry no timestamps.
             before = os.fstat(handle)
-            os.ftruncate(handle, valid_bytes)
-            os.utime(handle, ns=(before.st_atime_ns, before.st_mtime_ns))
+            if _allocated_past(before, valid_bytes) >= _ALLOCATE_AHEAD_BYTES:
+                os.ftruncate(handle, valid_bytes)
+                os.utime(handle, ns=(before.st_atime_ns, before.st_mtime_ns))
         if truncate or truncated == 0:
             self._size = valid_bytes
         if max_so_far.timestamp != NO_TIMESTAMP:
@@ -1369,6 +1369,20 @@ class _ReadAheadAdvice:
 
 
 _ADVICE = _ReadAheadAdvice()
+
+
+def _batch_header(item: tuple[BatchHeader, memoryview]) -> BatchHeader:
+    return item[0]
+
+
+def _itself(header: BatchHeader) -> BatchHeader:
+    return header
+
+
+def _allocated_past(status: os.stat_result, size: int) -> int:
+    """Bytes a file has allocated beyond `size` bytes of data, in whole blocks (its extent
+    tree's few blocks count too: far below an allocation ahead)."""
+    return status.st_blocks * 512 - -(-size // status.st_blksize) * status.st_blksize
 
 
 def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:

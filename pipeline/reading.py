@@ -278,7 +278,7 @@ def _batches_in_slice(piece: SegmentSlice, stats: ReadStats) -> Iterator[tuple[B
     )
     try:
         # (a sealed slice is whole batches: else the rest of it would be skipped at damage)
-        for header, batch in segment.checked_batches(piece.start_position, piece.end_position, whole=piece.sealed):
+        for header, batch in segment.checked_batches(piece.start_position, piece.end_position, to_end=piece.sealed):
             if header.base_offset >= piece.until_offset:
                 return
             stats.bytes += header.size_in_bytes
