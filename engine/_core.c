@@ -96,12 +96,13 @@
  *     faults in zeroed pages again (a text batch of 100-byte records rendered four times
  *     slower). A process setting (the CLI's); False where the allocator has no such setting.
  *
- * encode_value_run(values, start, stop, timestamp_delta, room, most) -> (records, end)
+ * encode_value_run(values, start, stop, room, most) -> (records, end)
  *     encode_records of values[start:end] alone (no keys, no headers, offset deltas from 0,
- *     every timestamp delta `timestamp_delta`), after `room` bytes: `end` is `stop` (negative:
- *     the list's end), or with `most` >= 0 as far as the records' estimated sizes (a value's bytes
- *     + 12) stay within `most` (one record at least). A producer's values split into batches as
- *     engine.records.encode_batches splits them, without the list sliced or measured apart.
+ *     every timestamp delta 0: one time for the batch), after `room` bytes: `end` is `stop`
+ *     (negative: the list's end), or with `most` >= 0 as far as the records' estimated sizes
+ *     (a value's bytes + ESTIMATED_RECORD_VARINTS) stay within `most` (one record at least).
+ *     A producer's values split into batches as engine.records.encode_batches splits them,
+ *     without the list sliced or measured apart.
  *
  * allocates_ahead(fd) -> bool
  * allocate_ahead(fd, offset, length) -> int
@@ -151,6 +152,9 @@
 #endif
 
 #define FIELDS 8
+/* What a batch split weighs a record at beyond its value's bytes (engine.records
+ * .ESTIMATED_RECORD_VARINTS). */
+#define ESTIMATED_RECORD_VARINTS 12
 #define MAX_VARINT 10
 
 /* -- decoding ------------------------------------------------------------------------------- */
@@ -324,19 +328,10 @@ static int check_list(PyObject *object, Py_ssize_t n, const char *what, int may_
     return 0;
 }
 
-/* The length of value `i` of a list (-1: None), or -2 with TypeError set. */
-static inline Py_ssize_t value_length(PyObject *item, Py_ssize_t i) {
-    if (PyBytes_Check(item)) return PyBytes_GET_SIZE(item);
-    if (item == Py_None) return -1;
-    if (PyByteArray_Check(item)) return PyByteArray_GET_SIZE(item);
-    PyErr_Format(PyExc_TypeError, "value %zd is %.80s, not bytes or None", i, Py_TYPE(item)->tp_name);
-    return -2;
-}
-
 /* The records of values[start:stop] alone (no keys, no headers, offset deltas from 0), every
  * record with the timestamp delta `ts` (what a producer's batch of values is), after `room` bytes
  * left for the caller; with `most` >= 0, only as many as keep the records' estimated sizes (the
- * value's bytes + 12, as engine.records.encode_batches weighs them) within `most` (one at least).
+ * value's bytes + ESTIMATED_RECORD_VARINTS, as encode_batches weighs them) within `most` (one at least).
  * The same bytes as encode_records, in a loop that looks at each value only. *end is the index
  * after the last record taken. */
 static PyObject *encode_values(PyObject *values, Py_ssize_t start, Py_ssize_t stop, int64_t ts, Py_ssize_t room,
@@ -345,9 +340,10 @@ static PyObject *encode_values(PyObject *values, Py_ssize_t start, Py_ssize_t st
     const Py_ssize_t fixed = 1 + varint_size(ts) + 1 + 1;
     Py_ssize_t total = 0, estimated = 0, i;
     for (i = start; i < stop; i++) {
-        Py_ssize_t length = value_length(PyList_GET_ITEM(values, i), i);
-        if (length == -2) return NULL;
-        Py_ssize_t weight = (length > 0 ? length : 0) + 12;
+        const char *value;
+        Py_ssize_t length;
+        if (blob_of(values, i, &value, &length, "value")) return NULL;
+        Py_ssize_t weight = (length > 0 ? length : 0) + ESTIMATED_RECORD_VARINTS;
         if (most >= 0 && i > start && estimated + weight > most) break;
         estimated += weight;
         Py_ssize_t body = fixed + varint_size(i - start) + varint_size(length) + (length > 0 ? length : 0);
@@ -358,11 +354,9 @@ static PyObject *encode_values(PyObject *values, Py_ssize_t start, Py_ssize_t st
     if (result == NULL) return NULL;
     uint8_t *at = room > 0 ? (uint8_t *)PyByteArray_AS_STRING(result) + room : (uint8_t *)PyBytes_AS_STRING(result);
     for (i = start; i < *end; i++) {
-        PyObject *item = PyList_GET_ITEM(values, i);
-        const char *value = NULL;
-        Py_ssize_t length = -1;
-        if (PyBytes_Check(item)) { value = PyBytes_AS_STRING(item); length = PyBytes_GET_SIZE(item); }
-        else if (item != Py_None) { value = PyByteArray_AS_STRING(item); length = PyByteArray_GET_SIZE(item); }
+        const char *value;
+        Py_ssize_t length;
+        blob_of(values, i, &value, &length, "value"); /* (checked by the first loop) */
         at = put_varint(at, fixed + varint_size(i - start) + varint_size(length) + (length > 0 ? length : 0));
         *at++ = 0;
         at = put_varint(at, ts);
@@ -378,8 +372,7 @@ static PyObject *encode_values(PyObject *values, Py_ssize_t start, Py_ssize_t st
 static PyObject *encode_value_run(PyObject *self, PyObject *args) {
     PyObject *values;
     Py_ssize_t start, stop, room, most;
-    long long ts;
-    if (!PyArg_ParseTuple(args, "O!nnLnn", &PyList_Type, &values, &start, &stop, &ts, &room, &most)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!nnnn", &PyList_Type, &values, &start, &stop, &room, &most)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(values);
     if (stop < 0) stop = n;
     if (start < 0 || start >= stop || stop > n || room < 0) {
@@ -387,7 +380,7 @@ static PyObject *encode_value_run(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t end;
-    PyObject *records = encode_values(values, start, stop, ts, room, most, &end);
+    PyObject *records = encode_values(values, start, stop, 0, room, most, &end);
     if (records == NULL) return NULL;
     return Py_BuildValue("Nn", records, end);
 }
@@ -1839,7 +1832,7 @@ static PyMethodDef methods[] = {
     {"record_fields", record_fields, METH_VARARGS,
      "record_fields(section, count, out): eight int64 columns of count records into out (see the module)."},
     {"encode_value_run", encode_value_run, METH_VARARGS,
-     "encode_value_run(values, start, stop, timestamp_delta, room, most) -> (bytearray or bytes, end) (see the module)."},
+     "encode_value_run(values, start, stop, room, most) -> (bytearray or bytes, end) (see the module)."},
     {"encode_records", encode_records, METH_VARARGS,
      "encode_records(values, keys, header_blobs, timestamp_deltas, offset_deltas) -> bytes."},
     {NULL, NULL, 0, NULL},

@@ -26,7 +26,7 @@ def encode_records(
     /,
 ) -> bytes | bytearray: ...
 def encode_value_run(
-    values: list[bytes | None], start: int, stop: int, timestamp_delta: int, room: int, most: int, /
+    values: list[bytes | None], start: int, stop: int, room: int, most: int, /
 ) -> tuple[bytes | bytearray, int]: ...
 def encode_columns(
     n: int,

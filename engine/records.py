@@ -77,6 +77,9 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 assert _HEADER.size == BATCH_HEADER_DTYPE.itemsize == 61
 
 BATCH_OVERHEAD_BYTES = _HEADER.size
+# What a batch split weighs a record at beyond its key's and value's bytes: its varints, exact
+# for the common small deltas (engine/_core.c's ESTIMATED_RECORD_VARINTS is the same).
+ESTIMATED_RECORD_VARINTS = 12
 # Bytes before the length field counts: base_offset (8) + batch_length (4). Kafka calls this
 # LOG_OVERHEAD; it is the same for legacy messages, whose magic byte also sits at offset 16.
 LOG_OVERHEAD_BYTES = 12
@@ -734,7 +737,7 @@ def batch_ranges(sizes: np.ndarray, batch_bytes: int) -> list[tuple[int, int]]:
 
 
 def frame_batch(
-    records: bytes | memoryview,
+    records: bytes | bytearray | memoryview,
     *,
     count: int,
     base_offset: int,
@@ -742,22 +745,26 @@ def frame_batch(
     max_timestamp: int,
     compression: CompressionType = CompressionType.NONE,
     partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer: ProducerState = NO_PRODUCER,
+    in_place: bool = False,
 ) -> bytearray:
-    """A v2 batch (CreateTime, no producer) around `count` encoded records — each with its length
-    prefix, offset deltas 0..count-1, timestamp deltas from `base_timestamp` — compressed with
+    """A v2 batch (CreateTime) around `count` encoded records — each with its length prefix,
+    offset deltas 0..count-1, timestamp deltas from `base_timestamp` — compressed with
     `compression`, CRC included: what `build_batch` makes of the same records, for callers that
-    encode the records section column-wise themselves."""
+    encode the records section themselves (column-wise, or by runs of values). `in_place`: as
+    `_framed` takes it."""
     return _framed(
         records,
         compression,
-        attributes=int(compression),
+        in_place=in_place,
+        attributes=int(compression) | (_TRANSACTIONAL_BIT if producer.is_transactional else 0),
         count=count,
         base_offset=base_offset,
         partition_leader_epoch=partition_leader_epoch,
         last_offset_delta=count - 1,
         base_timestamp=base_timestamp,
         max_timestamp=max_timestamp,
-        producer=NO_PRODUCER,
+        producer=producer,
     )
 
 
@@ -808,7 +815,7 @@ def encode_batches(
         pending = [(0, 1)]  # one record (an `echo >> append`): one batch, no column to make
     else:
         if sizes is None:
-            sizes = _byte_lengths(values) + 12
+            sizes = _byte_lengths(values) + ESTIMATED_RECORD_VARINTS
             if keys is not None:
                 sizes += _byte_lengths(keys)
             if headers is not None:
@@ -865,34 +872,30 @@ def _value_batches(
     """encode_batches of a list of values alone, one timestamp, uncompressed (what producers,
     the mount's append files and `produce` send), grouped and halved as encode_batches does,
     the sizes weighed by the core as it encodes each run (no list sliced, no column made)."""
-    attributes = _TRANSACTIONAL_BIT if producer.is_transactional else 0
     batches: list[bytearray] = []
     pending: list[tuple[int, int]] = []  # halves of a batch that came out too large, the next last
     start, n, room = 0, len(values), BATCH_OVERHEAD_BYTES
     while pending or start < n:
         if pending:
             lo, hi = pending.pop()
-            batch, _ = _core.encode_value_run(values, lo, hi, 0, room, -1)
+            batch, _ = _core.encode_value_run(values, lo, hi, room, -1)
         else:
             lo = start
-            batch, hi = _core.encode_value_run(values, lo, -1, 0, room, max(batch_bytes - room, 0))
+            batch, hi = _core.encode_value_run(values, lo, -1, room, max(batch_bytes - room, 0))
             start = hi
         if halves := _halves(len(batch), lo, hi, max_batch_bytes, where):
             pending += halves
             continue
         batches.append(
-            _framed(
+            frame_batch(
                 batch,
-                CompressionType.NONE,
-                in_place=True,
-                attributes=attributes,
                 count=hi - lo,
                 base_offset=base_offset + lo,
-                partition_leader_epoch=partition_leader_epoch,
-                last_offset_delta=hi - lo - 1,
                 base_timestamp=timestamp,
                 max_timestamp=timestamp,
+                partition_leader_epoch=partition_leader_epoch,
                 producer=producer,
+                in_place=True,
             )
         )
     return batches

@@ -17,7 +17,7 @@ import pyarrow as pa
 from seglogfs.engine import _core
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.errors import RecordTooLargeError
-from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, batch_ranges, frame_batch
+from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, ESTIMATED_RECORD_VARINTS, batch_ranges, frame_batch
 from seglogfs.pipeline.partitioning import binary_parts
 
 _GROUP_BYTES = 64 << 20  # records encoded by one call of the core
@@ -47,7 +47,11 @@ def encode_columns(
     key_starts = key_lengths = None
     if keys is not None:
         key_data, key_starts, key_lengths = _column(keys)
-    sizes = np.maximum(value_lengths, 0) + (0 if key_lengths is None else np.maximum(key_lengths, 0)) + 12
+    sizes = (
+        np.maximum(value_lengths, 0)
+        + (0 if key_lengths is None else np.maximum(key_lengths, 0))
+        + ESTIMATED_RECORD_VARINTS
+    )
     batches: list[bytearray] = []
     pending = list(reversed(batch_ranges(sizes, min(target_batch_bytes, max_batch_bytes))))
     while pending:
