@@ -387,14 +387,13 @@ class Operations(pyfuse3.Operations):
         tried again once they are, waiting on the loop: neither rendered twice nor handed to a
         worker thread (each cost more than the wait, and a sequential reader catches up with
         the render-ahead thread a thousand times a GiB). None to hand the read to a worker."""
-        token = trio.lowlevel.current_trio_token()
         while True:
             try:
                 return handle.read_now(off, size)
             except RenderingAhead as rendering:
-                rendered = trio.Event()
+                rendered, token = trio.Event(), trio.lowlevel.current_trio_token()
 
-                def wake(rendered: trio.Event = rendered) -> None:
+                def wake(rendered: trio.Event = rendered, token: trio.lowlevel.TrioToken = token) -> None:
                     with contextlib.suppress(trio.RunFinishedError):  # (the mount is ending)
                         token.run_sync_soon(rendered.set)
 
