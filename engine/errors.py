@@ -41,6 +41,17 @@ class CorruptRecordError(EngineError):
         super().__init__(f"{self.path}: corrupt record batch at position {position}: {reason}")
 
 
+class UnsafeFileError(EngineError):
+    """Where a regular file belongs in a data dir (a segment, an index, a checkpoint, a config),
+    something else is: a symbolic link, a FIFO, a socket, a device, a directory, or a file far
+    larger than such a file can be. It is neither followed nor opened; its partition is offline."""
+
+    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+        self.path = os.fspath(path)
+        self.what = what
+        super().__init__(f"{self.path}: {what} where a regular file belongs: refused")
+
+
 class UnsupportedFormatError(EngineError):
     """Intact data this engine cannot read: a legacy message (magic 0 or 1) whose CRC-32 holds
     but whose content does not decode (an unknown codec, a wrapper in a framing no reader
