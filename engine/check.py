@@ -31,18 +31,38 @@ import numpy as np
 from seglogfs.engine.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
+    LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
     read_offset_checkpoint,
 )
-from seglogfs.engine.errors import CorruptIndexError
+from seglogfs.engine.errors import CorruptIndexError, UnsafeFileError
+from seglogfs.engine.files import describe_mode, open_regular, read_regular
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
-from seglogfs.engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
+from seglogfs.engine.naming import (
+    DELETED_SUFFIX,
+    LOG_SUFFIX,
+    linked_partition_dirs,
+    parse_segment_file_name,
+    partition_dirs,
+)
 from seglogfs.engine.records import BatchHeader, check_batch, decode_records
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
+
+# The partition's own small files besides its segments (a link or a FIFO there is refused too).
+_PARTITION_FILES = frozenset({PARTITION_METADATA, LEADER_EPOCH_CHECKPOINT})
+# Larger than any index Kafka writes (segment.index.bytes is 10 MiB unless raised); a file past
+# it is not read into memory, and reported.
+_INDEX_MAX_BYTES = 1 << 30
+
+
+def _refused(what: str, belongs: str = "a regular file") -> str:
+    """A Problem's message for what stands where something else belongs (as UnsafeFileError says it)."""
+    return f"{what} where {belongs} belongs: refused"
 
 
 @dataclass(frozen=True)
@@ -74,8 +94,8 @@ def log_dir_in_use(log_dir: Path) -> tuple[bool, int | None]:
     """Whether another process holds the log dir's `.lock`, and its PID when known."""
     path = log_dir / ".lock"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = open_regular(path)  # (a FIFO there would block an open without O_NONBLOCK)
+    except (OSError, UnsafeFileError):
         return False, None
     try:
         request = struct.pack("@hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0) + bytes(4)
@@ -115,7 +135,11 @@ def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: C
         except CheckpointError as error:
             report.problems.append(Problem(log_dir / name, str(error).split(": ", 1)[-1]))
             checkpoints[name] = {}
-    clean = (log_dir / CLEAN_SHUTDOWN_FILE).exists()
+    clean = os.path.lexists(log_dir / CLEAN_SHUTDOWN_FILE)
+    for name, _topic, _partition in linked_partition_dirs(log_dir):
+        report.problems.append(
+            Problem(log_dir / name, _refused("a symbolic link", "a partition directory") + " (never followed)")
+        )
     for name, topic, partition in partition_dirs(log_dir):
         parsed = (topic, partition)
         report.partitions += 1
@@ -134,8 +158,18 @@ def _check_partition(
     directory: Path, maybe_active: bool, in_use: bool, report: CheckReport, progress: Callable[[int], None] | None
 ) -> int | None:
     bases = []
-    for name in sorted(os.listdir(directory)):
+    unsafe = False
+    with os.scandir(directory) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        name = entry.name
         parsed = parse_segment_file_name(name)
+        if (parsed is not None or name in _PARTITION_FILES) and not entry.is_file(follow_symlinks=False):
+            # Not opened, not followed: the partition is offline for every opener (engine.files).
+            what = describe_mode(entry.stat(follow_symlinks=False).st_mode)
+            report.problems.append(Problem(directory / name, _refused(what)))
+            unsafe = True
+            continue
         if parsed is None:
             continue
         base, kind, extra = parsed
@@ -145,6 +179,8 @@ def _check_partition(
             report.problems.append(Problem(directory / name, f"leftover {extra} file of interrupted work"))
         elif kind == LOG_SUFFIX:
             bases.append(base)
+    if unsafe:
+        return None  # (its segments are not read: the partition is offline until the operator acts)
     previous_end = None
     transactions = TransactionIndexBuilder()
     for slot, base in enumerate(bases):
@@ -230,10 +266,13 @@ def _check_segment(
 
 def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckReport) -> np.ndarray | None:
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, _INDEX_MAX_BYTES)
     except FileNotFoundError:
         # Not damage: Kafka and seglogfs rebuild a missing index from the log on open.
         report.missing_indexes.append(path)
+        return None
+    except UnsafeFileError as error:
+        report.problems.append(Problem(path, error.what + " where an index belongs: refused"))
         return None
     if len(raw) % dtype.itemsize:
         if preallocated_ok:

@@ -24,7 +24,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from seglogfs.engine.errors import EngineError
+from seglogfs.engine.errors import EngineError, UnsafeFileError
+from seglogfs.engine.files import decode_text, read_regular
 
 CURRENT_VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -36,6 +37,9 @@ PARTITION_METADATA = "partition.metadata"
 CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 
 TopicPartition = tuple[str, int]
+# A checkpoint line is a topic name (at most 249 characters) and two numbers: this is room for
+# hundreds of thousands of partitions, and a bound on what a file there makes a reader hold.
+_CHECKPOINT_MAX_BYTES = 256 << 20
 
 
 class CheckpointError(EngineError):
@@ -74,13 +78,26 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _read_frame(path: Path, fields: int) -> list[list[str]]:
+def _read_text(path: Path) -> str | None:
+    """A checkpoint's text, None when there is none. Opened as every data dir file is (never
+    through a link, never a FIFO: engine.files) and at most `_CHECKPOINT_MAX_BYTES`; whatever
+    stands there instead, and bytes that are not UTF-8, are a CheckpointError naming the file
+    (and the line), which callers treat as Kafka treats an unreadable checkpoint."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_regular(path, _CHECKPOINT_MAX_BYTES)
     except FileNotFoundError:
-        return []
+        return None
     except OSError as error:
         raise CheckpointError(f"{path}: cannot read: {error.strerror}") from None
+    except UnsafeFileError as error:
+        raise CheckpointError(str(error)) from None
+    return decode_text(path, data, CheckpointError)
+
+
+def _read_frame(path: Path, fields: int) -> list[list[str]]:
+    text = _read_text(path)
+    if text is None:
+        return []
     lines = text.splitlines()
     if not lines:
         return []  # a brand-new empty file reads as no entries (Kafka does the same)
@@ -137,10 +154,10 @@ def write_partition_metadata(path: Path, topic_id: str) -> None:
 
 
 def read_partition_metadata(path: Path) -> str | None:
-    """The topic id of a `partition.metadata` file, or None when absent."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    """The topic id of a `partition.metadata` file, or None when absent; CheckpointError naming
+    the file when it cannot be read (not a regular file, not UTF-8 text)."""
+    text = _read_text(path)
+    if text is None:
         return None
     for line in text.splitlines():
         key, _, value = line.partition(":")

@@ -33,12 +33,14 @@ from types import MappingProxyType
 from typing import Any
 
 from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.errors import ConfigError
+from seglogfs.engine.errors import ConfigError, UnsafeFileError
+from seglogfs.engine.files import decode_text, read_regular
 from seglogfs.engine.records import TimestampType
 
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1  # Kafka types these sizes as int: index positions are 32-bit
 _HOUR_MS = 3_600_000
+_PROPERTIES_MAX_BYTES = 1 << 20  # meta.properties holds a few lines
 
 
 DEFAULT_FLUSH_MS = 1000  # see "flush.ms" below and the README's durability promise
@@ -251,13 +253,21 @@ def _convert(setting: _Setting, key: str, text: str, source: str) -> Any:
     return value
 
 
-def read_properties(path: Path) -> dict[str, tuple[str, str]]:
+def read_properties(path: Path, *, in_data_dir: bool = False) -> dict[str, tuple[str, str]]:
     """Parse a Java properties file: key → (value, "path:line"). Handles `=`, `:` or blank
-    separators, `#`/`!` comments and backslash line continuations."""
+    separators, `#`/`!` comments and backslash line continuations. `in_data_dir` (meta.properties):
+    opened as every data dir file is (engine.files: never through a link, never a FIFO), and at
+    most `_PROPERTIES_MAX_BYTES`; a file the user names (`-c server.properties`, which may be
+    `<(…)`) is opened as given. Bytes that are not UTF-8: ConfigError naming file and line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = read_regular(path, _PROPERTIES_MAX_BYTES) if in_data_dir else path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"cannot read {path}: no such file") from None
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from None
+    except UnsafeFileError as error:
+        raise ConfigError(str(error)) from None
+    text = decode_text(path, data, ConfigError)
     out: dict[str, tuple[str, str]] = {}
     logical = ""
     start_line = 0

@@ -110,11 +110,13 @@ from seglogfs.engine.errors import (
     ReadOnlyError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
+    UnsafeFileError,
     UnsupportedFormatError,
 )
+from seglogfs.engine.files import decode_text, is_directory, open_regular, read_regular
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
-from seglogfs.engine.naming import partition_dir_name, partition_dirs, validate_topic
+from seglogfs.engine.naming import linked_partition_dirs, partition_dir_name, partition_dirs, validate_topic
 from seglogfs.engine.retention import RetentionDecision
 from seglogfs.engine.segment import LogSegment
 
@@ -123,6 +125,7 @@ logger = logging.getLogger(__name__)
 LOCK_FILE = ".lock"
 TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
 META_PROPERTIES = "meta.properties"
+_TOPIC_CONFIGS_MAX_BYTES = 64 << 20  # far more than any number of topics' overrides takes
 _WARN_TOPICS_NAMED = 20  # the unknown-configs warning names this many topics, then counts the rest
 TopicPartition = tuple[str, int]
 _LOCKED_HERE: set[str] = set()
@@ -159,12 +162,11 @@ def _node_id(log_dirs: tuple[Path, ...]) -> str | None:
     """The broker's `node.id` (KRaft) or `broker.id` (ZooKeeper mode) from its meta.properties."""
     for log_dir in log_dirs:
         path = log_dir / META_PROPERTIES
-        if not path.is_file():
+        if not os.path.lexists(path):
             continue
-        try:
-            properties = read_properties(path)
-        except ConfigError:
-            continue
+        # A broker refuses to start on a meta.properties it cannot read; here the error (bad
+        # bytes, a link, a FIFO: naming the file) reaches the command that needs the node id.
+        properties = read_properties(path, in_data_dir=True)
         for key in ("node.id", "broker.id"):
             if key in properties:
                 return properties[key][0].strip()
@@ -350,7 +352,7 @@ class DataDir:
         key = os.path.realpath(path)
         if key in _LOCKED_HERE:
             raise LogDirLockedError(f"{log_dir}: data dir is already open in this process (lock file {path})")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o644)  # (a link or a FIFO there: UnsafeFileError)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -369,13 +371,17 @@ class DataDir:
 
     def _load_log_dir(self, log_dir: Path, now_ms: int) -> None:
         marker = log_dir / CLEAN_SHUTDOWN_FILE
-        clean = marker.exists()
+        clean = os.path.lexists(marker)
         try:
             recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
             start_offsets = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
-        except CheckpointError:
+        except CheckpointError as error:
+            # Kafka's LogManager.loadLogs warns and goes on as without the file ("resetting the
+            # recovery checkpoint to 0"): a writable open recovers everything and writes the file
+            # anew at close (a rename over whatever was there, a link or a FIFO included: never
+            # through it). Bad bytes, a link or a FIFO there is no reason to refuse the data dir.
+            logger.warning("%s; %s", error, "every segment is recovered" if self.writable else "read as absent")
             if self.writable:
-                # Kafka treats an unreadable checkpoint as "recover everything".
                 recovery_points, start_offsets, clean = {}, {}, False
             else:
                 recovery_points, start_offsets = {}, {}
@@ -386,6 +392,20 @@ class DataDir:
         except CheckpointError as error:
             logger.warning("%s; compaction starts again from each log's start", error)
         logs = dict(self._logs)
+        for name, topic, partition in linked_partition_dirs(log_dir):
+            # Never followed: its partition is offline, whatever it points at.
+            reason = str(UnsafeFileError(log_dir / name, "a symbolic link", "a partition directory"))
+            logger.error("%s; %s-%d is offline, the others are served", reason, topic, partition)
+            logs[(topic, partition)] = PartitionLog.unreadable(
+                log_dir / name,
+                topic,
+                partition,
+                self.topic_config(topic),
+                reason,
+                log_start_offset=start_offsets.get((topic, partition), 0),
+                recovery_point=recovery_points.get((topic, partition), 0),
+                now_ms=now_ms,
+            )
         for name, topic, partition in partition_dirs(log_dir):
             if (topic, partition) in logs:
                 raise EngineError(f"{log_dir / name}: partition {topic}-{partition} is in two log dirs")
@@ -403,10 +423,13 @@ class DataDir:
                     log_start_offset=log_start_offset,
                     now_ms=now_ms,
                 )
-            except (UnsupportedFormatError, CorruptIndexError, CorruptRecordError, OSError) as error:
-                if not self._serve_the_rest:
+            except (UnsupportedFormatError, CorruptIndexError, CorruptRecordError, OSError, UnsafeFileError) as error:
+                # A link, a FIFO or a directory where a file belongs is no damage recovery could
+                # mend, and says nothing of the other partitions: offline for every opener, the
+                # CLI's too (its reads and appends name it), the rest served.
+                if not self._serve_the_rest and not isinstance(error, UnsafeFileError):
                     raise
-                logger.error("%s; %s-%d is offline (EIO), the others are served", error, topic, partition)
+                logger.error("%s; %s-%d is offline, the others are served", error, topic, partition)
                 logs[(topic, partition)] = PartitionLog.unreadable(
                     log_dir / name,
                     topic,
@@ -418,7 +441,7 @@ class DataDir:
                     now_ms=now_ms,
                 )
         self._logs = logs
-        if self.writable and marker.exists():
+        if self.writable and os.path.lexists(marker):
             # From now on the dir is in use: a crash must not look like a clean stop.
             marker.unlink()
             fsync_dir(log_dir)
@@ -431,7 +454,7 @@ class DataDir:
     def _read_topic_overrides(self) -> dict[str, Mapping[str, str]]:
         path = self._topic_configs_path
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
+            document = json.loads(decode_text(path, read_regular(path, _TOPIC_CONFIGS_MAX_BYTES), ConfigError))
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as error:
@@ -454,8 +477,8 @@ class DataDir:
         """Whether these are a Kafka broker's log dirs, and what its metadata log says. A metadata
         log that cannot be used is remembered with the reason: its topics' configs are then
         unknown (never guessed)."""
-        self._broker_dir = any((log_dir / META_PROPERTIES).is_file() for log_dir in self.config.log_dirs)
-        found = [d / METADATA_PARTITION_DIR for d in self.config.log_dirs if (d / METADATA_PARTITION_DIR).is_dir()]
+        self._broker_dir = any(os.path.lexists(log_dir / META_PROPERTIES) for log_dir in self.config.log_dirs)
+        found = [d / METADATA_PARTITION_DIR for d in self.config.log_dirs if is_directory(d / METADATA_PARTITION_DIR)]
         if not found:
             return
         self._metadata_dir = found[0]
@@ -581,7 +604,8 @@ class DataDir:
                 (topic, partition): log_dir / name
                 for log_dir in self.config.log_dirs
                 if log_dir.is_dir()
-                for name, topic, partition in partition_dirs(log_dir)
+                for listing in (partition_dirs, linked_partition_dirs)
+                for name, topic, partition in listing(log_dir)
             }
             logs = dict(self._logs)
             gone = [key for key in logs if key not in on_disk]
@@ -593,6 +617,8 @@ class DataDir:
                     logs.pop(key).close()
             for topic, partition in new:
                 try:
+                    if os.path.islink(on_disk[(topic, partition)]):
+                        raise UnsafeFileError(on_disk[(topic, partition)], "a symbolic link", "a partition directory")
                     logs[(topic, partition)] = PartitionLog.open(
                         on_disk[(topic, partition)],
                         topic,
@@ -600,6 +626,18 @@ class DataDir:
                         self.topic_config(topic),
                         writable=False,
                         clean_shutdown=True,
+                        now_ms=now_ms,
+                    )
+                except UnsafeFileError as error:  # (no partition being made holds one: offline)
+                    logger.error("%s; %s-%d is offline, the others are served", error, topic, partition)
+                    logs[(topic, partition)] = PartitionLog.unreadable(
+                        on_disk[(topic, partition)],
+                        topic,
+                        partition,
+                        self.topic_config(topic),
+                        str(error),
+                        log_start_offset=0,
+                        recovery_point=0,
                         now_ms=now_ms,
                     )
                 except (OSError, EngineError) as error:  # being made or removed right now: next time
@@ -704,7 +742,13 @@ class DataDir:
         `partition.metadata`, else from the broker's metadata log; None when neither has one
         (data written by a Kafka older than 2.8). Thread-safe."""
         for log in self._topic_logs(topic):
-            topic_id = read_partition_metadata(log.directory / PARTITION_METADATA)
+            if log.offline_reason is not None:
+                continue  # (its files are not read: it may be a link)
+            try:
+                topic_id = read_partition_metadata(log.directory / PARTITION_METADATA)
+            except CheckpointError as error:  # (Kafka takes such a partition offline; its id is not needed to serve it)
+                logger.warning("%s; the topic id is taken from the other partitions", error)
+                continue
             if topic_id:
                 return topic_id
         if self._metadata is not None:
@@ -760,7 +804,7 @@ class DataDir:
                 log_dir = min(self.config.log_dirs, key=lambda d: counts[d])
                 counts[log_dir] += 1
                 directory = log_dir / partition_dir_name(topic, partition)
-                if directory.exists():  # (left by a crash, not loaded: not ours to remove)
+                if os.path.lexists(directory):  # (left by a crash, not loaded: not ours to remove)
                     raise TopicExistsError(f"topic {topic!r}: {directory} exists already (the next open loads it)")
                 made.append(directory)
                 created[(topic, partition)] = PartitionLog.create(
@@ -812,7 +856,10 @@ class DataDir:
                 self._delete_horizons.pop(key, None)
             self.checkpoint()
         for path in renamed:
-            shutil.rmtree(path)
+            if os.path.islink(path):  # (an offline partition that was a link: the link goes, not its target)
+                os.unlink(path)
+            else:
+                shutil.rmtree(path)
         return [log.directory for log in doomed]
 
     def config_entries(self, topic: str | None = None) -> list[ConfigEntry]:
@@ -912,6 +959,8 @@ class DataDir:
         plan = CleanupPlan()
         candidates = []
         for key, log in sorted(self._logs.items()):
+            if log.offline_reason is not None:
+                continue  # (nothing of it is read: its files stay as the operator finds them)
             segments = log.segments
             decision = log.retention_due(now_ms)
             if decision:
@@ -937,6 +986,8 @@ class DataDir:
         self._check_writable()
         done = []
         for log_ in self.partitions():
+            if log_.offline_reason is not None:
+                continue  # (nothing of it is read: its files stay as the operator finds them)
             decision = log_.delete_old_segments(now_ms)
             log_.delete_pending(now_ms)
             if decision:

@@ -46,10 +46,10 @@ class UnsafeFileError(EngineError):
     something else is: a symbolic link, a FIFO, a socket, a device, a directory, or a file far
     larger than such a file can be. It is neither followed nor opened; its partition is offline."""
 
-    def __init__(self, path: str | os.PathLike[str], what: str) -> None:
+    def __init__(self, path: str | os.PathLike[str], what: str, belongs: str = "a regular file") -> None:
         self.path = os.fspath(path)
         self.what = what
-        super().__init__(f"{self.path}: {what} where a regular file belongs: refused")
+        super().__init__(f"{self.path}: {what} where {belongs} belongs: refused")
 
 
 class UnsupportedFormatError(EngineError):

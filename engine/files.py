@@ -27,6 +27,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 from seglogfs.engine.errors import UnsafeFileError
 
@@ -113,6 +114,20 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         os.close(fd)
 
 
+def decode_text(path: str | os.PathLike[str], data: bytes, error: Callable[[str], Exception]) -> str:
+    """`data` (a small text file's, read from `path`) as UTF-8 text, or `error(message)` raised
+    naming the file, the line and the byte that is not UTF-8: such a file was written by
+    something else than its owner (a stray `\\xff`), and the message says where to look."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        line = data.count(b"\n", 0, bad.start) + 1
+        column = bad.start - (data.rfind(b"\n", 0, bad.start) + 1) + 1
+        raise error(
+            f"{os.fspath(path)}: line {line}, column {column}: byte 0x{data[bad.start]:02x} is not UTF-8 text"
+        ) from None
+
+
 def is_directory(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is a directory itself, not a link to one (`os.path.isdir` follows links)."""
     try:
@@ -129,4 +144,12 @@ def is_regular(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-__all__ = ["check_regular", "describe_mode", "is_directory", "is_regular", "open_regular", "read_regular"]
+__all__ = [
+    "check_regular",
+    "decode_text",
+    "describe_mode",
+    "is_directory",
+    "is_regular",
+    "open_regular",
+    "read_regular",
+]

@@ -142,7 +142,7 @@ def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms
         # Its log was renamed live (the swap's last renames did not all happen): it goes live
         # too, or, with no log, away.
         swapped = directory / f"{base:020d}{TXN_INDEX_SUFFIX}{SWAP_SUFFIX}"
-        if (directory / f"{base:020d}{LOG_SUFFIX}").exists():
+        if os.path.lexists(directory / f"{base:020d}{LOG_SUFFIX}"):
             os.replace(swapped, directory / f"{base:020d}{TXN_INDEX_SUFFIX}")
         else:
             swapped.unlink(missing_ok=True)
@@ -276,7 +276,7 @@ def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogS
     holds a transactional batch or has a `.txnindex`; then the log is read from its first
     segment up to the last such one (the open transactions before it: Kafka loads them from
     its producer snapshots)."""
-    wanted = [s for s in recovered if s.holds_transactions or s.transaction_index_path.exists()]
+    wanted = [s for s in recovered if s.holds_transactions or os.path.lexists(s.transaction_index_path)]
     if not wanted:
         return
     builder = TransactionIndexBuilder()

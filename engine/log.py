@@ -295,8 +295,8 @@ class PartitionLog:
             raise LogOfflineError(f"{self.topic}-{self.partition} is offline: {self.offline_reason}")
 
     def _check_appendable(self) -> None:
+        self.check_online()  # (first: an offline partition of a writable data dir is read-only too, and why says more)
         self._check_writable()
-        self.check_online()
         if self.topic == METADATA_TOPIC:
             # A broker's KRaft metadata log: only the controller writes it; a record from here
             # would corrupt the broker's metadata.

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seglogfs.engine.errors import EngineError
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.messages import Reader
 from seglogfs.engine.naming import segment_log_files
 from seglogfs.engine.records import (
@@ -172,8 +173,9 @@ def topic_id_text(topic_id: bytes) -> str:
 
 def _file_batches(path: Path) -> Iterator[tuple[BatchHeader, bytes]]:
     """Whole, CRC-checked v2 batches of a `.log` or snapshot file, in order, stopping quietly at
-    the first incomplete, legacy or corrupt one (what recovery would cut)."""
-    with open(path, "rb") as handle:
+    the first incomplete, legacy or corrupt one (what recovery would cut). A link, a FIFO or a
+    directory at a segment's or snapshot's name: UnsafeFileError naming it (engine.files)."""
+    with os.fdopen(open_regular(path), "rb") as handle:
         file_size = os.fstat(handle.fileno()).st_size
         position = 0
         while True:

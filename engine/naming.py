@@ -100,7 +100,17 @@ def parse_partition_dir(name: str) -> tuple[str, int] | None:
 
 
 def partition_dirs(log_dir: Path) -> list[tuple[str, str, int]]:
-    """The live partition dirs of a log dir, sorted: (dir name, topic, partition)."""
+    """The live partition dirs of a log dir, sorted: (dir name, topic, partition). Directories
+    only, not links to one: a link named like a partition is never followed (it could lead
+    anywhere the data dir's writers chose); `linked_partition_dirs` lists those."""
     with os.scandir(log_dir) as entries:
-        names = sorted(entry.name for entry in entries if entry.is_dir())
+        names = sorted(entry.name for entry in entries if entry.is_dir(follow_symlinks=False))
+    return [(name, *parsed) for name in names if (parsed := parse_partition_dir(name)) is not None]
+
+
+def linked_partition_dirs(log_dir: Path) -> list[tuple[str, str, int]]:
+    """The symbolic links of a log dir named like a partition dir (`orders-3 -> /elsewhere`),
+    as `partition_dirs` lists dirs: refused as partitions, reported by name."""
+    with os.scandir(log_dir) as entries:
+        names = sorted(entry.name for entry in entries if entry.is_symlink())
     return [(name, *parsed) for name in names if (parsed := parse_partition_dir(name)) is not None]

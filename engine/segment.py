@@ -70,6 +70,7 @@ import numpy as np
 from seglogfs.engine import _core
 from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
+from seglogfs.engine.files import check_regular, open_regular
 from seglogfs.engine.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
 from seglogfs.engine.legacy import MIN_ENTRY_BYTES, message_overhead
@@ -210,7 +211,10 @@ class LogSegment:
         self._complete_to: int | None = None
         self._followed_next_offset: int | None = None
         try:
-            stat = os.stat(self.log_path)
+            # lstat: a link, a FIFO or a directory named like a segment is refused here, before
+            # anything opens it (engine.files); its partition goes offline.
+            stat = os.lstat(self.log_path)
+            check_regular(self.log_path, stat.st_mode)
             self._size = stat.st_size
             if not writable:  # (a writer's compaction may replace the file: see `replaced_on_disk`)
                 self._file_id = (stat.st_dev, stat.st_ino)
@@ -251,7 +255,7 @@ class LogSegment:
             raise OSError(f"{self.log_path}: segment is closed")
         flags = os.O_RDWR | os.O_CREAT if self.writable else os.O_RDONLY
         path = self.log_path
-        handle = opening(lambda: os.open(path, flags | os.O_CLOEXEC, 0o644))
+        handle = opening(lambda: open_regular(path, flags, 0o644))
         try:
             stat = os.fstat(handle)
             file_id = (stat.st_dev, stat.st_ino)
@@ -342,7 +346,7 @@ class LogSegment:
             handle = self._handle
             if handle is not None:
                 return os.fstat(handle).st_size
-        return os.stat(self.log_path).st_size
+        return os.lstat(self.log_path).st_size
 
     @property
     def followed_next_offset(self) -> int:
@@ -353,7 +357,7 @@ class LogSegment:
         """Read-only: whether the `.log` at this segment's name is no longer the file it opened
         (another process's compaction swapped it in, or retention renamed it away)."""
         try:
-            stat = os.stat(self.log_path)
+            stat = os.lstat(self.log_path)  # (a link put in its place is another file: refused at reopen)
         except FileNotFoundError:
             return True
         return self._file_id is not None and (stat.st_dev, stat.st_ino) != self._file_id
@@ -814,7 +818,7 @@ class LogSegment:
         timestamp = self.max_timestamp_so_far.timestamp
         if timestamp >= 0:
             return timestamp
-        return int(os.stat(self.log_path).st_mtime * 1000)
+        return int(os.lstat(self.log_path).st_mtime * 1000)
 
     def first_batch_timestamp(self) -> int:
         """Max timestamp of the first batch (what time-based rolling measures from);
@@ -951,7 +955,7 @@ class LogSegment:
                     os.rename(path, self.log_path)
                 finally:
                     self._file_id = None
-            self._size = os.stat(self.log_path).st_size
+            self._size = os.lstat(self.log_path).st_size
             self._log_dirty = True  # the next flush or release fsyncs it
             try:
                 invalid = self._rebuild_indexes(truncate=False)
@@ -1281,13 +1285,13 @@ class LogSegment:
         Under both segment locks: a lazy (re)open finds the files under one name or the other,
         never between; open indexes learn their new names."""
         with self._index_lock, self._handle_lock:
-            if self._file_id is None and self.log_path.exists():
-                stat = os.stat(self.log_path)  # the file renamed is the one a reopen must find
+            if self._file_id is None and os.path.lexists(self.log_path):
+                stat = os.lstat(self.log_path)  # the file renamed is the one a reopen must find
                 self._file_id = (stat.st_dev, stat.st_ino)
             for path in (self.log_path, self.offset_index_path, self.time_index_path, self.transaction_index_path):
                 if path.name.endswith(old_suffix) or not old_suffix:
                     target = path.with_name(path.name[: len(path.name) - len(old_suffix)] + new_suffix)
-                    if path.exists():
+                    if os.path.lexists(path):  # (a rename moves a link itself, never its target)
                         os.replace(path, target)
             self.file_suffix = self.file_suffix[: len(self.file_suffix) - len(old_suffix)] + new_suffix
             self.log_path = log_file(self.directory, self.base_offset, self.file_suffix)

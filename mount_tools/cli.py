@@ -309,7 +309,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = broker_config(args)
     require_data_dirs(config)
     dirs = list(config.log_dirs)
-    total = sum(p.stat().st_size for d in dirs for p in d.glob("*/*.log"))
+    # (lstat: a link named like a segment is measured, never followed; check reports it)
+    total = sum(p.lstat().st_size for d in dirs for p in d.glob("*/*.log"))
     with Progress("check", total, plain=not args.json) as progress:
         report = check_log_dirs(dirs, progress.advance)
     text = not args.json

@@ -390,7 +390,9 @@ def _writing_out() -> Iterator[None]:
 
 def _partitions(data_dir: DataDir, args: argparse.Namespace) -> list[PartitionLog]:
     if args.partition is not None:
-        return [data_dir.partition(args.topic, args.partition)]
+        log = data_dir.partition(args.topic, args.partition)
+        log.check_online()  # (the partition asked for: its reason is the answer; a topic's others are read)
+        return [log]
     logs = [data_dir.partition(args.topic, p) for p in data_dir.topics().get(args.topic, [])]
     if not logs:
         data_dir.partition(args.topic, 0)  # raises the unknown-topic error
