@@ -19,6 +19,13 @@ lies past its recovery points); files being written or replaced (`*.tmp`, `*.par
 `.swap`, `.deleted`); partition dirs being deleted, moved or of no live partition; and segment
 files of segments the log does not hold (a reader's log learns of a roll at its next refresh).
 
+A symbolic link in the log dir or a partition dir is shown as a link (its target's name, as
+`readlink` gives it), never followed: neither its target's content nor its attributes are shown,
+and a lookup of any name resolves inside the data dir or not at all. A partition dir that is a
+link is such a link too (its partition is offline). FIFOs, sockets and devices are not shown.
+An offline partition (engine: one holding such a file, or data no reader can decode) shows its
+files as they are on disk, none of them loaded.
+
 Files show the mtime and the mode of the file they mirror (a generated checkpoint: those of
 the file it stands for, 0644 when there is none), directories theirs: `rsync -a` finds unchanged
 sealed segments unchanged and copies only what grew or is new, and a copy is as writable as the
@@ -35,6 +42,7 @@ Mirror objects are thread-safe: they keep no state but the data dir.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -52,6 +60,7 @@ from seglogfs.engine.checkpoint import (
     format_offset_checkpoint,
 )
 from seglogfs.engine.datadir import LOCK_FILE
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
 from seglogfs.engine.naming import (
     CLEANED_SUFFIX,
@@ -96,6 +105,7 @@ class MirrorEntry:
     mode: int = _NEW_FILE_MODE
     path: Path | None = None  # the file whose first `size` bytes are shown
     content: bytes | None = None  # or generated content
+    link: str | None = None  # a symbolic link: its target's name (what readlink gives), never followed
 
 
 def _as_is_name(name: str) -> bool:
@@ -103,9 +113,19 @@ def _as_is_name(name: str) -> bool:
     return name not in _NOT_MIRRORED and not name.endswith(_TRANSIENT_SUFFIXES)
 
 
-def _regular_files(directory: Path) -> set[str]:
+def _listed_files(directory: Path) -> set[str]:
+    """The regular files and symbolic links of a directory (links shown as links); not FIFOs,
+    sockets, devices."""
     with os.scandir(directory) as entries:
-        return {entry.name for entry in entries if entry.is_file(follow_symlinks=False)}
+        return {entry.name for entry in entries if entry.is_file(follow_symlinks=False) or entry.is_symlink()}
+
+
+def _link(path: Path, status: os.stat_result) -> MirrorEntry:
+    """A symbolic link's entry: its target's name, read with readlink (nothing of the target)."""
+    target = os.readlink(path)
+    return MirrorEntry(
+        is_dir=False, size=len(os.fsencode(target)), mtime_ns=status.st_mtime_ns, mode=0o777, path=path, link=target
+    )
 
 
 def _segment_file(name: str) -> tuple[int, str] | None:
@@ -130,7 +150,7 @@ def _segment_path(segment: LogSegment, kind: str) -> Path:
 def _read_entries(path: Path, dtype: np.dtype, limit_bytes: int | None) -> tuple[np.ndarray, os.stat_result]:
     """The entries in use of an index file (up to `limit_bytes`; else up to its preallocated
     zero tail, read a chunk at a time), and the file's stat."""
-    with open(path, "rb", buffering=0) as file:
+    with os.fdopen(open_regular(path), "rb", buffering=0) as file:
         status = os.fstat(file.fileno())
         end = status.st_size if limit_bytes is None else min(limit_bytes, status.st_size)
         end -= end % dtype.itemsize
@@ -182,15 +202,20 @@ class Mirror:
         log_dir, rest = resolved
         logs = self._logs_in(log_dir)
         if not rest:
-            as_is = sorted(name for name in _regular_files(log_dir) if _as_is_name(name) and name not in _GENERATED)
+            as_is = sorted(name for name in _listed_files(log_dir) if _as_is_name(name) and name not in _GENERATED)
             return [*_GENERATED, *sorted(logs), *as_is]
-        if len(rest) == 1 and rest[0] in logs:
+        if len(rest) == 1 and rest[0] in logs and not os.path.islink(logs[rest[0]].directory):
             log = logs[rest[0]]
-            present = _regular_files(log.directory)
+            present = _listed_files(log.directory)
+            links = {name for name in present if os.path.islink(log.directory / name)}
+            if log.offline_reason is not None:  # (no segments loaded: its files as on disk, untouched)
+                return sorted(name for name in present if _as_is_name(name))
             names = []
             for segment in log.segments:
                 names += [name for kind in _SEGMENT_KINDS if (name := _segment_path(segment, kind).name) in present]
-            names += sorted(name for name in present if _as_is_name(name) and _segment_file(name) is None)
+            names += sorted(
+                name for name in present if _as_is_name(name) and (_segment_file(name) is None or name in links)
+            )
             return names
         raise FileNotFoundError("/".join(parts))
 
@@ -201,7 +226,9 @@ class Mirror:
             return MirrorEntry(is_dir=True, mode=_VIRTUAL_DIR_MODE)
         log_dir, rest = resolved
         if not rest:
-            return self._directory(log_dir)
+            # (the root as the user named it: it may be a link, as /var/lib/kafka often is)
+            status = os.stat(log_dir)
+            return MirrorEntry(is_dir=True, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode))
         logs = self._logs_in(log_dir)
         if len(rest) == 1:
             name = rest[0]
@@ -212,18 +239,22 @@ class Mirror:
             if _as_is_name(name):
                 return self._file(log_dir / name)
             raise FileNotFoundError(name)
-        if len(rest) == 2 and rest[0] in logs:
+        if len(rest) == 2 and rest[0] in logs and not os.path.islink(logs[rest[0]].directory):
             return self._partition_file(logs[rest[0]], rest[1])
         raise FileNotFoundError("/".join(parts))
 
     @staticmethod
     def _directory(path: Path) -> MirrorEntry:
-        status = os.stat(path)
+        status = os.lstat(path)
+        if stat.S_ISLNK(status.st_mode):
+            return _link(path, status)
         return MirrorEntry(is_dir=True, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode))
 
     @staticmethod
     def _file(path: Path, size: int | None = None) -> MirrorEntry:
-        status = os.stat(path)
+        status = os.lstat(path)  # (never followed: a link is shown as one, whatever it names)
+        if stat.S_ISLNK(status.st_mode):
+            return _link(path, status)
         if not stat.S_ISREG(status.st_mode):
             raise FileNotFoundError(path)
         shown = status.st_size if size is None else min(size, status.st_size)
@@ -244,12 +275,13 @@ class Mirror:
                 if not log.segments or log.log_start_offset > log.segments[0].base_offset
             }
         else:
-            if path.exists():
+            if os.path.lexists(path):
                 return self._file(path)
             offsets = {}
         content = format_offset_checkpoint(offsets).encode()
         try:
-            mode = stat.S_IMODE(os.stat(path).st_mode)
+            status = os.lstat(path)
+            mode = stat.S_IMODE(status.st_mode) if stat.S_ISREG(status.st_mode) else _NEW_FILE_MODE
         except FileNotFoundError:
             mode = _NEW_FILE_MODE
         return MirrorEntry(
@@ -269,6 +301,8 @@ class Mirror:
             if segment.base_offset == base:
                 break
         else:
+            if log.offline_reason is not None:  # (an offline partition's files: as on disk, a link as a link)
+                return self._file(log.directory / name)
             raise FileNotFoundError(name)
         path = _segment_path(segment, suffix)
         if segment is not segments[-1]:
@@ -277,7 +311,9 @@ class Mirror:
         if suffix == LOG_SUFFIX:
             return self._file(path, size)
         if suffix == TXN_INDEX_SUFFIX:
-            status = os.stat(path)
+            status = os.lstat(path)
+            if not stat.S_ISREG(status.st_mode):
+                return self._file(path)  # (a link shown as one; anything else not at all)
             return self._file(path, status.st_size - status.st_size % _TXN_ENTRY_BYTES)
         return self._active_index(log, segment, suffix, size, end_offset)
 
@@ -315,7 +351,10 @@ class MirrorFile:
         self._mirror = mirror
         self._parts = parts
         self.entry = entry = mirror.entry(parts)
-        self._fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC) if entry.path is not None else None
+        if entry.link is not None:  # (a link is read with readlink, never opened)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/".join(parts))
+        # (a link or a FIFO put in the file's place since the look: UnsafeFileError, not followed)
+        self._fd = open_regular(entry.path) if entry.path is not None else None
 
     def read_now(self, offset: int, length: int) -> bytes | bytearray | None:
         """`read`, when it needs no look at the log and its bytes are in the OS page cache (for

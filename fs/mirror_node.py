@@ -37,7 +37,8 @@ class MirrorNode(Node):
 
     def attributes(self) -> Attributes:
         entry = self.resolve()
-        mode = (stat.S_IFDIR if entry.is_dir else stat.S_IFREG) | entry.mode
+        kind = stat.S_IFLNK if entry.link is not None else stat.S_IFDIR if entry.is_dir else stat.S_IFREG
+        mode = kind | entry.mode
         mtime_ns = entry.mtime_ns or self.tree.mounted_ns
         return Attributes(mode, entry.size, mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
 
@@ -55,7 +56,17 @@ class MirrorNode(Node):
         self.refuse_writes(flags)
         if self.entry.is_dir:
             return super().open(flags)
+        if self.entry.link is not None:  # (the kernel follows a link itself; nothing opens one here)
+            raise Refused(errno.ELOOP, f"open {self.path}: a symbolic link")
         return MirrorHandle(self, MirrorFile(self.tree.mirror, self.parts))
+
+    def readlink(self) -> str:
+        """A link's target, as the data dir's link names it: the kernel resolves it in the
+        caller's own namespace and with the caller's own rights, never the mount's."""
+        target = self.resolve().link
+        if target is None:
+            return super().readlink()
+        return target
 
     def forgettable(self) -> bool:
         return bool(self.parts)

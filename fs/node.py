@@ -212,6 +212,10 @@ class Node:
     def truncate(self, size: int) -> None:
         raise Refused(errno.EINVAL, f"truncate {self.path}")
 
+    def readlink(self) -> str:
+        """A symbolic link's target (only `.logdir` shows links: those of the data dir)."""
+        raise Refused(errno.EINVAL, f"readlink {self.path}: not a symbolic link")
+
     def forgettable(self) -> bool:
         """Whether the node goes when the kernel forgets it (it is made again on a lookup)."""
         return False

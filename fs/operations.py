@@ -294,6 +294,10 @@ class Operations(pyfuse3.Operations):
             await trio.sleep(_GETATTR_DELAY_S)
         return entry
 
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        node = self._node(inode)
+        return os.fsencode(await self._run(node.readlink, f"readlink {node.path}"))
+
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
         node = self._node(inode)
         if fields.update_size:

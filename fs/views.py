@@ -59,7 +59,8 @@ from typing import Protocol
 import numpy as np
 
 from seglogfs.engine.columns import RecordColumns, record_columns
-from seglogfs.engine.errors import CorruptRecordError, EngineError
+from seglogfs.engine.errors import CorruptRecordError, EngineError, UnsafeFileError
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from seglogfs.engine.renderers import RenderedBatch
@@ -235,7 +236,7 @@ class LayoutStore:
     @staticmethod
     def _inode(segment: LogSegment) -> int | None:
         try:
-            return os.stat(segment.log_path).st_ino
+            return os.lstat(segment.log_path).st_ino
         except OSError:
             return None
 
@@ -290,13 +291,13 @@ class LayoutStore:
         """Whether the segment file has a batch with this CRC at `position`, ending at
         `next_position` (read through a descriptor of its own: the segment's stays unopened)."""
         try:
-            fd = os.open(segment.log_path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_regular(segment.log_path)  # (a link or a FIFO put there since: refused, not read)
             try:
                 data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
             finally:
                 os.close(fd)
             header = BatchHeader.parse(memoryview(data), 0, position)
-        except (OSError, ValueError, struct.error):
+        except (OSError, ValueError, struct.error, UnsafeFileError):
             return False
         return header.crc == crc and header.next_position == next_position
 

@@ -46,6 +46,12 @@ runs never write one dir at once, and a writer cannot open it meanwhile. A resto
 backup that did not complete. A backup is itself a data dir: `seglogfs check`, `consume` and
 `mount` read it as it is.
 
+Links, FIFOs, sockets and devices are refused, never followed or read: a backup or a restore that
+meets one (a symbolic link named like a segment, a FIFO in a backup) names it in one line on
+stderr, copies everything else (an offline partition's files as they are on disk), records the
+names in the manifest (`"refused"`), and exits 1. Files of the copy are written through
+temporary files of its own (O_EXCL, O_NOFOLLOW) renamed into place, never through a link.
+
 Refusals (one line on stderr): SRC or DEST missing or of the wrong kind, DEST inside SRC or SRC
 inside DEST, DEST neither empty nor a backup, a non-empty DATADIR without --force: exit 2;
 DEST or DATADIR a live data dir (its `.lock` held: a mount, a broker, a writer): exit 3; a backup
@@ -81,6 +87,8 @@ from seglogfs.engine.checkpoint import (
     write_atomically,
 )
 from seglogfs.engine.datadir import LOCK_FILE, META_PROPERTIES, describe_process
+from seglogfs.engine.errors import UnsafeFileError
+from seglogfs.engine.files import is_regular, open_regular, read_regular
 from seglogfs.engine.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.fs.mirror import Mirror, MirrorFile
 from seglogfs.mount_tools.progress import Progress
@@ -97,6 +105,7 @@ EXIT_LOCKED = 3
 
 _TMP_SUFFIX = ".seglogfs-tmp"
 _CHUNK_BYTES = 1 << 20
+_MANIFEST_MAX_BYTES = 1 << 20  # a manifest is a few hundred bytes
 _HEAD_BYTES = 4096  # compared, with the tail, before appending to a copy
 _TAIL_BYTES = 64 * 1024
 _OPEN_ATTEMPTS = 3  # a read-only open may meet a segment that retention deletes under it
@@ -255,6 +264,9 @@ class _MirrorSource:
         return None
 
     def open(self, parts: tuple[str, ...]) -> _Item:
+        entry = self.mirror.entry(parts)
+        if entry.link is not None:  # (never its target: refused, as a FIFO or a device is)
+            raise UnsafeFileError(entry.path or "/".join(parts), "a symbolic link")
         file = MirrorFile(self.mirror, parts)
         entry = file.entry
         if entry.is_dir:
@@ -277,10 +289,9 @@ class _TreeSource:
             for entry in entries:
                 if not parts and entry.name in self.hidden:
                     continue
-                if entry.is_dir(follow_symlinks=False):
-                    out.append((entry.name, True))
-                elif entry.is_file(follow_symlinks=False):
-                    out.append((entry.name, False))
+                # Anything but a directory is a file to the copy: a link, a FIFO, a device is
+                # refused when opened, with a line naming it (never followed, never read).
+                out.append((entry.name, entry.is_dir(follow_symlinks=False)))
         return sorted(out)
 
     def directory(self, parts: tuple[str, ...]) -> _Attributes:
@@ -288,7 +299,7 @@ class _TreeSource:
         return _Attributes(stat.S_IMODE(status.st_mode), status.st_mtime_ns, (status.st_uid, status.st_gid))
 
     def open(self, parts: tuple[str, ...]) -> _Item:
-        fd = os.open(self.root.joinpath(*parts), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_regular(self.root.joinpath(*parts))  # (UnsafeFileError for a link, a FIFO, …)
         status = os.fstat(fd)
         attributes = _Attributes(stat.S_IMODE(status.st_mode), status.st_mtime_ns, (status.st_uid, status.st_gid))
         path = str(self.root.joinpath(*parts))
@@ -302,7 +313,7 @@ class _TreeSource:
         )
 
     def total_bytes(self) -> int:
-        return sum(path.stat().st_size for path in self.root.rglob("*") if path.is_file())
+        return sum(path.lstat().st_size for path in self.root.rglob("*") if is_regular(path))
 
 
 # -- the copy -------------------------------------------------------------------------------------
@@ -353,6 +364,7 @@ class _Copier:
         self.progress = progress
         self.say = say
         self.stats = CopyStats()
+        self.refused: list[str] = []  # what was not copied: a link, a FIFO, … (one line each)
         self._as_root = os.geteuid() == 0
 
     def copy(self, target: Path, keep: frozenset[str]) -> None:
@@ -418,6 +430,10 @@ class _Copier:
             item = self.source.open((*parts, name))
         except (FileNotFoundError, IsADirectoryError):
             return False, None
+        except UnsafeFileError as error:
+            self.refused.append(error.path)
+            print(f"seglogfs: {error} (not copied)", file=sys.stderr)
+            return False, None
         target = target_dir / name
         where = "/".join((*parts, name))
         try:
@@ -443,7 +459,7 @@ class _Copier:
                 tmp = self._write_whole(target, item.chunks(), item, where)
             else:
                 data = b"".join(item.chunks())
-                if current is not None and current.st_size == len(data) and target.read_bytes() == data:
+                if current is not None and current.st_size == len(data) and _read_copy(target) == data:
                     self._skip(target, item)
                     return True, None
                 tmp = self._write_whole(target, iter((data,)), item, where)
@@ -462,7 +478,7 @@ class _Copier:
     def _same_prefix(self, target: Path, item: _Item, have: int) -> bool:
         """Whether the copy's `have` bytes are the source's first (head and tail compared)."""
         tail = min(_TAIL_BYTES, have)
-        with open(target, "rb", buffering=0) as file:
+        with os.fdopen(open_regular(target), "rb", buffering=0) as file:
             for position, length in ((0, min(_HEAD_BYTES, have)), (have - tail, tail)):
                 if os.pread(file.fileno(), length, position) != item.read(position, length):
                     return False
@@ -498,7 +514,9 @@ class _Copier:
         """The file written whole beside `target` under a temporary name (fsynced, attributes
         set), for the caller to rename into place."""
         tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # A new file of its own, never through a link left at the name (O_EXCL; O_NOFOLLOW).
+        tmp.unlink(missing_ok=True)
+        fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         written = 0
         try:
             for chunk in chunks:
@@ -520,7 +538,7 @@ class _Copier:
     def _append(self, target: Path, item: _Item, have: int, where: str) -> None:
         if not os.access(target, os.W_OK):
             os.chmod(target, stat.S_IMODE(os.lstat(target).st_mode) | 0o200)
-        fd = os.open(target, os.O_WRONLY | os.O_CLOEXEC)
+        fd = open_regular(target, os.O_WRONLY)
         position = have
         try:
             for chunk in item.chunks(have):
@@ -549,6 +567,12 @@ class _Copier:
             self.stats.files_deleted += 1
             if self.say is not None:
                 self.say(f"deleted {'/'.join((*parts, entry.name))}")
+
+
+def _read_copy(target: Path) -> bytes:
+    """A small file of the copy (found regular by `_regular_stat`), read without following a link."""
+    with os.fdopen(open_regular(target), "rb") as file:
+        return file.read()
 
 
 def _write_all(fd: int, data: bytes, position: int) -> None:
@@ -603,7 +627,7 @@ def _locked(directory: Path, what: str, *, optional: bool = False) -> Iterator[N
     if not optional:
         directory.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_regular(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
         if optional and error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             yield
@@ -623,10 +647,10 @@ def _locked(directory: Path, what: str, *, optional: bool = False) -> Iterator[N
 def _read_manifest(directory: Path) -> dict[str, object] | None:
     path = directory / MANIFEST
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        document = json.loads(read_regular(path, _MANIFEST_MAX_BYTES).decode("utf-8"))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, UnsafeFileError) as error:
         raise Refused(f"{path}: unreadable backup manifest: {error}", EXIT_DATA) from None
     if not isinstance(document, dict) or document.get("format") != "seglogfs-backup":
         raise Refused(f"{path}: not a seglogfs backup manifest", EXIT_DATA)
@@ -732,9 +756,11 @@ def _backup(args: argparse.Namespace) -> int:
             copier = _Copier(source, restoring=False, progress=progress, say=_say(args))
             copier.copy(dest, frozenset({LOCK_FILE, MANIFEST}))
         manifest.update(complete=True, finishedMs=now_ms(), stats=copier.stats.as_json())
+        if copier.refused:
+            manifest["refused"] = copier.refused
         _write_manifest(dest, manifest)
     _report(copier.stats, args)
-    return EXIT_OK
+    return _refused_answer(copier.refused)
 
 
 # -- restore --------------------------------------------------------------------------------------
@@ -766,6 +792,7 @@ def _restore(args: argparse.Namespace) -> int:
             raise Refused(f"{target}: DATADIR is not a directory", EXIT_USAGE)
         _refuse_live(target, "DATADIR")
     stats = CopyStats()
+    refused: list[str] = []
     with contextlib.ExitStack() as locks:
         locks.enter_context(_locked(backup, "BACKUP", optional=True))  # no backup into it meanwhile
         manifest = _read_manifest(backup)
@@ -790,8 +817,22 @@ def _restore(args: argparse.Namespace) -> int:
                 copier.copy(target, _NOT_DATA)
             for field in ("bytes_sent", "files_sent", "files_appended", "files_skipped", "files_deleted"):
                 setattr(stats, field, getattr(stats, field) + getattr(copier.stats, field))
+            refused += copier.refused
     _report(stats, args)
-    return EXIT_OK
+    return _refused_answer(refused)
+
+
+def _refused_answer(refused: list[str]) -> int:
+    """The exit status of a copy that refused files (each named on stderr as it was met): all
+    else is copied, but the copy is not the whole source, and a script must know."""
+    if not refused:
+        return EXIT_OK
+    print(
+        f"seglogfs: {len(refused)} files not copied (links, FIFOs, sockets and devices never are), "
+        f"e.g. {refused[0]}; everything else is",
+        file=sys.stderr,
+    )
+    return EXIT_DATA
 
 
 # -- command line ---------------------------------------------------------------------------------
