@@ -38,8 +38,11 @@ from seglogfs.engine.checkpoint import (
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
     read_offset_checkpoint,
+    read_partition_metadata,
 )
-from seglogfs.engine.errors import CorruptIndexError, UnsafeFileError
+from seglogfs.engine.config import read_properties
+from seglogfs.engine.datadir import META_PROPERTIES
+from seglogfs.engine.errors import ConfigError, CorruptIndexError, UnsafeFileError
 from seglogfs.engine.files import describe_mode, open_regular, read_regular
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
 from seglogfs.engine.naming import (
@@ -136,6 +139,11 @@ def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: C
             report.problems.append(Problem(log_dir / name, str(error).split(": ", 1)[-1]))
             checkpoints[name] = {}
     clean = os.path.lexists(log_dir / CLEAN_SHUTDOWN_FILE)
+    if os.path.lexists(log_dir / META_PROPERTIES):
+        try:
+            read_properties(log_dir / META_PROPERTIES, in_data_dir=True)
+        except ConfigError as error:
+            report.problems.append(Problem(log_dir / META_PROPERTIES, str(error).split(": ", 1)[-1]))
     for name, _topic, _partition in linked_partition_dirs(log_dir):
         report.problems.append(
             Problem(log_dir / name, _refused("a symbolic link", "a partition directory") + " (never followed)")
@@ -181,6 +189,10 @@ def _check_partition(
             bases.append(base)
     if unsafe:
         return None  # (its segments are not read: the partition is offline until the operator acts)
+    try:
+        read_partition_metadata(directory / PARTITION_METADATA)
+    except CheckpointError as error:
+        report.problems.append(Problem(directory / PARTITION_METADATA, str(error).split(": ", 1)[-1]))
     previous_end = None
     transactions = TransactionIndexBuilder()
     for slot, base in enumerate(bases):
