@@ -48,6 +48,7 @@ from seglogfs.engine.errors import (
     OffsetOutOfRangeError,
     ReadOnlyError,
     RecordTooLargeError,
+    UnsafeFileError,
 )
 from seglogfs.engine.loader import load_partition, segment_for
 from seglogfs.engine.metadata_log import METADATA_TOPIC
@@ -732,15 +733,21 @@ class PartitionLog:
         deleted by retention, or swapped in by compaction — and publish it at once: readers see
         the old state or the new one, never a mix. Costs a `stat` of the partition's directory
         and of its last segment, plus a scan of the batch headers appended. Returns whether
-        anything changed. A writable log is its own writer: nothing to do."""
-        if self.writable:
+        anything changed. A writable log is its own writer: nothing to do. An offline log is not
+        looked at; a link, a FIFO or a directory found where a segment belongs (UnsafeFileError)
+        takes this one offline."""
+        if self.writable or self.offline_reason is not None:
             return False
         with self.lock:
             current = self._segments.snapshot()
             segments, changed = current, False
             directory_changed = os.stat(self.directory).st_mtime_ns
             if directory_changed != self._listed_at_mtime_ns:  # a roll, a delete, a swap: list it again
-                segments, changed = self._list_segments(current, now_ms)
+                try:
+                    segments, changed = self._list_segments(current, now_ms)
+                except UnsafeFileError as error:
+                    self.take_offline(str(error))
+                    return True
                 # A change within the same clock tick as the listing would not move the mtime:
                 # trust an mtime only once it is a second old.
                 recent = time.time_ns() - directory_changed < 1_000_000_000

@@ -61,9 +61,13 @@ class Victim:
 
 @pytest.fixture
 def hostile(tmp_path: Path) -> tuple[Path, Victim]:
-    """A data dir: topic `good` (one partition), topic `bad` whose partition 0 holds a link
-    named like a segment (to the victim), 1 a FIFO, 2 a directory, 3 nothing wrong; each
-    partition holds two records in a healthy first segment."""
+    return make_hostile(tmp_path)
+
+
+def make_hostile(tmp_path: Path) -> tuple[Path, Victim]:
+    """A data dir: topic `good` (one partition, records g1 and g2), topic `bad` whose partition 0
+    holds a link named like a segment (to the victim), 1 a FIFO, 2 a directory, 3 nothing
+    wrong; each `bad` partition holds one record (b0, b1, …) in a healthy first segment."""
     data = tmp_path / "data"
     run("topics", str(data), "create", "--topic", "good", "--partitions", "1")
     run("topics", str(data), "create", "--topic", "bad", "--partitions", "4")
