@@ -61,7 +61,8 @@ from seglogfs.engine.consumer_offsets import (
     key_type,
 )
 from seglogfs.engine.control_records import describe_control_record
-from seglogfs.engine.errors import CorruptIndexError
+from seglogfs.engine.errors import CorruptIndexError, UnsafeFileError
+from seglogfs.engine.files import check_regular, is_regular, open_regular
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex, entries_in_use
 from seglogfs.engine.messages import json_ready, to_json
 from seglogfs.engine.metadata_records import describe_metadata_record
@@ -150,8 +151,15 @@ def cmd_dump(args: argparse.Namespace) -> int:
     for name in files:
         path = Path(name)
         out.write(f"Dumping {name}\n")
-        if not path.is_file():
-            print(f"seglogfs: {name}: {'not a file' if path.exists() else 'no such file'}", file=sys.stderr)
+        try:
+            # (lstat: a link is refused, never followed; a FIFO never opened, so never waited on)
+            check_regular(path, os.lstat(path).st_mode)
+        except FileNotFoundError:
+            print(f"seglogfs: {name}: no such file", file=sys.stderr)
+            failed = True
+            continue
+        except UnsafeFileError as error:
+            print(f"seglogfs: {error}", file=sys.stderr)
             failed = True
             continue
         try:
@@ -178,7 +186,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             print(f"seglogfs: {name}: no such file", file=sys.stderr)
             failed = True
-        except (CorruptIndexError, NotSegmentFileName) as error:
+        except (CorruptIndexError, NotSegmentFileName, UnsafeFileError) as error:
             print(f"seglogfs: {error}", file=sys.stderr)
             failed = True
         except DumpFailed:
@@ -423,7 +431,7 @@ def _record_line(
 def _file_batches(path: Path, max_bytes: int) -> tuple[Iterator[tuple[BatchHeader, bytes]], int]:
     """The whole batches of a file that is not a segment (a KRaft snapshot) within `max_bytes`,
     and how many bytes were read."""
-    with open(path, "rb") as handle:
+    with os.fdopen(open_regular(path), "rb") as handle:
         data = handle.read(max_bytes)
 
     def batches() -> Iterator[tuple[BatchHeader, bytes]]:
@@ -553,7 +561,8 @@ def _dump_transaction_index(path: Path, out: Any) -> None:
 
 
 def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
-    raw = path.read_bytes()
+    with os.fdopen(open_regular(path), "rb") as handle:
+        raw = handle.read()
     if len(raw) % dtype.itemsize:
         raise CorruptIndexError(
             path, f"found {len(raw)} bytes which is neither positive nor a multiple of {dtype.itemsize}"
@@ -568,7 +577,7 @@ def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bo
         index = OffsetIndex(path, base, max(os.path.getsize(path), 8), writable=False)
         try:
             log_path = path.with_name(path.name[: -len(INDEX_SUFFIX)] + LOG_SUFFIX)
-            index.sanity_check(log_path.stat().st_size if log_path.exists() else None)
+            index.sanity_check(os.lstat(log_path).st_size if is_regular(log_path) else None)
         finally:
             index.close()
         write(f"{name} passed sanity check.\n")
@@ -578,7 +587,7 @@ def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bo
         write(f"{name} is empty.\n")
         return True
     log_path = path.with_name(path.name[: -len(INDEX_SUFFIX)] + LOG_SUFFIX)
-    log_fd = os.open(log_path, os.O_RDONLY | os.O_CLOEXEC) if log_path.exists() else None
+    log_fd = open_regular(log_path) if os.path.lexists(log_path) else None  # (a link there: UnsafeFileError)
     mismatches = []
     try:
         for relative, position in entries.tolist():
@@ -613,7 +622,7 @@ def _dump_time_index(path: Path, name: str, verify_only: bool, sanity_only: bool
         return True
     entries = _read_entries(path, TIME_INDEX_DTYPE)
     log_path = path.with_name(path.name[: -len(TIME_INDEX_SUFFIX)] + LOG_SUFFIX)
-    segment = _segment(log_path) if log_path.exists() else None
+    segment = _segment(log_path) if os.path.lexists(log_path) else None  # (a link there: UnsafeFileError)
     mismatches, out_of_order, not_found = [], [], []
     previous = None
     try:

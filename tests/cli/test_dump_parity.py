@@ -645,5 +645,5 @@ def test_missing_and_misnamed_files_get_one_line_each(tmp_path: Path) -> None:
         f"seglogfs: {tmp_path / '00000000000000000000.log'}: no such file",
         f"seglogfs: {misnamed}: not a segment file name (a base offset, then .log, .index, .timeindex, .snapshot "
         "or .txnindex)",
-        f"seglogfs: {tmp_path}: not a file",
+        f"seglogfs: {tmp_path}: a directory where a regular file belongs: refused",
     ]

@@ -274,3 +274,14 @@ def test_a_root_checkpoint_that_is_a_link_or_a_fifo_is_never_followed(hostile: t
         data / "recovery-point-offset-checkpoint"
     ).is_symlink()
     assert seglogfs("consume", str(data), "--topic", "good", "--from-beginning").stdout == "g1\ng2\ng3\n"
+
+
+def test_dump_refuses_each_by_name_and_dumps_the_rest(hostile: tuple[Path, Victim]) -> None:
+    data, victim = hostile
+    healthy = data / "bad-3" / "00000000000000000000.log"
+    done = seglogfs("dump", *refused_paths(data), str(healthy))
+    assert done.returncode == 1, done
+    for path, kind in zip(refused_paths(data), KINDS, strict=True):
+        assert f"seglogfs: {path}: {kind} where a regular file belongs: refused" in done.stderr.splitlines()
+    assert "baseOffset: 0 lastOffset: 0 count: 1" in done.stdout
+    assert victim.unchanged()
