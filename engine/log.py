@@ -50,6 +50,7 @@ from seglogfs.engine.errors import (
     RecordTooLargeError,
     UnsafeFileError,
 )
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.loader import load_partition, segment_for
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
@@ -437,7 +438,7 @@ class PartitionLog:
         self._check_appendable()
         where = self._where
         with self.lock:
-            with open(path, "r+b") as file:
+            with os.fdopen(open_regular(path, os.O_RDWR), "r+b") as file:  # (a link or a FIFO: refused)
                 size = os.fstat(file.fileno()).st_size
                 if size > self.config.segment_bytes:
                     raise RecordTooLargeError(
