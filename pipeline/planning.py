@@ -410,7 +410,7 @@ def _segment_slices(log: PartitionLog, offsets: OffsetRange, min_timestamp_ms: i
         end = size if next_base is not None and hi == next_base else _end_position(segment, hi, size)
         if start >= end:
             continue
-        stat = os.stat(segment.log_path)
+        stat = os.lstat(segment.log_path)  # (the file the segment holds: a link there is another)
         slices.append(
             SegmentSlice(
                 topic=log.topic,

@@ -260,7 +260,7 @@ class ReadStats:
 
 def _same_file(path: Path, file_id: tuple[int, int]) -> bool:
     try:
-        stat = os.stat(path)
+        stat = os.lstat(path)  # (a link put in the file's place is another file: never followed)
     except FileNotFoundError:
         return False
     return (stat.st_dev, stat.st_ino) == file_id
