@@ -33,7 +33,8 @@ from pathlib import Path
 
 from seglogfs.engine.checkpoint import fsync_dir
 from seglogfs.engine.config import LogConfig
-from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, UnsupportedFormatError
+from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, UnsafeFileError, UnsupportedFormatError
+from seglogfs.engine.files import describe_mode
 from seglogfs.engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -149,6 +150,18 @@ def _complete_swaps(directory: Path, names: list[str], config: LogConfig, now_ms
     return sorted(os.listdir(directory))
 
 
+def _refuse_unsafe(directory: Path) -> list[str]:
+    """The partition dir's names, sorted; UnsafeFileError for the first segment file (by name)
+    that is not a regular file (lstat: a link is not followed). Recovery, which cuts and rewrites
+    these files, and the indexes' opens, which size them, must never meet one."""
+    with os.scandir(directory) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        if parse_segment_file_name(entry.name) is not None and not entry.is_file(follow_symlinks=False):
+            raise UnsafeFileError(entry.path, describe_mode(entry.stat(follow_symlinks=False).st_mode))
+    return [entry.name for entry in entries]
+
+
 def load_partition(
     directory: Path,
     config: LogConfig,
@@ -159,8 +172,11 @@ def load_partition(
     log_start_offset: int,
     now_ms: int,
 ) -> LoadedLog:
-    """Open the segments of one partition dir; see the module docstring for the steps."""
-    names = sorted(os.listdir(directory))
+    """Open the segments of one partition dir; see the module docstring for the steps.
+    UnsafeFileError, before anything is opened or changed, when a link, a FIFO, a socket, a
+    device or a directory stands where a segment's file belongs (`.log`, an index, a snapshot,
+    leftovers included): the partition is then offline (engine.datadir), its files untouched."""
+    names = _refuse_unsafe(directory)
     if writable:
         listed = names
         names = _remove_leftovers(directory, names)

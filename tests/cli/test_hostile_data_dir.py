@@ -285,3 +285,22 @@ def test_dump_refuses_each_by_name_and_dumps_the_rest(hostile: tuple[Path, Victi
         assert f"seglogfs: {path}: {kind} where a regular file belongs: refused" in done.stderr.splitlines()
     assert "baseOffset: 0 lastOffset: 0 count: 1" in done.stdout
     assert victim.unchanged()
+
+
+@pytest.mark.parametrize("name", ["00000000000000000000.index", "00000000000000000000.timeindex"])
+def test_a_linked_index_takes_its_partition_offline_and_is_never_written(tmp_path: Path, name: str) -> None:
+    """Recovery rebuilds and resizes index files: one that is a link must never be opened."""
+    data = tmp_path / "data"
+    run("produce", str(data), "--topic", "t", stdin=b"a\nb\n")
+    run("produce", str(data), "--topic", "u", stdin=b"c\n")
+    victim = Victim(tmp_path / "victim")
+    (data / "t-0" / name).unlink()
+    (data / "t-0" / name).symlink_to(victim.path)
+    for args in (("check", str(data), "--repair"), ("produce", str(data), "--topic", "t")):
+        done = seglogfs(*args, stdin=b"x\n")
+        assert done.returncode in (1, 4), done
+        said = done.stdout + done.stderr
+        assert f"{data / 't-0' / name}: a symbolic link where a regular file belongs: refused" in said, said
+    assert seglogfs("produce", str(data), "--topic", "u", stdin=b"d\n").returncode == 0
+    assert seglogfs("consume", str(data), "--topic", "u", "--from-beginning").stdout == "c\nd\n"
+    assert victim.unchanged()
