@@ -299,7 +299,8 @@ class Operations(pyfuse3.Operations):
         and utimens of anything are EPERM (they would change nothing)."""
         node = self._node(inode)
         if fields.update_mode or fields.update_uid or fields.update_gid:
-            raise _refused(Refused(errno.EPERM, f"chmod or chown {node.path}: owner and mode come from the data dir"))
+            what = "chmod" if fields.update_mode else "chown"
+            raise _refused(Refused(errno.EPERM, f"{what} {node.path}: owner and mode come from the data dir"))
         if not fields.update_size and (fields.update_atime or fields.update_mtime):
             raise _refused(Refused(errno.EPERM, f"utimens {node.path}: times come from the data dir"))
         if fields.update_size:
