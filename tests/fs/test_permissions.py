@@ -24,7 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from seglogfs.engine import DataDir
+from seglogfs.fs.permissions import ROOT_ONLY, Access, shared_access
+from seglogfs.fs.tree import MountOptions, Tree
+from tests.conftest import NOW_MS, REPO, broker_config
 from tests.fs.conftest import REFUSED, Mount, check_mount_log
 
 USER = "seglogfs-test"
@@ -378,3 +381,46 @@ def fuse_options_at(mountpoint: Path) -> list[str]:
         if fields[1] == str(mountpoint):
             return fields[3].split(",")
     raise AssertionError(f"{mountpoint} is not mounted")
+
+
+# -- the tree model alone ---------------------------------------------------------------------------
+def test_directories_open_to_whoever_may_read_or_write_their_files() -> None:
+    assert Access(5, 6, 0o600).directory() == Access(5, 6, 0o700)
+    assert Access(5, 6, 0o644).directory() == Access(5, 6, 0o755)
+    assert Access(5, 6, 0o620).directory() == Access(5, 6, 0o730)  # the group reaches its append files
+    assert Access(5, 6, 0o644).reading_directory() == Access(5, 6, 0o555)
+    assert Access(5, 6, 0o620).reading_directory() == Access(5, 6, 0o500)
+    assert Access(5, 6, 0o4755).file() == Access(5, 6, 0o644)
+    assert shared_access([Access(5, 6, 0o600), Access(5, 6, 0o660)]) == Access(5, 6, 0o600)
+    assert shared_access([Access(5, 6, 0o600), Access(7, 6, 0o600)]) == ROOT_ONLY
+
+
+def test_a_topics_append_files_take_what_its_partitions_share(place: Path) -> None:
+    """Partition 1's active segment another user's: each partition's nodes show its own owner;
+    the topic's append files, which write to both, root's alone."""
+    log_dir = place / "logs"
+    data_dir = DataDir.open(broker_config(log_dir), now_ms=NOW_MS)
+    try:
+        data_dir.create_topic("t", 2, now_ms=NOW_MS)
+        segment = data_dir.partition("t", 1).active_segment.log_path
+        os.chown(segment, 5, 6)
+        segment.chmod(0o640)
+        tree = Tree(data_dir, MountOptions(), clock=lambda: NOW_MS)
+
+        def shown(path: str) -> tuple[str, int, int]:
+            node = tree.root
+            for name in path.split("/"):
+                node = tree.lookup(node, name)
+            attributes = node.attributes()
+            return stat.filemode(attributes.mode), attributes.uid, attributes.gid
+
+        assert shown("t/1/records") == ("-r--r-----", 5, 6)
+        assert shown("t/1/status") == ("-r--r-----", 5, 6)
+        assert shown("t/1/append.batches") == ("--w-------", 5, 6)
+        assert shown("t/1") == ("drwxr-x---", 5, 6)
+        assert shown("t/1/by-offset") == ("dr-xr-x---", 5, 6)
+        assert shown("t/0/append") == ("--w-------", 0, 0)
+        assert shown("t/append") == ("----------", 0, 0)  # root alone
+        assert shown(".logdir/t-1/" + segment.name) == ("-rw-r-----", 5, 6)
+    finally:
+        data_dir.close()
