@@ -22,6 +22,7 @@ from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.fs.append_file import AppendFile, BatchesFile
 from seglogfs.fs.config_file import ConfigFile
 from seglogfs.fs.node import Attributes, Node, NoEntry, PartitionNode, Refused, join
+from seglogfs.fs.permissions import DIRECTORY_VALID_S
 from seglogfs.fs.status_file import StatusFile
 from seglogfs.fs.view_file import ViewFile
 
@@ -128,7 +129,8 @@ class _AtLevel(PartitionNode, Directory):
 
     def attributes(self) -> Attributes:
         """Traversable by whoever may read the partition's files (it holds only views)."""
-        return self.shown(stat.S_IFDIR, self.partition_access().reading_directory(), mtime_ns=self.tree.mounted_ns)
+        access = self.partition_access().reading_directory()
+        return self.shown(stat.S_IFDIR, access, mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S)
 
     def view_file(self, inode: int, key: tuple[object, ...], name: str, start_offset: int | None) -> ViewFile:
         """The view `name` in this directory (`.jsonl`: JSON Lines) of its partition at its
@@ -229,7 +231,8 @@ class PartitionDir(ViewsDir):
     def attributes(self) -> Attributes:
         """Traversable by whoever may read or write the partition's files (its views, its
         append files)."""
-        return self.shown(stat.S_IFDIR, self.partition_access().directory(), mtime_ns=self.tree.mounted_ns)
+        access = self.partition_access().directory()
+        return self.shown(stat.S_IFDIR, access, mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S)
 
     def children(self) -> list[tuple[str, Node]]:
         return [(name, self.child(name)) for name in self.ENTRIES]

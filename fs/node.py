@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from seglogfs.engine import PartitionLog
-from seglogfs.fs.permissions import ROOT_ONLY, WRITE_BITS, Access
+from seglogfs.fs.permissions import DIRECTORY_VALID_S, ROOT_ONLY, WRITE_BITS, Access
 
 if TYPE_CHECKING:
     from seglogfs.fs.tree import Tree
@@ -233,7 +233,9 @@ class Node:
 
     def directory_attributes(self) -> Attributes:
         """A directory of the data dir's as a whole (the mount root, a topic's)."""
-        return self.shown(stat.S_IFDIR, self.tree.data_dir_access(), mtime_ns=self.tree.mounted_ns)
+        return self.shown(
+            stat.S_IFDIR, self.tree.data_dir_access(), mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S
+        )
 
     def refuse_writes(self, flags: int) -> None:
         """EACCES unless the open only reads."""

@@ -17,9 +17,13 @@ users in, `allow_other`), so a node must show exactly who may read or write what
 partition's segments differ, that one decides), or, for a partition with no segment (offline),
 its directory's permission bits without x. A read-only mount shows no write bits anywhere.
 
-Modes are read from the disk at each stat the kernel asks for (it keeps them as long as it keeps
-a node's attributes: until the node changes, or an hour): a chmod in the data dir shows once the
-kernel asks again. Free of any FUSE binding, as the rest of the tree model.
+Modes are read from the disk at each stat the kernel asks for. It keeps a directory's for a
+second (`DIRECTORY_VALID_S`), a file's as long as it keeps the file's size (until the file
+changes, at most an hour: a view's size is costly to keep asking for). Every path goes through
+directories that take their bits from the same files as the node at its end, so a chmod or chown
+in the data dir that takes a user's access away takes effect within a second for every path
+opened after it (a descriptor already open stays open, as on disk). Free of any FUSE binding, as
+the rest of the tree model.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pathlib import Path
 READ_BITS = 0o444
 WRITE_BITS = 0o222
 PERMISSION_BITS = 0o777  # no set-id or sticky bits on a node the mount makes up
+DIRECTORY_VALID_S = 1.0  # how long the kernel may keep a directory's owner and mode (see above)
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,26 @@ def test_a_readable_data_dir_is_read_and_not_written(place: Path, user: tuple[in
     assert (m.path / "t/0/records").read_bytes().count(b"\n") == 3 + len(APPENDS)
 
 
+def test_a_chmod_in_the_data_dir_takes_effect_within_a_second(
+    place: Path, user: tuple[int, int], mounts: list[Mount]
+) -> None:
+    """The kernel keeps a directory's mode for a second: taking the read bits off the segments,
+    or the data dir's x bits, shuts the user out of the views within that (giving them back
+    lets the user in again)."""
+    data = make_data_dir(place, dir_mode=0o755, file_mode=0o644)
+    m = mount_at(mounts, data)
+    records = m.path / "t/0/records"
+    assert as_user(user, ("read", records)) == [["ok", RECORDS.decode()]]
+    assert records.stat().st_size == len(RECORDS)  # (the kernel holds the view's attributes now)
+    segment = data / "t-0" / SEGMENT
+    segment.chmod(0o600)
+    assert eventually(lambda: as_user(user, ("read", records)) == [["EACCES", None]])
+    segment.chmod(0o644)
+    assert eventually(lambda: as_user(user, ("read", records)) == [["ok", RECORDS.decode()]])
+    data.chmod(0o700)
+    assert eventually(lambda: as_user(user, ("read", records), ("list", m.path)) == [["EACCES", None]] * 2)
+
+
 def test_the_owner_of_the_files_does_everything(place: Path, user: tuple[int, int], mounts: list[Mount]) -> None:
     """Root mounts a data dir (0700, segments 0600) that the user owns: the user reads, appends,
     writes config and makes topics, which are the user's; changing a node's mode is EPERM
