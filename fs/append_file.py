@@ -21,7 +21,8 @@ from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError
 from seglogfs.engine.partitioner import RoundRobin
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES, LineSplitter, Producer
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES
-from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, PartitionNode, Refused
+from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, PartitionNode, Refused, log_access
+from seglogfs.fs.permissions import Access, shared_access
 
 if TYPE_CHECKING:
     from seglogfs.engine.log import PartitionLog
@@ -35,13 +36,18 @@ RECORD_OVERHEAD_BYTES = 1 + 5 + 10 + 5 + 5 + 5 + 5
 
 
 class WriteOnlyFile(Node):
-    """What the append files share: write-only (no mode bits on a read-only mount), always
-    empty (`>` truncates to 0: nothing to do), opened on the loop (dictionary look-ups, no
-    disk)."""
+    """What the append files share: write-only (writable by whoever may write the partitions'
+    files, fs.permissions; no mode bits on a read-only mount), always empty (`>` truncates to
+    0: nothing to do), opened on the loop (dictionary look-ups, no disk)."""
 
     def attributes(self) -> Attributes:
-        mode = 0 if self.tree.read_only else 0o200
-        return Attributes(stat.S_IFREG | mode, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES)
+        return self.shown(
+            stat.S_IFREG, self.access().writing(), mtime_ns=self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES
+        )
+
+    def access(self) -> Access:
+        """Who may write where the file appends."""
+        raise NotImplementedError
 
     def refuse_reads_and_read_only(self, flags: int) -> None:
         """EACCES for an open that reads, EROFS on a read-only mount."""
@@ -77,6 +83,15 @@ class AppendFile(WriteOnlyFile):
         self.partition = partition
         self.jsonl = jsonl
         self.round_robin = RoundRobin()  # unkeyed records: each write to the next partition
+
+    def access(self) -> Access:
+        """A partition's append files: its files'; a topic's: what all its partitions' share
+        (it writes to any of them)."""
+        data_dir = self.tree.data_dir
+        if self.partition is not None:
+            return log_access(data_dir.partition(self.topic, self.partition))
+        partitions = data_dir.topics().get(self.topic, [])
+        return shared_access([log_access(data_dir.partition(self.topic, p)) for p in partitions])
 
     def open(self, flags: int) -> Handle:
         self.refuse_reads_and_read_only(flags)
@@ -182,6 +197,9 @@ class BatchesFile(WriteOnlyFile, PartitionNode):
     all of them, or — when any is incomplete, fails its CRC or breaks a limit
     (`max.message.bytes`, a compacted topic's keys) — none; the close (or fsync) fails then. One
     open takes at most 64 MiB."""
+
+    def access(self) -> Access:
+        return self.partition_access()
 
     def open(self, flags: int) -> Handle:
         self.refuse_reads_and_read_only(flags)

@@ -35,8 +35,10 @@ class ConfigFile(Node):
         return format_topic_config(self.tree.data_dir.topic_overrides(self.topic))
 
     def attributes(self) -> Attributes:
-        mode = 0o444 if self.tree.read_only else 0o644
-        return Attributes(stat.S_IFREG | mode, len(self.content()), self.tree.mounted_ns)
+        """Read and written by whoever may list and change the data dir (writing it changes
+        what the data dir keeps of the topic: retention may delete its records)."""
+        access = self.tree.data_dir_access().file()
+        return self.shown(stat.S_IFREG, access, size=len(self.content()), mtime_ns=self.tree.mounted_ns)
 
     def open(self, flags: int) -> Handle:
         if flags & os.O_ACCMODE == os.O_RDONLY:

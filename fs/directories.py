@@ -12,6 +12,7 @@ the same view names at that level, whatever the mount's: `t/0/read_committed/rec
 from __future__ import annotations
 
 import errno
+import stat
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.errors import TimestampParseError
@@ -21,6 +22,7 @@ from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.fs.append_file import AppendFile, BatchesFile
 from seglogfs.fs.config_file import ConfigFile
 from seglogfs.fs.node import Attributes, Node, NoEntry, PartitionNode, Refused, join
+from seglogfs.fs.permissions import DIRECTORY_VALID_S
 from seglogfs.fs.status_file import StatusFile
 from seglogfs.fs.view_file import ViewFile
 
@@ -56,12 +58,13 @@ class RootDir(Directory):
             ("topic", topic), lambda inode, key: TopicDir(self.tree, inode, key, topic, topic=topic)
         )
 
-    def mkdir(self, name: str) -> Node:
-        """A topic with `num.partitions` partitions (`mkdir` at the top)."""
+    def mkdir(self, name: str, owner: tuple[int, int] | None = None) -> Node:
+        """A topic with `num.partitions` partitions (`mkdir` at the top), its files the
+        caller's (`owner`), as what a user makes in a directory on disk is that user's."""
         if self.tree.read_only:
             raise Refused(errno.EROFS, f"mkdir {name}")
         validate_topic(name)
-        self.tree.create_topic(name)
+        self.tree.create_topic(name, owner)
         return self._topic(name)
 
 
@@ -123,6 +126,11 @@ class _AtLevel(PartitionNode, Directory):
         super().__init__(tree, inode, key, path, topic=topic, partition=partition)
         self.read_committed = read_committed
         self.level = level
+
+    def attributes(self) -> Attributes:
+        """Traversable by whoever may read the partition's files (it holds only views)."""
+        access = self.partition_access().reading_directory()
+        return self.shown(stat.S_IFDIR, access, mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S)
 
     def view_file(self, inode: int, key: tuple[object, ...], name: str, start_offset: int | None) -> ViewFile:
         """The view `name` in this directory (`.jsonl`: JSON Lines) of its partition at its
@@ -219,6 +227,12 @@ class PartitionDir(ViewsDir):
     ) -> None:
         read_committed = tree.options.read_committed
         super().__init__(tree, inode, key, path, topic=topic, partition=partition, read_committed=read_committed)
+
+    def attributes(self) -> Attributes:
+        """Traversable by whoever may read or write the partition's files (its views, its
+        append files)."""
+        access = self.partition_access().directory()
+        return self.shown(stat.S_IFDIR, access, mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S)
 
     def children(self) -> list[tuple[str, Node]]:
         return [(name, self.child(name)) for name in self.ENTRIES]

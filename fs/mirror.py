@@ -26,8 +26,9 @@ link is such a link too (its partition is offline). FIFOs, sockets and devices a
 An offline partition (engine: one holding such a file, or data no reader can decode) shows its
 files as they are on disk, none of them loaded.
 
-Files show the mtime and the mode of the file they mirror (a generated checkpoint: those of
-the file it stands for, 0644 when there is none), directories theirs: `rsync -a` finds unchanged
+Files show the mtime, the owner and the mode of the file they mirror (a generated checkpoint:
+those of the file it stands for, 0644 and the log dir's owner when there is none), directories
+theirs: `rsync -a` finds unchanged
 sealed segments unchanged and copies only what grew or is new, and a copy is as writable as the
 data dir (0644/0755 as Kafka leaves them). The mount still refuses writes to `.logdir`.
 
@@ -97,12 +98,15 @@ _INDEX_READ_BYTES = 24 * 4096  # a whole number of both entry sizes (8 and 12 by
 
 @dataclass(frozen=True)
 class MirrorEntry:
-    """One file or directory of the mirror, resolved now. `mode` is the permission bits."""
+    """One file or directory of the mirror, resolved now. `mode` is the permission bits, `uid`
+    and `gid` the owner: those of what it mirrors."""
 
     is_dir: bool
     size: int = 0
     mtime_ns: int = 0
     mode: int = _NEW_FILE_MODE
+    uid: int = 0
+    gid: int = 0
     path: Path | None = None  # the file whose first `size` bytes are shown
     content: bytes | None = None  # or generated content
     link: str | None = None  # a symbolic link: its target's name (what readlink gives), never followed
@@ -124,7 +128,14 @@ def _link(path: Path, status: os.stat_result) -> MirrorEntry:
     """A symbolic link's entry: its target's name, read with readlink (nothing of the target)."""
     target = os.readlink(path)
     return MirrorEntry(
-        is_dir=False, size=len(os.fsencode(target)), mtime_ns=status.st_mtime_ns, mode=0o777, path=path, link=target
+        is_dir=False,
+        size=len(os.fsencode(target)),
+        mtime_ns=status.st_mtime_ns,
+        mode=0o777,
+        uid=status.st_uid,
+        gid=status.st_gid,
+        path=path,
+        link=target,
     )
 
 
@@ -248,7 +259,13 @@ class Mirror:
         status = os.lstat(path)
         if stat.S_ISLNK(status.st_mode):
             return _link(path, status)
-        return MirrorEntry(is_dir=True, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode))
+        return MirrorEntry(
+            is_dir=True,
+            mtime_ns=status.st_mtime_ns,
+            mode=stat.S_IMODE(status.st_mode),
+            uid=status.st_uid,
+            gid=status.st_gid,
+        )
 
     @staticmethod
     def _file(path: Path, size: int | None = None) -> MirrorEntry:
@@ -259,7 +276,13 @@ class Mirror:
             raise FileNotFoundError(path)
         shown = status.st_size if size is None else min(size, status.st_size)
         return MirrorEntry(
-            is_dir=False, size=shown, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode), path=path
+            is_dir=False,
+            size=shown,
+            mtime_ns=status.st_mtime_ns,
+            mode=stat.S_IMODE(status.st_mode),
+            uid=status.st_uid,
+            gid=status.st_gid,
+            path=path,
         )
 
     def _generated(self, name: str, logs: list[PartitionLog], log_dir: Path) -> MirrorEntry:
@@ -279,13 +302,22 @@ class Mirror:
                 return self._file(path)
             offsets = {}
         content = format_offset_checkpoint(offsets).encode()
+        directory = os.stat(log_dir)
         try:
-            status = os.lstat(path)
-            mode = stat.S_IMODE(status.st_mode) if stat.S_ISREG(status.st_mode) else _NEW_FILE_MODE
-        except FileNotFoundError:
-            mode = _NEW_FILE_MODE
+            status = os.lstat(path)  # (a link there: shown generated, with a new file's mode)
+            if not stat.S_ISREG(status.st_mode):
+                raise FileNotFoundError(path)
+            mode, uid, gid = stat.S_IMODE(status.st_mode), status.st_uid, status.st_gid
+        except FileNotFoundError:  # (the log dir's owner's, as the file would be if written now)
+            mode, uid, gid = _NEW_FILE_MODE, directory.st_uid, directory.st_gid
         return MirrorEntry(
-            is_dir=False, size=len(content), mtime_ns=os.stat(log_dir).st_mtime_ns, mode=mode, content=content
+            is_dir=False,
+            size=len(content),
+            mtime_ns=directory.st_mtime_ns,
+            mode=mode,
+            uid=uid,
+            gid=gid,
+            content=content,
         )
 
     def _partition_file(self, log: PartitionLog, name: str) -> MirrorEntry:
@@ -337,6 +369,8 @@ class Mirror:
             size=len(content),
             mtime_ns=status.st_mtime_ns,
             mode=stat.S_IMODE(status.st_mode),
+            uid=status.st_uid,
+            gid=status.st_gid,
             content=content,
         )
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from seglogfs.fs.mirror import MirrorEntry, MirrorFile
 from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, NoEntry, Refused, join
+from seglogfs.fs.permissions import Access
 
 if TYPE_CHECKING:
     from seglogfs.fs.tree import Tree
@@ -15,9 +16,11 @@ if TYPE_CHECKING:
 
 class MirrorNode(Node):
     """A path below `.logdir` (`parts`, () for `.logdir` itself), resolved again at each stat:
-    rsync must see what a mirrored file is now. Its stat shows the mode of the file on disk
-    (what `rsync -a` gives the copy); opening it for writing is refused all the same (EACCES,
-    or the kernel's EROFS on a read-only mount)."""
+    rsync must see what a mirrored file is now. Its stat shows the owner, group and mode of the
+    file on disk (what `rsync -a` gives the copy, and what the kernel checks: whoever cannot
+    read a segment in the data dir cannot read it here), without write bits on a read-only
+    mount; opening it for writing is refused all the same (EACCES, or the kernel's EROFS on a
+    read-only mount)."""
 
     def __init__(self, tree: Tree, inode: int, key: tuple[object, ...], path: str, parts: tuple[str, ...]) -> None:
         super().__init__(tree, inode, key, path)
@@ -38,9 +41,9 @@ class MirrorNode(Node):
     def attributes(self) -> Attributes:
         entry = self.resolve()
         kind = stat.S_IFLNK if entry.link is not None else stat.S_IFDIR if entry.is_dir else stat.S_IFREG
-        mode = kind | entry.mode
         mtime_ns = entry.mtime_ns or self.tree.mounted_ns
-        return Attributes(mode, entry.size, mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
+        access = Access(entry.uid, entry.gid, entry.mode)
+        return self.shown(kind, access, size=entry.size, mtime_ns=mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
 
     def children(self) -> list[tuple[str, Node]]:
         if not self.entry.is_dir:

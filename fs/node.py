@@ -15,13 +15,15 @@ thread.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from seglogfs.engine import PartitionLog
+from seglogfs.fs.permissions import DIRECTORY_VALID_S, ROOT_ONLY, WRITE_BITS, Access
 
 if TYPE_CHECKING:
     from seglogfs.fs.tree import Tree
@@ -58,13 +60,18 @@ class Attributes:
     to an append file becomes one record batch and each read of a mirror file or a view one
     request, so large is cheap there (FUSE passes up to 1 MiB a request; a view renders a
     megabyte in about half a millisecond, and `cat` of a view ran half again as fast with 1 MiB
-    requests as with its own 128 KiB)."""
+    requests as with its own 128 KiB).
+
+    `uid` and `gid` own the node, and `mode` holds its permission bits, as the data dir says
+    (fs.permissions): the kernel checks them."""
 
     mode: int
     size: int = 0
     mtime_ns: int = 0
     block_bytes: int = PAGE_BYTES
     valid_s: float | None = None
+    uid: int = 0
+    gid: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -193,8 +200,9 @@ class Node:
                 return node
         raise NoEntry(f"lookup {join(self.path, name)}")
 
-    def mkdir(self, name: str) -> Node:
-        """A new directory `name` in this one."""
+    def mkdir(self, name: str, owner: tuple[int, int] | None = None) -> Node:
+        """A new directory `name` in this one, its files given to `owner` (the caller's uid and
+        gid; None: the mount's)."""
         if not self.is_dir:
             raise Refused(errno.ENOTDIR, f"mkdir {join(self.path, name)}")
         raise Refused(errno.EPERM, f"mkdir {join(self.path, name)}: topics only at the top")
@@ -221,8 +229,17 @@ class Node:
         return False
 
     # -- helpers for subclasses ----------------------------------------------------------------------
+    def shown(self, kind: int, access: Access, **attributes: Any) -> Attributes:
+        """Attributes of a node of `kind` (S_IFREG, S_IFDIR) owned and guarded as `access`
+        says (without write bits on a read-only mount)."""
+        mode = access.mode & ~WRITE_BITS if self.tree.read_only else access.mode
+        return Attributes(kind | mode, uid=access.uid, gid=access.gid, **attributes)
+
     def directory_attributes(self) -> Attributes:
-        return Attributes(stat.S_IFDIR | (0o555 if self.tree.read_only else 0o755), mtime_ns=self.tree.mounted_ns)
+        """A directory of the data dir's as a whole (the mount root, a topic's)."""
+        return self.shown(
+            stat.S_IFDIR, self.tree.data_dir_access(), mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S
+        )
 
     def refuse_writes(self, flags: int) -> None:
         """EACCES unless the open only reads."""
@@ -244,12 +261,32 @@ class PartitionNode(Node):
     def log(self) -> PartitionLog:
         return self.tree.data_dir.partition(self.topic, self.partition)
 
+    def partition_access(self) -> Access:
+        return log_access(self.log)
+
     def check_online(self, what: str) -> None:
         """EIO naming why for a partition taken offline (its storage failed); its `status`
         stays readable and says why."""
         reason = self.log.offline_reason
         if reason is not None:
             raise Refused(errno.EIO, f"{what} {self.path}: the partition is offline ({reason})")
+
+
+def log_access(log: PartitionLog) -> Access:
+    """Who may read and write a partition's files: its active segment's `.log` (where segments
+    differ, the one appends go to); for a partition with no segment (offline), its directory's
+    bits without x; root's alone when neither is there as it should be."""
+    with contextlib.suppress(OSError):
+        segments = log.segments
+        if segments:
+            status = os.lstat(segments[-1].log_path)
+            if stat.S_ISREG(status.st_mode):
+                return Access.of_status(status)
+        else:
+            status = os.lstat(log.directory)
+            if stat.S_ISDIR(status.st_mode):
+                return Access.of_status(status).file()
+    return ROOT_ONLY
 
 
 def join(directory: str, name: str) -> str:

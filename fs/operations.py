@@ -161,7 +161,6 @@ class Operations(pyfuse3.Operations):
         self._handles: dict[int, Handle] = {}
         self._openers: dict[int, int] = {}  # the pid that opened each handle (reads carry none)
         self._next_fh = 1
-        self._uid, self._gid = os.getuid(), os.getgid()
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
         self._open_inodes: Counter[int] = Counter()  # open handles per inode
         self._queued: set[int] = set()  # inodes to invalidate soon (no handle open)
@@ -237,7 +236,7 @@ class Operations(pyfuse3.Operations):
         entry.attr_timeout = _VALID_S if attributes.valid_s is None else attributes.valid_s
         entry.st_mode = attributes.mode
         entry.st_nlink = attributes.nlink
-        entry.st_uid, entry.st_gid = self._uid, self._gid
+        entry.st_uid, entry.st_gid = attributes.uid, attributes.gid
         entry.st_size = attributes.size
         entry.st_blocks = (attributes.size + 511) // 512
         entry.st_blksize = attributes.block_bytes
@@ -299,7 +298,15 @@ class Operations(pyfuse3.Operations):
         return os.fsencode(await self._run(node.readlink, f"readlink {node.path}"))
 
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: Any, ctx: Any) -> pyfuse3.EntryAttributes:
+        """A truncation (`>`, O_TRUNC, ftruncate) goes to the node; the times that come with it
+        are the node's own. A node's owner, mode and times come from the data dir: chmod, chown
+        and utimens of anything are EPERM (they would change nothing)."""
         node = self._node(inode)
+        if fields.update_mode or fields.update_uid or fields.update_gid:
+            what = "chmod" if fields.update_mode else "chown"
+            raise _refused(Refused(errno.EPERM, f"{what} {node.path}: owner and mode come from the data dir"))
+        if not fields.update_size and (fields.update_atime or fields.update_mtime):
+            raise _refused(Refused(errno.EPERM, f"utimens {node.path}: times come from the data dir"))
         if fields.update_size:
             handle = self._handles.get(fh) if fh is not None else None
             with _errors(f"truncate {node.path}"):
@@ -332,8 +339,8 @@ class Operations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         text = os.fsdecode(name)
 
-        def make() -> pyfuse3.EntryAttributes:
-            child = self.tree.note_lookup(parent.mkdir(text))
+        def make() -> pyfuse3.EntryAttributes:  # (the kernel checked the caller may write the parent)
+            child = self.tree.note_lookup(parent.mkdir(text, (ctx.uid, ctx.gid)))
             return self._entry(child)
 
         return await self._run(make, f"mkdir {join(parent.path, text)}")

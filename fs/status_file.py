@@ -23,7 +23,10 @@ class StatusFile(PartitionNode):
         return status_json(self.log, extra)
 
     def attributes(self) -> Attributes:
-        return Attributes(stat.S_IFREG | 0o444, len(self._document()), self.tree.mounted_ns)
+        """Readable by whoever may read the partition's files (its views)."""
+        return self.shown(
+            stat.S_IFREG, self.partition_access().reading(), size=len(self._document()), mtime_ns=self.tree.mounted_ns
+        )
 
     def open(self, flags: int) -> Handle:
         self.refuse_writes(flags)

@@ -41,6 +41,7 @@ from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir
 from seglogfs.fs.mirror import Mirror
 from seglogfs.fs.mirror_node import MirrorNode
 from seglogfs.fs.node import Changes, Node, join
+from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, chown_created
 from seglogfs.fs.view_file import ViewFile
 from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer
 
@@ -172,9 +173,23 @@ class Tree:
             lambda inode, key: parent.view_file(inode, key, name, offset),
         )
 
-    def create_topic(self, topic: str) -> None:
+    def data_dir_access(self) -> Access:
+        """Who may list the data dir and change what it holds (topics, their configs): its
+        (first) log dir's owner, group and permission bits. The log dir itself may be a link
+        (as /var/lib/kafka often is): followed, as mounting it did."""
+        try:
+            access = Access.of(self.data_dir.config.log_dirs[0], follow=True)
+        except OSError:
+            return ROOT_ONLY
+        return access.with_mode(access.mode & PERMISSION_BITS)
+
+    def create_topic(self, topic: str, owner: tuple[int, int] | None = None) -> None:
+        """`topic`, its partition dirs and their files given to `owner` (uid, gid) when one is
+        named and the mount may give files away (it runs as root)."""
         with self._topic_lock:
-            self.data_dir.create_topic(topic, now_ms=self.clock())
+            logs = self.data_dir.create_topic(topic, now_ms=self.clock())
+            if owner is not None and os.geteuid() == 0 and owner != (os.geteuid(), os.getegid()):
+                chown_created([log.directory for log in logs], *owner)
 
     # -- views ----------------------------------------------------------------------------------------
     def layout(self, log: PartitionLog, fmt: str, *, read_committed: bool = False) -> Layout:

@@ -68,14 +68,27 @@ class ViewFile(PartitionNode):
         # number of them): looked up but closed, their size may be a second old.
         valid_s = UNWATCHED_VIEW_VALID_S if self.forgettable() else None
         size = self.ensure_view().size()
-        return Attributes(stat.S_IFREG | 0o444, size, mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=valid_s)
+        return self.shown(
+            stat.S_IFREG,
+            self.partition_access().reading(),
+            size=size,
+            mtime_ns=mtime_ns,
+            block_bytes=IO_BLOCK_BYTES,
+            valid_s=valid_s,
+        )
 
     def listed_attributes(self) -> Attributes:
         """Not measured yet: size 0 for now, valid for no time, so that the kernel asks again
         (`stat`; a read past the size it knows): listing a directory never measures."""
         if self.ensure_view().layout.measured:
             return self.attributes()
-        return Attributes(stat.S_IFREG | 0o444, 0, self.tree.mounted_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
+        return self.shown(
+            stat.S_IFREG,
+            self.partition_access().reading(),
+            mtime_ns=self.tree.mounted_ns,
+            block_bytes=IO_BLOCK_BYTES,
+            valid_s=0,
+        )
 
     def open_now(self, flags: int) -> Handle | None:
         # Looked up already (the usual case): its view is there, nothing to do off the loop.

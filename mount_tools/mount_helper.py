@@ -26,7 +26,10 @@ Options: `-f` (fake) checks the options and mounts nothing, `-v` says what it ru
 `-s` are accepted (seglogfs writes no /etc/mtab; every option it does not know is an error
 anyway); `-N` (another mount namespace) and mount.fuse3's `setuid=USER` and `drop_privileges`
 are refused with one line (run seglogfs as that user, e.g. a systemd unit with `User=`).
-Exit codes are the seglogfs CLI's (`seglogfs.mount_tools.mounting`).
+Exit codes are the seglogfs CLI's (`seglogfs.mount_tools.mounting`). The mount itself is
+`seglogfs mount`'s, options and all: an fstab line's `allow_other` brings `default_permissions`
+as on the command line (`serving.fuse_options`), so other users get only what the data dir's
+owners and modes allow.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
     seglogfs mount DATADIR MNT [-o opt,...] [-f]
     seglogfs umount MNT
 
-`-o` takes FUSE's `ro`, `allow_other` and `default_permissions`, the text view's
+`-o` takes FUSE's `ro`, `allow_other` (which always brings `default_permissions`: the kernel
+checks every request of another user against the owner and mode the data dir gives each node)
+and `default_permissions`, the text view's
 `print.key`, `print.offset`, `print.timestamp`, `print.partition`, `print.headers`,
 `key.separator`, `null.literal`, the views' isolation level (`isolation.level=read_committed`,
 Kafka's consumer setting; read_uncommitted by default), the append files' `parse.key`,

@@ -30,6 +30,11 @@ logger = logging.getLogger(__name__)
 
 
 def fuse_options(source: str, *, read_only: bool, allow_other: bool, default_permissions: bool) -> set[str]:
+    """FUSE's mount options. `allow_other` always comes with `default_permissions`: other users
+    are let in only for the kernel to check each request against the owner and mode every node
+    shows (those of the data dir's files, fs.permissions); without it they would read and write
+    all of it as the mount's user. Every way to mount (`seglogfs mount`, `mount -t
+    fuse.seglogfs`, an fstab line) comes through here."""
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
     options |= {f"fsname={source}", "subtype=seglogfs"}
@@ -37,7 +42,7 @@ def fuse_options(source: str, *, read_only: bool, allow_other: bool, default_per
         options.add("ro")
     if allow_other:
         options.add("allow_other")
-    if default_permissions:
+    if default_permissions or allow_other:
         options.add("default_permissions")
     return options
 

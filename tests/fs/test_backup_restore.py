@@ -362,10 +362,10 @@ def test_a_mount_of_a_broker_dir_mirrors_every_file(mount, tmp_path: Path) -> No
     mirrored = files(m.path / ".logdir")
     assert set(mirrored) == set(files(source)) - {".kafka_cleanshutdown"}
     for name, path in mirrored.items():
-        assert stat.S_IMODE(path.stat().st_mode) == 0o644, name
+        assert stat.S_IMODE(path.stat().st_mode) == 0o444, name  # the files' 0644, on a read-only mount
         if name not in ROOT_CHECKPOINTS:
             assert path.read_bytes() == (source / name).read_bytes(), name
-    assert stat.S_IMODE((m.path / ".logdir" / "__cluster_metadata-0").stat().st_mode) == 0o755
+    assert stat.S_IMODE((m.path / ".logdir" / "__cluster_metadata-0").stat().st_mode) == 0o555
 
 
 def test_bad_sources_and_destinations_are_refused(tmp_path: Path) -> None:
