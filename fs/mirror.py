@@ -239,7 +239,13 @@ class Mirror:
         if not rest:
             # (the root as the user named it: it may be a link, as /var/lib/kafka often is)
             status = os.stat(log_dir)
-            return MirrorEntry(is_dir=True, mtime_ns=status.st_mtime_ns, mode=stat.S_IMODE(status.st_mode))
+            return MirrorEntry(
+                is_dir=True,
+                mtime_ns=status.st_mtime_ns,
+                mode=stat.S_IMODE(status.st_mode),
+                uid=status.st_uid,
+                gid=status.st_gid,
+            )
         logs = self._logs_in(log_dir)
         if len(rest) == 1:
             name = rest[0]
