@@ -23,6 +23,7 @@ import logging
 import mmap
 import os
 import random
+import stat
 import threading
 import time
 import traceback
@@ -50,7 +51,7 @@ from seglogfs.engine.errors import (
     RecordTooLargeError,
     UnsafeFileError,
 )
-from seglogfs.engine.files import open_regular
+from seglogfs.engine.files import describe_mode, open_regular
 from seglogfs.engine.loader import load_partition, segment_for
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
@@ -742,7 +743,13 @@ class PartitionLog:
         with self.lock:
             current = self._segments.snapshot()
             segments, changed = current, False
-            directory_changed = os.stat(self.directory).st_mtime_ns
+            status = os.lstat(self.directory)  # (replaced by a link since the open: never followed)
+            if not stat.S_ISDIR(status.st_mode):
+                self.take_offline(
+                    str(UnsafeFileError(self.directory, describe_mode(status.st_mode), "a partition directory"))
+                )
+                return True
+            directory_changed = status.st_mtime_ns
             if directory_changed != self._listed_at_mtime_ns:  # a roll, a delete, a swap: list it again
                 try:
                     segments, changed = self._list_segments(current, now_ms)

@@ -79,3 +79,22 @@ def test_a_fifo_named_like_a_segment_takes_the_partition_offline_for_every_opene
             reason = data_dir.partition("t", 0).offline_reason
             assert reason is not None and reason.startswith(f"{data / 't-0' / '00000000000000000007.log'}: a FIFO")
             assert data_dir.partition("t", 1).offline_reason is None
+
+
+@pytest.mark.expect_warnings("t-0 is offline: .* where a partition directory belongs: refused")
+def test_a_readers_partition_dir_replaced_by_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A reader beside a writer (a read-only mount) looks at each partition's directory again:
+    one replaced by a link since the open takes the partition offline, nothing behind it read."""
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    config = BrokerConfig.load(log_dirs=[data])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", 1, now_ms=NOW_MS)
+        data_dir.partition("t", 0).append_records([b"a"], now_ms=NOW_MS)
+    with DataDir.open(config, read_only=True, now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition("t", 0)
+        (data / "t-0").rename(elsewhere)
+        (data / "t-0").symlink_to(elsewhere)
+        assert log.refresh(NOW_MS)
+        assert log.offline_reason == f"{data / 't-0'}: a symbolic link where a partition directory belongs: refused"
+        with pytest.raises(LogOfflineError):
+            list(log.batches(0))
