@@ -1,0 +1,453 @@
+"""What recovery and `check --repair` remove from a log, kept beside the log dir.
+
+Kafka's LogLoader, finding a batch it cannot trust after an unclean stop, truncates the log to the
+last valid offset and deletes every segment after it. seglogfs leaves the live log exactly as
+Kafka would, but moves what it removes — a segment's damaged or torn tail, the segments after it —
+to a place next to the log dir, never inside it (a broker refuses a directory it does not know in
+a log dir), byte for byte, until an operator has looked at it and removes it (`rm -r`):
+
+    <log dir's real path>.seglogfs-set-aside/
+        20261127T214500.123Z/                 one run: an open that recovered, or a repair (UTC)
+            <topic>-<partition>/
+                set-aside.json                what is here and where it came from (below)
+                00000000000000000080.log      a tail: the bytes of 00000000000000000060.log from
+                                              the cut on, named by the offset the live log now
+                                              ends at (a segment that would start there), so
+                                              that `seglogfs dump` reads it
+                00000000000000000100.log      a segment removed whole, with its index files
+                00000000000000000100.index …
+
+A tail whose name a segment removed whole takes as well (a tail holding no batch: only garbage
+after a segment's last batch) is kept in `tail/` below the partition's directory.
+
+`set-aside.json`: `{"pieces": [{"source", "position", "file", "bytes", "records", "firstOffset",
+"lastOffset", "damagedBytes", "wholeSegment"}]}` — `source` the file's name in the partition dir,
+`position` where in it the piece began, `file` its name here (relative to the partition's
+directory), `records` and the offsets those of the batches in it that pass their CRC check,
+`damagedBytes` the bytes in no such batch. It is replaced (written, fsynced, renamed) after each
+piece, so it lists what is there even after a crash between two pieces.
+
+Order, so that nothing is lost whatever fails: a tail is copied and fsynced (with its
+directories) before the live segment is cut; a segment is renamed (or, on another file system,
+copied, fsynced, then unlinked) before the log forgets it. Any failure (no space, a read-only or
+unwritable parent, something not a directory where the place belongs) raises `SetAsideError`
+before anything of the live log is cut or removed: the repair or recovery stops there and the log
+is as it was.
+
+Ownership and mode: the place and each run's directories take the log dir's owner, group and
+mode; a tail takes its segment's; a moved file keeps its own. What the data dir keeps from some
+users, the place keeps from them too.
+
+Not thread-safe: one per partition load, which holds the partition.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from seglogfs.engine.checkpoint import fsync_dir, write_atomically
+from seglogfs.engine.errors import EngineError
+from seglogfs.engine.files import is_directory, open_regular, read_regular
+from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from seglogfs.engine.records import check_batch
+from seglogfs.engine.segment import LogSegment
+
+PLACE_SUFFIX = ".seglogfs-set-aside"
+MANIFEST = "set-aside.json"
+_COPY_CHUNK_BYTES = 1 << 20
+_MANIFEST_LIMIT_BYTES = 16 << 20
+
+
+class SetAsideError(EngineError):
+    """What recovery or repair had to remove could not be kept: nothing was cut or removed."""
+
+    def __init__(self, path: str | os.PathLike[str], what: str, reason: str) -> None:
+        self.path = os.fspath(path)
+        super().__init__(f"{self.path}: cannot set aside {what}: {reason}; nothing was cut or removed")
+
+
+@dataclass(frozen=True)
+class SetAsidePiece:
+    """One piece kept: a segment's tail, or a segment removed whole."""
+
+    place: Path  # the partition's directory in its run
+    source: str  # the file's name in the partition dir
+    position: int  # where in the source the piece began (0: a whole segment)
+    start_offset: int  # the offset it would start at: a tail's the live log's end after the cut
+    file: str  # its name below `place`
+    bytes: int
+    records: int  # in the batches that pass their CRC check
+    first_offset: int | None
+    last_offset: int | None
+    damaged_bytes: int  # in no such batch
+    whole_segment: bool
+
+    @property
+    def path(self) -> Path:
+        return self.place / self.file
+
+    def describe(self) -> str:
+        """`offsets 80 to 99, 10 records in intact batches (422 bytes, 211 of them damaged): the
+        tail from position 0 of 00000000000000000080.log`."""
+        last = self.last_offset if self.last_offset is not None else "?"
+        damaged = f", {self.damaged_bytes} of them damaged" if self.damaged_bytes else ""
+        what = "segment" if self.whole_segment else f"the tail from position {self.position} of"
+        return (
+            f"offsets {self.start_offset} to {last}, {self.records} records in intact batches "
+            f"({self.bytes} bytes{damaged}): {what} {self.source}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "position": self.position,
+            "startOffset": self.start_offset,
+            "file": self.file,
+            "bytes": self.bytes,
+            "records": self.records,
+            "firstOffset": self.first_offset,
+            "lastOffset": self.last_offset,
+            "damagedBytes": self.damaged_bytes,
+            "wholeSegment": self.whole_segment,
+        }
+
+
+def place_for(log_dir: Path) -> Path:
+    """The set-aside place of a log dir: beside its real path (`/var/lib/kafka` is often a link to
+    the disk that holds the data, where a rename of a segment stays a rename)."""
+    real = Path(os.path.realpath(log_dir))
+    return real.with_name(real.name + PLACE_SUFFIX)
+
+
+@dataclass(frozen=True)
+class BatchCount:
+    """What the batches of a byte range hold (`count_batches`)."""
+
+    records: int
+    first_offset: int | None
+    last_offset: int | None
+    valid_bytes: int
+
+
+def count_batches(segment: LogSegment, position: int) -> BatchCount:
+    """The records and offsets of the batches of `segment` (a LogSegment) from `position` on that
+    pass their CRC check; a batch that fails it is passed over when its length can be trusted,
+    and the scan ends at a length that cannot be. A record count is believed only as far as the
+    batch's offsets reach."""
+    records = valid = 0
+    first = last = None
+    for header, batch in segment.iter_batches(position):
+        if check_batch(header, batch) is not None:
+            continue
+        valid += header.size_in_bytes
+        if first is None:
+            first = header.base_offset
+        last = header.last_offset
+        if not header.is_control:
+            records += max(0, min(header.records_count, header.last_offset - header.base_offset + 1))
+    return BatchCount(records, first, last, valid)
+
+
+class SetAside:
+    """The pieces one load of one partition sets aside. Nothing is made on disk until the first."""
+
+    def __init__(self, partition_dir: Path, now_ms: int) -> None:
+        self.partition_dir = partition_dir
+        self.log_dir = partition_dir.parent
+        self.root = place_for(self.log_dir)
+        self.now_ms = now_ms
+        self.pieces: list[SetAsidePiece] = []
+        self._place: Path | None = None
+
+    @property
+    def place(self) -> Path:
+        """The partition's directory in this run (made on first use)."""
+        if self._place is None:
+            self._place = self._make_place()
+        return self._place
+
+    def _make_place(self) -> Path:
+        what = f"what recovery removes from {self.partition_dir}"
+        try:
+            owner = os.stat(self.log_dir)
+            made = _make_dir(self.root, owner)
+            if not is_directory(self.root):
+                raise SetAsideError(self.root, what, "not a directory (a link or a file is there)")
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.now_ms // 1000)) + f".{self.now_ms % 1000:03d}Z"
+            for attempt in range(1000):
+                run = self.root / (stamp if attempt == 0 else f"{stamp}.{attempt}")
+                made = _make_dir(run, owner) or made
+                if not is_directory(run):
+                    raise SetAsideError(run, what, "not a directory (a link or a file is there)")
+                place = run / self.partition_dir.name
+                try:
+                    os.mkdir(place, stat.S_IMODE(owner.st_mode))
+                except FileExistsError:
+                    continue  # an earlier run in the same millisecond (a clock passed in by a test)
+                _own(place, owner)
+                fsync_dir(run)
+                if made:
+                    fsync_dir(self.root)
+                    fsync_dir(self.root.parent)
+                return place
+            raise SetAsideError(self.root, what, "no free name for this run")
+        except OSError as error:
+            raise SetAsideError(self.root, what, error.strerror or str(error)) from None
+
+    def keep_tail(self, source: Path, handle: int, position: int, size: int, next_offset: int) -> SetAsidePiece:
+        """Copy bytes `position`..`size` of the open segment `source` (descriptor `handle`) into the
+        place, durably, before the caller cuts them; `next_offset` names the copy."""
+        place = self.place
+        name = f"{next_offset:020d}{LOG_SUFFIX}"
+        directory = place
+        if os.path.lexists(place / name):
+            # A segment of that name was removed whole (a tail holding no batch, cut from the
+            # segment before it): the tail keeps out of its way.
+            directory = place / "tail"
+        target = directory / name
+        try:
+            if directory != place:
+                _make_dir(directory, os.stat(place))
+            mode = stat.S_IMODE(os.fstat(handle).st_mode)
+            fd = open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                _own_fd(fd, os.fstat(handle))
+                at = position
+                while at < size:
+                    chunk = os.pread(handle, min(_COPY_CHUNK_BYTES, size - at), at)
+                    if not chunk:
+                        break  # (the file is shorter than its size said: nothing more to keep)
+                    _write_all(fd, chunk)
+                    at += len(chunk)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(directory)
+            if directory != place:
+                fsync_dir(place)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                target.unlink()
+            raise SetAsideError(
+                target,
+                f"the {size - position} bytes of {source} from position {position}",
+                error.strerror or str(error),
+            ) from None
+        copy = LogSegment(
+            directory, next_offset, index_interval_bytes=4096, max_index_bytes=1 << 20, writable=False, created_ms=0
+        )
+        try:
+            count = count_batches(copy, 0)
+        finally:
+            copy.close_handlers()
+        return self._add(
+            SetAsidePiece(
+                place,
+                source.name,
+                position,
+                next_offset,
+                str(target.relative_to(place)),
+                size - position,
+                count.records,
+                count.first_offset,
+                count.last_offset,
+                size - position - count.valid_bytes,
+                whole_segment=False,
+            )
+        )
+
+    def keep_segment(self, segment: LogSegment) -> SetAsidePiece:
+        """Move a segment (a LogSegment, its handles closed here) and its index files into the
+        place: its `.log` first, so that a failure before it changes nothing, and one after it
+        leaves index files without a log, which the next open removes (they are rebuilt)."""
+        segment.close_handlers()
+        place = self.place
+        base = segment.base_offset
+        size = 0
+        for suffix in (LOG_SUFFIX, TXN_INDEX_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            source = self.partition_dir / f"{base:020d}{suffix}"
+            if suffix != LOG_SUFFIX and not os.path.lexists(source):
+                continue
+            target = place / source.name
+            try:
+                moved = _move(source, target)
+            except OSError as error:
+                raise SetAsideError(target, f"segment {source}", error.strerror or str(error)) from None
+            if suffix == LOG_SUFFIX:
+                size = moved
+        try:
+            fsync_dir(place)
+            fsync_dir(self.partition_dir)
+        except OSError as error:
+            raise SetAsideError(place, f"segment {segment.log_path}", error.strerror or str(error)) from None
+        copy = LogSegment(place, base, index_interval_bytes=4096, max_index_bytes=1 << 20, writable=False, created_ms=0)
+        try:
+            count = count_batches(copy, 0)
+        finally:
+            copy.close_handlers()
+        return self._add(
+            SetAsidePiece(
+                place,
+                f"{base:020d}{LOG_SUFFIX}",
+                0,
+                base,
+                f"{base:020d}{LOG_SUFFIX}",
+                size,
+                count.records,
+                count.first_offset,
+                count.last_offset,
+                size - count.valid_bytes,
+                whole_segment=True,
+            )
+        )
+
+    def _add(self, piece: SetAsidePiece) -> SetAsidePiece:
+        self.pieces.append(piece)
+        in_order = sorted(self.pieces, key=lambda p: (p.source, p.position))
+        manifest = {"pieces": [p.to_json() for p in in_order]}
+        try:
+            write_atomically(piece.place / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+        except (OSError, EngineError) as error:
+            # The piece is kept, undescribed (`check` reports the place all the same); a tail
+            # is not cut (the log keeps it too), a segment stays moved.
+            raise SetAsideError(piece.place / MANIFEST, piece.source, str(error)) from None
+        return piece
+
+
+def _make_dir(path: Path, owner: os.stat_result) -> bool:
+    """mkdir with the log dir's mode and owner; False when it was there."""
+    try:
+        os.mkdir(path, stat.S_IMODE(owner.st_mode))
+    except FileExistsError:
+        return False
+    _own(path, owner)
+    return True
+
+
+def _own(path: Path, owner: os.stat_result) -> None:
+    with contextlib.suppress(PermissionError):
+        os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
+    os.chmod(path, stat.S_IMODE(owner.st_mode), follow_symlinks=False)  # (mkdir's mode passed the umask)
+
+
+def _own_fd(fd: int, owner: os.stat_result) -> None:
+    with contextlib.suppress(PermissionError):
+        os.fchown(fd, owner.st_uid, owner.st_gid)
+    os.fchmod(fd, stat.S_IMODE(owner.st_mode))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _move(source: Path, target: Path) -> int:
+    """Rename `source` to `target` (never over a file there); on another file system copy it,
+    fsync the copy, then unlink `source`. Returns its size."""
+    if os.path.lexists(target):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+    fd = open_regular(source)  # a link or a FIFO where a segment belongs is not moved
+    try:
+        info = os.fstat(fd)
+        try:
+            os.rename(source, target)
+            return info.st_size
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise
+        out = open_regular(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IMODE(info.st_mode))
+        try:
+            _own_fd(out, info)
+            at = 0
+            while chunk := os.pread(fd, _COPY_CHUNK_BYTES, at):
+                _write_all(out, chunk)
+                at += len(chunk)
+            os.fsync(out)
+        except BaseException:
+            os.close(out)
+            with contextlib.suppress(OSError):
+                target.unlink()
+            raise
+        os.close(out)
+        fsync_dir(target.parent)
+        source.unlink()
+        return info.st_size
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class SetAsideRun:
+    """What `check` finds set aside for one partition in one run."""
+
+    place: Path  # <root>/<run>/<topic>-<partition>
+    pieces: list[SetAsidePiece]
+    problem: str | None  # the manifest could not be read: the place is reported all the same
+
+    @property
+    def records(self) -> int:
+        return sum(piece.records for piece in self.pieces)
+
+
+def find_set_aside(log_dir: Path) -> Iterator[SetAsideRun]:
+    """Every partition directory in the log dir's set-aside place, oldest run first. An empty
+    place (or none) finds nothing: `rm -r` of the place, or of a run, clears what it held."""
+    root = place_for(log_dir)
+    if not os.path.lexists(root):
+        return
+    if not is_directory(root):
+        yield SetAsideRun(root, [], "not a directory")
+        return
+    for run in sorted(os.listdir(root)):
+        run_dir = root / run
+        if not is_directory(run_dir):
+            yield SetAsideRun(run_dir, [], "not a directory")
+            continue
+        for name in sorted(os.listdir(run_dir)):
+            place = run_dir / name
+            yield _read_run(place)
+
+
+def _read_run(place: Path) -> SetAsideRun:
+    try:
+        document = json.loads(read_regular(place / MANIFEST, _MANIFEST_LIMIT_BYTES).decode("utf-8"))
+        pieces = [
+            SetAsidePiece(
+                place,
+                str(item["source"]),
+                int(item["position"]),
+                int(item["startOffset"]),
+                str(item["file"]),
+                int(item["bytes"]),
+                int(item["records"]),
+                None if item["firstOffset"] is None else int(item["firstOffset"]),
+                None if item["lastOffset"] is None else int(item["lastOffset"]),
+                int(item["damagedBytes"]),
+                bool(item["wholeSegment"]),
+            )
+            for item in document["pieces"]
+        ]
+        return SetAsideRun(place, pieces, None)
+    except (OSError, EngineError, ValueError, KeyError, TypeError) as error:
+        return SetAsideRun(place, [], f"{MANIFEST} unreadable ({error})")
+
+
+__all__ = [
+    "PLACE_SUFFIX",
+    "SetAside",
+    "SetAsideError",
+    "SetAsidePiece",
+    "SetAsideRun",
+    "count_batches",
+    "find_set_aside",
+    "place_for",
+]
