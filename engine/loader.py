@@ -265,11 +265,12 @@ def _recover_from(
             path: Path, handle: int, position: int, size: int, next_offset: int, *, later: list[LogSegment] = later
         ) -> None:
             # Kafka deletes the segments after a cut (LogLoader); they are set aside before the
-            # cut, the last first: whatever fails, the log left is the damaged segment and the
-            # segments that follow it without a gap, and the next open takes up the work.
+            # cut, after the tail (the one copy that needs room), the last first: whatever
+            # fails, the log left is the damaged segment and the segments that follow it
+            # without a gap, and the next open takes up the work.
+            set_aside.keep_tail(path, handle, position, size, next_offset)
             for segment in reversed(later):
                 set_aside.keep_segment(segment)
-            set_aside.keep_tail(path, handle, position, size, next_offset)
 
         truncated = segments[slot].recover(keep=keep)
         recovered.append(segments[slot])
@@ -278,7 +279,8 @@ def _recover_from(
         truncated_total += truncated
         if truncated > 0:
             # Kafka warns here too: bytes after the last valid batch were cut (a torn write).
-            removed = set_aside.pieces[-1 - len(later) : -1]
+            tail = set_aside.pieces[-1 - len(later)]
+            removed = set_aside.pieces[len(set_aside.pieces) - len(later) :]
             truncated_total += sum(piece.bytes for piece in removed)
             del segments[slot + 1 :]
             log.warning(
@@ -289,7 +291,7 @@ def _recover_from(
                 f" and the {len(removed)} segments after it ({sum(piece.records for piece in removed)} records)"
                 if removed
                 else "",
-                set_aside.pieces[-1].place,
+                tail.place,
             )
             break
         slot += 1

@@ -67,11 +67,17 @@ _MANIFEST_LIMIT_BYTES = 16 << 20
 
 
 class SetAsideError(EngineError):
-    """What recovery or repair had to remove could not be kept: nothing was cut or removed."""
+    """What recovery or repair had to remove could not be kept: the log was not cut (segments
+    after the damage already moved, the last first, are in the place, `done`)."""
 
-    def __init__(self, path: str | os.PathLike[str], what: str, reason: str) -> None:
+    def __init__(self, path: str | os.PathLike[str], what: str, reason: str, done: int = 0) -> None:
         self.path = os.fspath(path)
-        super().__init__(f"{self.path}: cannot set aside {what}: {reason}; nothing was cut or removed")
+        outcome = (
+            "nothing was cut or removed"
+            if not done
+            else f"the log was not cut ({done} segments after the damage are set aside already)"
+        )
+        super().__init__(f"{self.path}: cannot set aside {what}: {reason}; {outcome}")
 
 
 @dataclass(frozen=True)
@@ -208,9 +214,9 @@ class SetAside:
         place = self.place
         name = f"{next_offset:020d}{LOG_SUFFIX}"
         directory = place
-        if os.path.lexists(place / name):
-            # A segment of that name was removed whole (a tail holding no batch, cut from the
-            # segment before it): the tail keeps out of its way.
+        if os.path.lexists(place / name) or (name != source.name and os.path.lexists(self.partition_dir / name)):
+            # A segment of that name is removed whole after it (a tail holding no batch, cut
+            # from the segment before it): the tail keeps out of its way.
             directory = place / "tail"
         target = directory / name
         try:
@@ -280,7 +286,8 @@ class SetAside:
             try:
                 moved = _move(source, target)
             except OSError as error:
-                raise SetAsideError(target, f"segment {source}", error.strerror or str(error)) from None
+                done = sum(piece.whole_segment for piece in self.pieces)
+                raise SetAsideError(target, f"segment {source}", error.strerror or str(error), done) from None
             if suffix == LOG_SUFFIX:
                 size = moved
         try:
@@ -414,6 +421,8 @@ def find_set_aside(log_dir: Path) -> Iterator[SetAsideRun]:
             continue
         for name in sorted(os.listdir(run_dir)):
             place = run_dir / name
+            if is_directory(place) and not os.listdir(place):
+                continue  # a set-aside that failed before its first piece (SetAsideError)
             yield _read_run(place)
 
 

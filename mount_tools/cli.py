@@ -349,10 +349,11 @@ def _summary(report: CheckReport, dirs: list[Path]) -> str:
         return figures + ("clean" if report.clean else f"{len(report.problems)} problems")
     places = sorted({str(place_for(log_dir)) for log_dir in dirs if os.path.lexists(place_for(log_dir))})
     records = sum(run.records for run in report.set_aside)
+    size = sum(piece.bytes for run in report.set_aside for piece in run.pieces)
     state = "no problems" if report.clean else f"{len(report.problems)} problems"
     return (
-        figures + f"{state}, but {records} records are set aside in {', '.join(places)} "
-        "(read them with seglogfs dump; rm -r the place once they are dealt with)"
+        figures + f"{state}, but {size} bytes ({records} records in intact batches) are set aside in "
+        f"{', '.join(places)} (read them with seglogfs dump; rm -r the place once they are dealt with)"
     )
 
 
