@@ -185,14 +185,12 @@ class SetAside:
         try:
             owner = os.stat(self.log_dir)
             made = _make_dir(self.root, owner)
-            if not is_directory(self.root):
-                raise SetAsideError(self.root, what, "not a directory (a link or a file is there)")
+            _check_ours(self.root, owner, what)
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.now_ms // 1000)) + f".{self.now_ms % 1000:03d}Z"
             for attempt in range(1000):
                 run = self.root / (stamp if attempt == 0 else f"{stamp}.{attempt}")
                 made = _make_dir(run, owner) or made
-                if not is_directory(run):
-                    raise SetAsideError(run, what, "not a directory (a link or a file is there)")
+                _check_ours(run, owner, what)
                 place = run / self.partition_dir.name
                 try:
                     os.mkdir(place, stat.S_IMODE(owner.st_mode))
@@ -327,6 +325,17 @@ class SetAside:
             # is not cut (the log keeps it too), a segment stays moved.
             raise SetAsideError(piece.place / MANIFEST, piece.source, str(error)) from None
         return piece
+
+
+def _check_ours(path: Path, owner: os.stat_result, what: str) -> None:
+    """A directory of the place found there must be a directory (not a link to one) of the data
+    dir's owner or root: one another user made beforehand would be given the data's bytes."""
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode):
+        raise SetAsideError(path, what, "not a directory (a link or a file is there)")
+    if found.st_uid not in {0, owner.st_uid}:
+        reason = f"owned by uid {found.st_uid}, not by the data dir's owner (uid {owner.st_uid})"
+        raise SetAsideError(path, what, reason)
 
 
 def _make_dir(path: Path, owner: os.stat_result) -> bool:

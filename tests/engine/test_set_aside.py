@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from seglogfs.engine import BrokerConfig, DataDir, PartitionLog
 from seglogfs.engine.check import check_log_dirs, plan_repair
 from seglogfs.engine.checkpoint import CLEAN_SHUTDOWN_FILE
-from seglogfs.engine.set_aside import MANIFEST, find_set_aside, place_for
+from seglogfs.engine.set_aside import MANIFEST, SetAsideError, find_set_aside, place_for
 from tests.conftest import NOW_MS
 
 pytestmark = pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch")
@@ -78,6 +78,24 @@ def test_the_place_is_as_private_as_the_log_dir(log_dir: Path) -> None:
     for directory in (place_for(log_dir), piece.place.parent, piece.place):
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(piece.path).st_mode) == 0o600
+
+
+def test_a_place_another_user_made_beforehand_is_refused(log_dir: Path) -> None:
+    """A parent writable by others (/tmp) lets a user make the place first: it is not used, and
+    nothing is cut."""
+    fill(log_dir, 2)
+    segment = log_dir / "t-0" / "00000000000000000000.log"
+    with open(segment, "ab") as handle:
+        handle.write(b"\x01" * 20)
+    content = segment.read_bytes()
+    place_for(log_dir).mkdir()
+    os.chown(place_for(log_dir), 4242, 4242)
+    with pytest.raises(SetAsideError, match=r"owned by uid 4242, not by the data dir's owner .* nothing was cut"):
+        repair(log_dir)
+    assert segment.read_bytes() == content
+    os.chown(place_for(log_dir), 0, 0)
+    repair(log_dir)
+    assert len(segment.read_bytes()) == len(content) - 20
 
 
 def test_a_tail_named_like_the_next_segment_keeps_out_of_its_way(log_dir: Path) -> None:
