@@ -44,7 +44,14 @@ from seglogfs.engine.checkpoint import (
 )
 from seglogfs.engine.errors import CorruptIndexError
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
-from seglogfs.engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
+from seglogfs.engine.naming import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    parse_segment_file_name,
+    partition_dirs,
+)
 from seglogfs.engine.records import BatchHeader, check_batch, decode_records
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
@@ -126,60 +133,86 @@ class PlannedRepair:
 
 
 def plan_repair(log_dirs: list[Path]) -> list[PlannedRepair]:
-    """What `check --repair` would cut and set aside, read without changing anything: recovery's
-    own scan of every segment (engine.loader._recover_from with the recovery point at 0): the
-    first segment it would cut loses its tail, the segments after it go whole."""
+    """What `check --repair` would cut and set aside, read without changing anything: the scans
+    recovery makes (engine.loader with the recovery point at 0). First each segment missing an
+    index file loses its invalid tail (the loader's step 3, which removes nothing after it, as
+    Kafka's LogLoader recovers such a segment on its own); then, in order, the first segment with
+    an invalid batch loses its tail and the segments after it go whole."""
     plans = []
     for log_dir in log_dirs:
         if not log_dir.is_dir():
             continue
         for name, _topic, _partition in partition_dirs(log_dir):
             directory = log_dir / name
-            bases = sorted(
-                parsed[0]
-                for entry in os.listdir(directory)
-                if (parsed := parse_segment_file_name(entry)) is not None and parsed[1:] == (LOG_SUFFIX, "")
-            )
-            pieces = _planned_pieces(directory, bases, place_for(log_dir) / name)
+            kinds: dict[int, set[str]] = {}
+            for entry in os.listdir(directory):
+                parsed = parse_segment_file_name(entry)
+                if parsed is not None and not parsed[2]:
+                    kinds.setdefault(parsed[0], set()).add(parsed[1])
+            bases = sorted(base for base, found in kinds.items() if LOG_SUFFIX in found)
+            indexed = {base for base in bases if {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds[base]}
+            pieces = _planned_pieces(directory, bases, indexed, place_for(log_dir) / name)
             if pieces:
                 plans.append(PlannedRepair(directory, pieces))
     return plans
 
 
-def _planned_pieces(directory: Path, bases: list[int], place: Path) -> list[SetAsidePiece]:
-    pieces: list[SetAsidePiece] = []
-    for base in bases:
-        segment = LogSegment(
+def _planned_pieces(directory: Path, bases: list[int], indexed: set[int], place: Path) -> list[SetAsidePiece]:
+    segments = [
+        LogSegment(
             directory, base, index_interval_bytes=4096, max_index_bytes=10 * 1024 * 1024, writable=False, created_ms=0
         )
-        try:
-            if pieces:
-                position, start = 0, base  # after the cut: the whole segment
-            else:
-                position, start = segment.recovery_cut()
-                if position >= segment.size:
-                    continue
-            count = count_batches(segment, position)
-            size = segment.size - position
-            name = segment.log_path.name
-            pieces.append(
-                SetAsidePiece(
-                    place,
-                    name,
-                    position,
-                    start,
-                    name if pieces else f"{start:020d}{LOG_SUFFIX}",
-                    size,
-                    count.records,
-                    count.first_offset,
-                    count.last_offset,
-                    size - count.valid_bytes,
-                    whole_segment=bool(pieces),
-                )
-            )
-        finally:
+        for base in bases
+    ]
+    try:
+        pieces: list[SetAsidePiece] = []
+        sizes = {segment.base_offset: segment.size for segment in segments}
+
+        def tail(segment: LogSegment) -> bool:
+            position, start = segment.recovery_cut()
+            if position >= sizes[segment.base_offset]:
+                return False
+            name = f"{start:020d}{LOG_SUFFIX}"
+            if start != segment.base_offset and start in sizes:
+                name = f"tail/{name}"  # (a later segment of that name goes whole)
+            pieces.append(_planned(place, segment, position, start, name, sizes[segment.base_offset], whole=False))
+            sizes[segment.base_offset] = position
+            return True
+
+        for segment in segments:
+            if segment.base_offset not in indexed:
+                tail(segment)
+        for slot, segment in enumerate(segments):
+            if tail(segment):
+                for later in segments[slot + 1 :]:
+                    name = later.log_path.name
+                    size = sizes[later.base_offset]
+                    pieces.append(_planned(place, later, 0, later.base_offset, name, size, whole=True))
+                break
+        return pieces
+    finally:
+        for segment in segments:
             segment.close_handlers()
-    return pieces
+
+
+def _planned(  # noqa: PLR0917 (a piece's fields)
+    place: Path, segment: LogSegment, position: int, start: int, name: str, end: int, *, whole: bool
+) -> SetAsidePiece:
+    count = count_batches(segment, position, end)
+    size = end - position
+    return SetAsidePiece(
+        place,
+        segment.log_path.name,
+        position,
+        start,
+        name,
+        size,
+        count.records,
+        count.first_offset,
+        count.last_offset,
+        size - count.valid_bytes,
+        whole_segment=whole,
+    )
 
 
 def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: Callable[[int], None] | None) -> None:

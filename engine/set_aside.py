@@ -143,14 +143,14 @@ class BatchCount:
     valid_bytes: int
 
 
-def count_batches(segment: LogSegment, position: int) -> BatchCount:
-    """The records and offsets of the batches of `segment` (a LogSegment) from `position` on that
+def count_batches(segment: LogSegment, position: int, end: int | None = None) -> BatchCount:
+    """The records and offsets of the batches of `segment` from `position` (to `end`) that
     pass their CRC check; a batch that fails it is passed over when its length can be trusted,
     and the scan ends at a length that cannot be. A record count is believed only as far as the
     batch's offsets reach."""
     records = valid = 0
     first = last = None
-    for header, batch in segment.iter_batches(position):
+    for header, batch in segment.iter_batches(position, end):
         if check_batch(header, batch) is not None:
             continue
         valid += header.size_in_bytes
