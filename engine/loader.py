@@ -48,7 +48,7 @@ from seglogfs.engine.naming import (
     parse_segment_file_name,
 )
 from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.set_aside import SetAside, SetAsidePiece
+from seglogfs.engine.set_aside import SetAside, SetAsideError, SetAsidePiece
 from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,12 @@ def load_partition(
         segments.append(segment)
 
     if writable and not clean_shutdown and segments:
-        truncated += _recover_from(segments, recovery_point, recovered, set_aside)
+        try:
+            truncated += _recover_from(segments, recovery_point, recovered, set_aside)
+        except SetAsideError:
+            for segment in segments:  # the partition stays as it was, offline or not opened
+                segment.close_handlers()
+            raise
     if recovered:
         rebuild_transaction_indexes(segments, [segment for segment in recovered if segment in segments])
     start = max(log_start_offset, segments[0].base_offset) if segments else log_start_offset

@@ -20,23 +20,27 @@ a log dir), byte for byte, until an operator has looked at it and removes it (`r
 A tail whose name a segment removed whole takes as well (a tail holding no batch: only garbage
 after a segment's last batch) is kept in `tail/` below the partition's directory.
 
-`set-aside.json`: `{"pieces": [{"source", "position", "file", "bytes", "records", "firstOffset",
-"lastOffset", "damagedBytes", "wholeSegment"}]}` — `source` the file's name in the partition dir,
-`position` where in it the piece began, `file` its name here (relative to the partition's
-directory), `records` and the offsets those of the batches in it that pass their CRC check,
-`damagedBytes` the bytes in no such batch. It is replaced (written, fsynced, renamed) after each
-piece, so it lists what is there even after a crash between two pieces.
+`set-aside.json`: `{"pieces": [{"source", "position", "startOffset", "file", "bytes", "records",
+"firstOffset", "lastOffset", "damagedBytes", "wholeSegment"}]}` — `source` the file's name in the
+partition dir, `position` where in it the piece began, `startOffset` the offset the piece would
+start at, `file` its name here (relative to the partition's directory), `records` and the first
+and last offsets those of the batches in it that pass their CRC check, `damagedBytes` the bytes
+in no such batch. It is replaced (written, fsynced, renamed) after each piece, so it lists what
+is there even after a crash between two pieces.
 
-Order, so that nothing is lost whatever fails: a tail is copied and fsynced (with its
-directories) before the live segment is cut; a segment is renamed (or, on another file system,
-copied, fsynced, then unlinked) before the log forgets it. Any failure (no space, a read-only or
-unwritable parent, something not a directory where the place belongs) raises `SetAsideError`
-before anything of the live log is cut or removed: the repair or recovery stops there and the log
-is as it was.
+Order, so that nothing is lost whatever fails (engine.loader): the tail is copied and fsynced
+(with its directories) first, the one step that needs room; then the segments after it are
+renamed (on another file system: copied, fsynced, unlinked), the last first; only then is the
+live segment cut. Any failure (no space, a read-only or unwritable parent, something not a
+directory of the data dir's owner where the place belongs) raises `SetAsideError` before the cut:
+the repair or recovery stops there, the log is as it was but for segments already moved (which
+the error counts), and the segments left still follow the damaged one without a gap, so the next
+attempt takes up the work.
 
 Ownership and mode: the place and each run's directories take the log dir's owner, group and
 mode; a tail takes its segment's; a moved file keeps its own. What the data dir keeps from some
-users, the place keeps from them too.
+users, the place keeps from them too; a place found there already must be a directory (not a
+link) owned by the data dir's owner or root.
 
 Not thread-safe: one per partition load, which holds the partition.
 """
@@ -240,6 +244,7 @@ class SetAside:
         except OSError as error:
             with contextlib.suppress(OSError):
                 target.unlink()
+            self._forget_empty(directory)
             raise SetAsideError(
                 target,
                 f"the {size - position} bytes of {source} from position {position}",
@@ -313,6 +318,16 @@ class SetAside:
                 whole_segment=True,
             )
         )
+
+    def _forget_empty(self, directory: Path) -> None:
+        """After a failure before the first piece: the directories made for it go again (best
+        effort), so that `check` does not report an empty run."""
+        if self.pieces or self._place is None:
+            return
+        for path in (directory, self._place, self._place.parent):
+            with contextlib.suppress(OSError):
+                path.rmdir()  # (only when empty)
+        self._place = None
 
     def _add(self, piece: SetAsidePiece) -> SetAsidePiece:
         self.pieces.append(piece)
