@@ -188,6 +188,8 @@ def load_partition(
                     (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
             continue
         segment = segment_for(directory, base, config, writable=writable, now_ms=now_ms)
+        if writable:
+            segment.keep_cut = set_aside.keep_later
         if writable and not {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds:
             log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
             try:

@@ -1124,13 +1124,17 @@ class LogSegment:
             )
         return self._time_index
 
+    # What keeps the bytes of a cut no caller gave a `keep` for (a damaged index found on first
+    # use recovers the segment): the loader sets it on the segments it opens writable.
+    keep_cut: KeepTail | None = None
+
     def recover(self, keep: KeepTail | None = None) -> int:
         """Validate every batch, rebuild both indexes from the log and truncate the log at the
         first invalid batch (bad CRC, length, magic, or offsets that go backwards or overflow).
-        Before the cut, `keep(log_path, descriptor, position, size, next_offset)` is given the
-        bytes to be cut (engine.set_aside keeps them); an error it raises cuts nothing.
-        Returns the number of bytes truncated. Writable segments only."""
-        return self._rebuild_indexes(truncate=True, keep=keep)
+        Before the cut, `keep(log_path, descriptor, position, size, next_offset)` (default
+        `keep_cut`) is given the bytes to be cut (engine.set_aside keeps them); an error it
+        raises cuts nothing. Returns the number of bytes truncated. Writable segments only."""
+        return self._rebuild_indexes(truncate=True, keep=keep or self.keep_cut)
 
     def truncate_to(self, offset: int, now_ms: int) -> int:
         """Remove every batch from the one holding `offset` on, and every index entry at or above

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import stat
 import time
@@ -63,6 +64,8 @@ from seglogfs.engine.files import is_directory, open_regular, read_regular
 from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from seglogfs.engine.records import check_batch
 from seglogfs.engine.segment import LogSegment
+
+logger = logging.getLogger(__name__)
 
 PLACE_SUFFIX = ".seglogfs-set-aside"
 MANIFEST = "set-aside.json"
@@ -271,6 +274,18 @@ class SetAside:
                 size - position - count.valid_bytes,
                 whole_segment=False,
             )
+        )
+
+    def keep_later(self, source: Path, handle: int, position: int, size: int, next_offset: int) -> None:
+        """`keep_tail` for a cut after the load (a damaged index found on first use recovers its
+        segment), which no loader line reports: one WARNING line says it here."""
+        piece = self.keep_tail(source, handle, position, size, next_offset)
+        logger.warning(
+            "%s: cut %d bytes after the last valid batch at position %d (its index was damaged); set aside in %s",
+            source,
+            size - position,
+            position,
+            piece.place,
         )
 
     def keep_segment(self, segment: LogSegment) -> SetAsidePiece:

@@ -200,3 +200,24 @@ def test_partition_log_open_reports_pieces(log_dir: Path) -> None:
         assert (piece.bytes, piece.records, piece.damaged_bytes) == (9, 0, 9)
     finally:
         log.close()
+
+
+@pytest.mark.expect_warnings(r"cut 20 bytes after the last valid batch at position \d+ \(its index was damaged\)")
+def test_a_cut_made_when_a_damaged_index_is_first_used_is_set_aside(log_dir: Path) -> None:
+    """After a clean stop nothing is scanned; a segment whose index fails its sanity check on
+    first use is recovered then, and what that cuts is kept like any other cut."""
+    before = fill(log_dir, 8)
+    first = sorted(before)[0]
+    with open(log_dir / "t-0" / first, "ab") as handle:
+        handle.write(b"\x05" * 20)
+    (log_dir / "t-0" / first).with_suffix(".index").write_bytes(b"\x00" * 5)  # not whole entries
+    with DataDir.open(BrokerConfig.load(log_dirs=[log_dir]), now_ms=NOW_MS) as data_dir:
+        log = data_dir.partition("t", 0)
+        assert log.set_aside == []
+        assert log.segments[0].offset_index is not None  # its first use: the index is found damaged
+        [piece] = log.set_aside
+        assert len(list(log.records(0))) == 40
+    assert piece.path.read_bytes() == b"\x05" * 20 and piece.source == first
+    assert (log_dir / "t-0" / first).read_bytes() == before[first]
+    [run] = check_log_dirs([log_dir]).set_aside
+    assert run.pieces == [piece]
