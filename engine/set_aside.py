@@ -109,12 +109,15 @@ class SetAsidePiece:
 
     def describe(self) -> str:
         """`offsets 80 to 99, 10 records in intact batches (422 bytes, 211 of them damaged): the
-        tail from position 0 of 00000000000000000080.log`."""
-        last = self.last_offset if self.last_offset is not None else "?"
-        damaged = f", {self.damaged_bytes} of them damaged" if self.damaged_bytes else ""
+        tail from position 0 of 00000000000000000080.log`; a tail without a whole batch: `from
+        offset 3, no intact batch (11 bytes, all damaged): the tail from position 77 of …`."""
         what = "segment" if self.whole_segment else f"the tail from position {self.position} of"
+        if self.last_offset is None:
+            intact = f"from offset {self.start_offset}, no intact batch ({self.bytes} bytes, all damaged)"
+            return f"{intact}: {what} {self.source}"
+        damaged = f", {self.damaged_bytes} of them damaged" if self.damaged_bytes else ""
         return (
-            f"offsets {self.start_offset} to {last}, {self.records} records in intact batches "
+            f"offsets {self.start_offset} to {self.last_offset}, {self.records} records in intact batches "
             f"({self.bytes} bytes{damaged}): {what} {self.source}"
         )
 

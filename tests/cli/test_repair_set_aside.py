@@ -201,7 +201,7 @@ def test_a_torn_tail_after_kill_9_is_set_aside_by_the_next_open(
     assert segment.read_bytes() == on_disk[:-torn]
     assert (piece.records, piece.damaged_bytes, piece.start_offset) == (0, torn, 50)
     said = run("check", str(data), code=7)
-    assert f"set aside: {piece.path}: offsets 50 to ?, 0 records in intact batches ({torn} bytes" in said.stdout
+    assert f"set aside: {piece.path}: from offset 50, no intact batch ({torn} bytes, all damaged)" in said.stdout
 
 
 def test_no_space_to_set_aside_cuts_nothing_and_says_so(tmp_path: Path, small_tmpfs: Path) -> None:
