@@ -178,7 +178,6 @@ class SetAside:
     def __init__(self, partition_dir: Path, now_ms: int) -> None:
         self.partition_dir = partition_dir
         self.log_dir = partition_dir.parent
-        self.root = place_for(self.log_dir)
         self.now_ms = now_ms
         self.pieces: list[SetAsidePiece] = []
         self._place: Path | None = None
@@ -190,15 +189,21 @@ class SetAside:
             self._place = self._make_place()
         return self._place
 
+    @property
+    def root(self) -> Path:
+        """The log dir's place (resolved when first needed: most loads set nothing aside)."""
+        return place_for(self.log_dir)
+
     def _make_place(self) -> Path:
         what = f"what recovery removes from {self.partition_dir}"
+        root = self.root
         try:
             owner = os.stat(self.log_dir)
-            made = _make_dir(self.root, owner)
-            _check_ours(self.root, owner, what)
+            made = _make_dir(root, owner)
+            _check_ours(root, owner, what)
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.now_ms // 1000)) + f".{self.now_ms % 1000:03d}Z"
             for attempt in range(1000):
-                run = self.root / (stamp if attempt == 0 else f"{stamp}.{attempt}")
+                run = root / (stamp if attempt == 0 else f"{stamp}.{attempt}")
                 made = _make_dir(run, owner) or made
                 _check_ours(run, owner, what)
                 place = run / self.partition_dir.name
@@ -209,12 +214,12 @@ class SetAside:
                 _own(place, owner)
                 fsync_dir(run)
                 if made:
-                    fsync_dir(self.root)
-                    fsync_dir(self.root.parent)
+                    fsync_dir(root)
+                    fsync_dir(root.parent)
                 return place
-            raise SetAsideError(self.root, what, "no free name for this run")
+            raise SetAsideError(root, what, "no free name for this run")
         except OSError as error:
-            raise SetAsideError(self.root, what, error.strerror or str(error)) from None
+            raise SetAsideError(root, what, error.strerror or str(error)) from None
 
     def keep_tail(self, source: Path, handle: int, position: int, size: int, next_offset: int) -> SetAsidePiece:
         """Copy bytes `position`..`size` of the open segment `source` (descriptor `handle`) into the
