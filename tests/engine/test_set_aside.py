@@ -221,3 +221,17 @@ def test_a_cut_made_when_a_damaged_index_is_first_used_is_set_aside(log_dir: Pat
     assert (log_dir / "t-0" / first).read_bytes() == before[first]
     [run] = check_log_dirs([log_dir]).set_aside
     assert run.pieces == [piece]
+
+
+def test_a_link_where_the_place_belongs_is_not_followed(log_dir: Path, tmp_path: Path) -> None:
+    fill(log_dir, 2)
+    segment = log_dir / "t-0" / "00000000000000000000.log"
+    with open(segment, "ab") as handle:
+        handle.write(b"\x01" * 20)
+    content = segment.read_bytes()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    place_for(log_dir).symlink_to(elsewhere)
+    with pytest.raises(SetAsideError, match=r"not a directory \(a link or a file is there\); nothing was cut"):
+        repair(log_dir)
+    assert segment.read_bytes() == content and list(elsewhere.iterdir()) == []
