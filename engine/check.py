@@ -10,7 +10,12 @@ gives (engine.transaction_index.reconcile: an entry for every aborted transactio
 the segment holds, entries the log no longer shows only where retention or compaction can
 explain them); a segment without one must be one the log gives no entry for.
 Per log dir: checkpoints parse and
-agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`).
+agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`). What
+recovery or a repair set aside beside it (engine.set_aside) is reported apart from the problems:
+the log dir is valid, but records were taken out of it, until an operator removes the place.
+
+`plan_repair` says, without changing anything, what `check --repair` would cut and set aside: the
+same scan recovery makes (LogSegment.recovery_cut), every segment from the first.
 
 A log dir in use by another process (its `.lock` held) is checked as a reader sees it: the last
 segment of each partition may end in a batch being written and may have preallocated indexes,
@@ -39,9 +44,17 @@ from seglogfs.engine.checkpoint import (
 )
 from seglogfs.engine.errors import CorruptIndexError
 from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
-from seglogfs.engine.naming import DELETED_SUFFIX, LOG_SUFFIX, parse_segment_file_name, partition_dirs
+from seglogfs.engine.naming import (
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    parse_segment_file_name,
+    partition_dirs,
+)
 from seglogfs.engine.records import BatchHeader, check_batch, decode_records
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
 from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 
@@ -64,9 +77,12 @@ class CheckReport:
     bytes: int = 0
     in_use_by: dict[Path, int | None] = field(default_factory=dict)
     missing_indexes: list[Path] = field(default_factory=list)
+    set_aside: list[SetAsideRun] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
+        """No problems: the log dirs are as Kafka would leave them (something may still be set
+        aside beside them: `set_aside`)."""
         return not self.problems
 
 
@@ -99,7 +115,104 @@ def check_log_dirs(log_dirs: list[Path], progress: Callable[[int], None] | None 
         if in_use:
             report.in_use_by[log_dir] = pid
         _check_log_dir(log_dir, in_use, report, progress)
+        report.set_aside.extend(find_set_aside(log_dir))
     return report
+
+
+@dataclass(frozen=True)
+class PlannedRepair:
+    """What a repair would cut from one partition: the pieces it would set aside (their `place`
+    the log dir's set-aside place; the run's directory is named when the repair runs)."""
+
+    partition_dir: Path
+    pieces: list[SetAsidePiece]
+
+    @property
+    def records(self) -> int:
+        return sum(piece.records for piece in self.pieces)
+
+
+def plan_repair(log_dirs: list[Path]) -> list[PlannedRepair]:
+    """What `check --repair` would cut and set aside, read without changing anything: the scans
+    recovery makes (engine.loader with the recovery point at 0). First each segment missing an
+    index file loses its invalid tail (the loader's step 3, which removes nothing after it, as
+    Kafka's LogLoader recovers such a segment on its own); then, in order, the first segment with
+    an invalid batch loses its tail and the segments after it go whole."""
+    plans = []
+    for log_dir in log_dirs:
+        if not log_dir.is_dir():
+            continue
+        for name, _topic, _partition in partition_dirs(log_dir):
+            directory = log_dir / name
+            kinds: dict[int, set[str]] = {}
+            for entry in os.listdir(directory):
+                parsed = parse_segment_file_name(entry)
+                if parsed is not None and not parsed[2]:
+                    kinds.setdefault(parsed[0], set()).add(parsed[1])
+            bases = sorted(base for base, found in kinds.items() if LOG_SUFFIX in found)
+            indexed = {base for base in bases if {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds[base]}
+            pieces = _planned_pieces(directory, bases, indexed, place_for(log_dir) / name)
+            if pieces:
+                plans.append(PlannedRepair(directory, pieces))
+    return plans
+
+
+def _planned_pieces(directory: Path, bases: list[int], indexed: set[int], place: Path) -> list[SetAsidePiece]:
+    segments = [
+        LogSegment(
+            directory, base, index_interval_bytes=4096, max_index_bytes=10 * 1024 * 1024, writable=False, created_ms=0
+        )
+        for base in bases
+    ]
+    try:
+        pieces: list[SetAsidePiece] = []
+        sizes = {segment.base_offset: segment.size for segment in segments}
+
+        def tail(segment: LogSegment) -> bool:
+            position, start = segment.recovery_cut()
+            if position >= sizes[segment.base_offset]:
+                return False
+            name = f"{start:020d}{LOG_SUFFIX}"
+            if start != segment.base_offset and start in sizes:
+                name = f"tail/{name}"  # (a later segment of that name goes whole)
+            pieces.append(_planned(place, segment, position, start, name, sizes[segment.base_offset], whole=False))
+            sizes[segment.base_offset] = position
+            return True
+
+        for segment in segments:
+            if segment.base_offset not in indexed:
+                tail(segment)
+        for slot, segment in enumerate(segments):
+            if tail(segment):
+                for later in segments[slot + 1 :]:
+                    name = later.log_path.name
+                    size = sizes[later.base_offset]
+                    pieces.append(_planned(place, later, 0, later.base_offset, name, size, whole=True))
+                break
+        return pieces
+    finally:
+        for segment in segments:
+            segment.close_handlers()
+
+
+def _planned(  # noqa: PLR0917 (a piece's fields)
+    place: Path, segment: LogSegment, position: int, start: int, name: str, end: int, *, whole: bool
+) -> SetAsidePiece:
+    count = count_batches(segment, position, end)
+    size = end - position
+    return SetAsidePiece(
+        place,
+        segment.log_path.name,
+        position,
+        start,
+        name,
+        size,
+        count.records,
+        count.first_offset,
+        count.last_offset,
+        size - count.valid_bytes,
+        whole_segment=whole,
+    )
 
 
 def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: Callable[[int], None] | None) -> None:

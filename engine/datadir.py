@@ -117,6 +117,7 @@ from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC,
 from seglogfs.engine.naming import partition_dir_name, partition_dirs, validate_topic
 from seglogfs.engine.retention import RetentionDecision
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.set_aside import SetAsideError
 
 logger = logging.getLogger(__name__)
 
@@ -403,7 +404,7 @@ class DataDir:
                     log_start_offset=log_start_offset,
                     now_ms=now_ms,
                 )
-            except (UnsupportedFormatError, CorruptIndexError, CorruptRecordError, OSError) as error:
+            except (UnsupportedFormatError, CorruptIndexError, CorruptRecordError, SetAsideError, OSError) as error:
                 if not self._serve_the_rest:
                     raise
                 logger.error("%s; %s-%d is offline (EIO), the others are served", error, topic, partition)

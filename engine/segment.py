@@ -95,6 +95,9 @@ from seglogfs.engine.records import (
 from seglogfs.engine.transaction_index import TransactionIndex
 
 T = TypeVar("T")
+# Given what recovery is about to cut: (the .log's path, its descriptor, the cut position, the
+# size, the offset the log ends at after the cut). See engine.set_aside.
+KeepTail = Callable[[Path, int, int, int, int], object]
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
 # iter_headers: after two batches of at most _SMALL_BATCH_BYTES in a row it reads a window of
@@ -1001,18 +1004,51 @@ class LogSegment:
             with self._index_lock:  # see max_timestamp_so_far
                 self._max_timestamp_so_far = max_so_far
 
-    def _rebuild_indexes(self, *, truncate: bool) -> int:
+    def _rebuild_indexes(self, *, truncate: bool, keep: KeepTail | None = None) -> int:
         """Re-read every batch, check it and rebuild both indexes; with `truncate`, cut the log
-        at the first invalid batch. Returns the number of invalid bytes found at the end.
-        Holds the index lock and a lease throughout."""
+        at the first invalid batch, after `keep` (if given) has kept what is cut. Returns the
+        number of invalid bytes found at the end. Holds the index lock and a lease throughout."""
         with self._index_lock:
             handle = self._lease()
             try:
-                return self._rebuild_indexes_leased(handle, truncate=truncate)
+                return self._rebuild_indexes_leased(handle, truncate=truncate, keep=keep)
             finally:
                 self._unlease()
 
-    def _rebuild_indexes_leased(self, handle: int, *, truncate: bool) -> int:
+    def _intact_batches(
+        self, batches: Iterator[tuple[BatchHeader, memoryview]]
+    ) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """The batches recovery keeps, in order, up to the first it cuts at: one not where the
+        previous ended, failing its checks, or whose offsets go backwards or do not fit the
+        segment (Kafka's LogSegment.recover and its offset checks)."""
+        valid_bytes = 0
+        previous_last_offset = self.base_offset - 1
+        for header, batch in batches:
+            if header.position != valid_bytes:
+                return
+            if check_batch(header, batch) is not None:
+                return
+            if header.base_offset <= previous_last_offset or not self.can_convert_to_relative_offset(
+                header.last_offset
+            ):
+                return
+            yield header, batch
+            valid_bytes = header.next_position
+            previous_last_offset = header.last_offset
+
+    def recovery_cut(self) -> tuple[int, int]:
+        """Where recovery would cut this segment, read without changing anything: (the bytes it
+        keeps, the offset after them). Equal to the size when nothing would be cut."""
+        valid_bytes, next_offset = 0, self.base_offset
+        batches = self.iter_batches(0)
+        try:
+            for header, _batch in self._intact_batches(batches):
+                valid_bytes, next_offset = header.next_position, header.last_offset + 1
+        finally:
+            batches.close()
+        return valid_bytes, next_offset
+
+    def _rebuild_indexes_leased(self, handle: int, *, truncate: bool, keep: KeepTail | None) -> int:
         offset_index, time_index = self.offset_index_unchecked, self.time_index_unchecked
         offset_index.truncate()
         time_index.truncate()
@@ -1022,15 +1058,7 @@ class LogSegment:
         previous_last_offset = self.base_offset - 1
         transactional = False
         batches = self._iter_mapped_batches() if self.writable else self.iter_batches(0)
-        for header, batch in batches:
-            if header.position != valid_bytes:
-                break
-            if check_batch(header, batch) is not None:
-                break
-            if header.base_offset <= previous_last_offset or not self.can_convert_to_relative_offset(
-                header.last_offset
-            ):
-                break
+        for header, batch in self._intact_batches(batches):
             if header.max_timestamp > max_so_far.timestamp:
                 max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
             if valid_bytes - last_index_entry > self.index_interval_bytes:
@@ -1054,6 +1082,9 @@ class LogSegment:
             # or release fsyncs it (and so does the loader's release).
             self._log_dirty = True
         if truncate and truncated > 0:
+            if keep is not None:
+                # What is cut is kept first (engine.set_aside): a failure there cuts nothing.
+                keep(self.log_path, handle, valid_bytes, self._size, previous_last_offset + 1)
             self._verified_to = min(self._verified_to, valid_bytes)
             os.ftruncate(handle, valid_bytes)
         elif truncate:
@@ -1093,11 +1124,17 @@ class LogSegment:
             )
         return self._time_index
 
-    def recover(self) -> int:
+    # What keeps the bytes of a cut no caller gave a `keep` for (a damaged index found on first
+    # use recovers the segment): the loader sets it on the segments it opens writable.
+    keep_cut: KeepTail | None = None
+
+    def recover(self, keep: KeepTail | None = None) -> int:
         """Validate every batch, rebuild both indexes from the log and truncate the log at the
         first invalid batch (bad CRC, length, magic, or offsets that go backwards or overflow).
-        Returns the number of bytes truncated. Writable segments only."""
-        return self._rebuild_indexes(truncate=True)
+        Before the cut, `keep(log_path, descriptor, position, size, next_offset)` (default
+        `keep_cut`) is given the bytes to be cut (engine.set_aside keeps them); an error it
+        raises cuts nothing. Returns the number of bytes truncated. Writable segments only."""
+        return self._rebuild_indexes(truncate=True, keep=keep or self.keep_cut)
 
     def truncate_to(self, offset: int, now_ms: int) -> int:
         """Remove every batch from the one holding `offset` on, and every index entry at or above
