@@ -329,7 +329,7 @@ def _check_time_index(
 def _check_transaction_index(segment: LogSegment, markers: list[AbortMarker], report: CheckReport) -> None:
     path = segment.transaction_index_path
     try:
-        written = segment.transaction_index.entries()
+        written = segment.transaction_index.entries(max_entries=len(markers))
     except CorruptIndexError as error:
         report.problems.append(Problem(path, error.reason))
         return

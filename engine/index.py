@@ -63,7 +63,7 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -493,16 +493,17 @@ class _EntryIndex:
             if self.path is not None:
                 self.path = path
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         # An index reopened for a reader after its segment let it go (`_reopen_if_closed_locked`)
         # belongs to no segment: its file goes with the reader's last reference.
-        # (No module globals here: they may be gone when this runs at interpreter exit.)
+        # (No module globals here: they may be gone when this runs at interpreter exit; `os.close`
+        # is bound as a default.)
         fd, memory = getattr(self, "_fd", None), getattr(self, "_memory", None)
         if memory is not None:
             memory.close()
         if fd is not None:
             try:  # noqa: SIM105 - contextlib may be gone
-                os.close(fd)
+                _close(fd)
             except OSError:
                 pass
 
