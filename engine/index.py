@@ -42,7 +42,7 @@ LogLoader: a writable segment is recovered, its indexes rebuilt from the log; a 
 builds them in memory and leaves the file alone).
 
 Look-ups are binary searches in two steps: over the first key of each block of
-`BLOCK_ENTRIES` entries (the fences, kept in memory, a 512th of the index), then within the one
+`BLOCK_ENTRIES` entries (the fences, kept in memory, a 128th of the index), then within the one
 block read. An index holds no more than its fences and its last entry in memory, whatever its
 size; an index with no file (`path=None`: what a read-only reader builds for a segment whose
 index file is missing or damaged) keeps its entries in anonymous memory, sized by its log.
@@ -83,11 +83,15 @@ NO_TIMESTAMP = -1
 _INT32_MAX = 2**31 - 1
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
-# Entries per block of a look-up: one read of 4 KiB (offset index) or 6 KiB (time index), and a
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+# A searched field: where it lies in an entry, and how it is read.
+_FieldAt = dict[str, tuple[int, Callable[[bytes, int], tuple[int, ...]]]]
+# Entries per block of a look-up: one read of 1 KiB (offset index) or 1.5 KiB (time index), and a
 # fence each in memory.
-BLOCK_ENTRIES = 512
+BLOCK_ENTRIES = 128
 # Entries read at a time by a scan (a whole number of blocks): 512 KiB or 768 KiB.
-_SCAN_ENTRIES = 128 * BLOCK_ENTRIES
+_SCAN_ENTRIES = 512 * BLOCK_ENTRIES
 # Bytes of zeros written at a time where entries are cut.
 _ZEROS = bytes(1 << 20)
 
@@ -174,6 +178,9 @@ class _EntryIndex:
     KEY_FIELD: ClassVar[str]
     # The fields searched: the key, and the relative offset a cut searches (the same for `.index`).
     FENCE_FIELDS: ClassVar[tuple[str, ...]]
+    # Where each searched field lies in an entry, and how it is read.
+    FIELD_AT: ClassVar[_FieldAt]
+    ENTRY: ClassVar[struct.Struct]
 
     def __init__(self, path: Path | None, base_offset: int, max_index_bytes: int, *, writable: bool) -> None:
         """Open (or, when writable, create) the index at `path`; nothing is read.
@@ -311,30 +318,46 @@ class _EntryIndex:
                 self._entries = 0
             self._scan_locked(check=False, log_size_bytes=None)
 
-    def _slot_locked(self, field: str, key: np.integer, side: str) -> tuple[int, npt.NDArray[np.void], int]:
+    def _slot_locked(self, field: str, key: np.integer, right: bool) -> tuple[int, bytes, int]:
         """(n, block, first): n is the number of entries whose `field` (one of FENCE_FIELDS,
-        never decreasing) is below `key` (side "left") or at or below it ("right"); block holds
-        the entries of the block searched, from entry `first`. One read of a block at most."""
+        never decreasing) is below `key` (or at or below it, `right`); block holds the entries
+        (as stored) of the block searched, from entry `first`. A search of the fences, one read
+        of a block and a binary search in it."""
         self._ensure_scanned_locked()
         count = self._entries
         if count == 0:
-            return 0, np.empty(0, dtype=self.DTYPE), 0
+            return 0, b"", 0
+        side = "right" if right else "left"
         fences = self._fences[field][: (count + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES]
-        block = int(np.searchsorted(fences, key, side=side)) - 1  # type: ignore[call-overload]
+        block = int(fences.searchsorted(key, side)) - 1  # type: ignore[call-overload]
         if block < 0:
-            return 0, np.empty(0, dtype=self.DTYPE), 0
+            return 0, b"", 0
         first = block * BLOCK_ENTRIES
-        entries = self._read_locked(first, min(count, first + BLOCK_ENTRIES))
-        found = int(np.searchsorted(_native(entries[field]), key, side=side))  # type: ignore[call-overload]
-        return first + found, entries, first
+        entry_bytes = self._entry_bytes
+        stop = min(count, first + BLOCK_ENTRIES)
+        if self._memory is not None:
+            data: bytes = self._memory[first * entry_bytes : stop * entry_bytes]
+        else:
+            assert self._fd is not None
+            data = os.pread(self._fd, (stop - first) * entry_bytes, first * entry_bytes)
+        at, unpack = self.FIELD_AT[field]
+        lo, hi, target = 0, len(data) // entry_bytes, int(key)
+        while lo < hi:
+            middle = (lo + hi) // 2
+            value = unpack(data, middle * entry_bytes + at)[0]
+            if value < target or (right and value == target):
+                lo = middle + 1
+            else:
+                hi = middle
+        return first + lo, data, first
 
     def _floor_locked(self, key: np.integer) -> tuple[int, int] | None:
         """The last entry whose key is at or below `key`, or None."""
-        n, block, first = self._slot_locked(self.KEY_FIELD, key, "right")
+        n, block, first = self._slot_locked(self.KEY_FIELD, key, right=True)
         if n == 0:
             return None
-        a, b = block[n - 1 - first].item()
-        return int(a), int(b)
+        a, b = self.ENTRY.unpack_from(block, (n - 1 - first) * self._entry_bytes)
+        return a, b
 
     def _reopen_if_closed_locked(self) -> None:
         """A reader may still hold an index its segment closed (a roll closes sealed indexes):
@@ -538,7 +561,7 @@ class _EntryIndex:
             relative = offset - self.base_offset
             if relative > _INT32_MAX:
                 return  # every entry is below an offset past the relative range
-            keep, _, _ = self._slot_locked("relative_offset", np.int32(max(relative, -1)), "left")
+            keep, _, _ = self._slot_locked("relative_offset", np.int32(max(relative, -1)), right=False)
             self._truncate_entries_locked(keep)
 
     def truncate(self) -> None:
@@ -571,6 +594,8 @@ class OffsetIndex(_EntryIndex):
     DTYPE = OFFSET_INDEX_DTYPE
     KEY_FIELD = "relative_offset"
     FENCE_FIELDS = ("relative_offset",)
+    FIELD_AT: ClassVar[_FieldAt] = {"relative_offset": (0, _INT32.unpack_from)}
+    ENTRY = _OFFSET_ENTRY
 
     @property
     def is_full(self) -> bool:
@@ -665,6 +690,8 @@ class TimeIndex(_EntryIndex):
     DTYPE = TIME_INDEX_DTYPE
     KEY_FIELD = "timestamp"
     FENCE_FIELDS = ("timestamp", "relative_offset")
+    FIELD_AT: ClassVar[_FieldAt] = {"timestamp": (0, _INT64.unpack_from), "relative_offset": (8, _INT32.unpack_from)}
+    ENTRY = _TIME_ENTRY
 
     @property
     def is_full(self) -> bool:
