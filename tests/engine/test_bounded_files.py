@@ -6,7 +6,9 @@ LogLoader does after a failed sanity check; a read-only one leaves the file as i
 
 from __future__ import annotations
 
+import bisect
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -20,7 +22,7 @@ import pytest
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.errors import CorruptIndexError
-from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
+from seglogfs.engine.index import BLOCK_ENTRIES, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
 from seglogfs.engine.segment import LogSegment
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, REPO, broker_config
@@ -287,3 +289,44 @@ def test_dump_refuses_a_sparse_terabyte_snapshot_or_txnindex_at_once(
     within_bounds(result)
     assert said in result.stdout + result.stderr
     assert result.returncode == 1, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("writable", [True, False], ids=["writable", "read-only"])
+def test_look_ups_and_cuts_across_many_blocks_match_a_bisect_model(tmp_path: Path, writable: bool) -> None:
+    # Look-ups read one block of entries after a search of the blocks' first keys: entries
+    # across many blocks, targets at and around every block boundary.
+    rng = random.Random(28)
+    count = 40 * BLOCK_ENTRIES + 7
+    offsets = sorted(rng.sample(range(1, 50 * count), count))
+    positions = [100 * n for n in range(1, count + 1)]
+    timestamps = sorted(rng.sample(range(NOW_MS, NOW_MS + 50 * count), count))
+    offset_index = OffsetIndex(tmp_path / "0.index", 0, count * 8, writable=True)
+    time_index = TimeIndex(tmp_path / "0.timeindex", 0, (count + 1) * 12, writable=True)
+    for offset, position, timestamp in zip(offsets, positions, timestamps, strict=True):
+        offset_index.append(offset, position)
+        time_index.maybe_append(timestamp, offset)
+    if not writable:
+        offset_index.close()
+        time_index.close()
+        offset_index = OffsetIndex(tmp_path / "0.index", 0, count * 8, writable=False)
+        time_index = TimeIndex(tmp_path / "0.timeindex", 0, (count + 1) * 12, writable=False)
+        offset_index.sanity_check(100 * (count + 1))
+        time_index.sanity_check(100 * (count + 1))
+    near = [offsets[n] + d for n in range(0, count, BLOCK_ENTRIES // 2) for d in (-1, 0, 1)]
+    for target in near + [rng.randrange(-5, 50 * count + 5) for _ in range(2000)]:
+        slot = bisect.bisect_right(offsets, target) - 1
+        found = offset_index.lookup(target)
+        assert (found.offset, found.position) == ((offsets[slot], positions[slot]) if slot >= 0 else (0, 0))
+        moment = NOW_MS + target
+        slot = bisect.bisect_right(timestamps, moment) - 1
+        at = time_index.lookup(moment)
+        assert (at.timestamp, at.offset) == ((timestamps[slot], offsets[slot]) if slot >= 0 else (-1, 0))
+    if writable:
+        for cut in [*sorted(rng.sample(offsets, 5), reverse=True), offsets[0] - 1]:
+            offset_index.truncate_to(cut)
+            time_index.truncate_to(cut)
+            kept = bisect.bisect_left(offsets, cut)
+            assert offset_index.entries == time_index.entries == kept
+            assert offset_index.last_entry().offset == (offsets[kept - 1] if kept else 0)
+    offset_index.close()
+    time_index.close()
