@@ -25,10 +25,10 @@ segment can be, and no look-up reads more than one block of entries. `sanity_che
 this order and before reading anything past what it needs:
 
 * a length that is not a multiple of the entry size (Kafka's check);
-* a length above `max_index_bytes` (`segment.index.bytes`, Kafka's `index.size.max.bytes`) plus
-  the entries the segment's log can hold (one per message set, each at least
-  `MIN_ENTRY_BYTES`): a preallocated index is never longer, nor is one that recovery grew past
-  its maximum for a log written with a larger one;
+* a length above `max_index_bytes` (`segment.index.bytes`, the broker's
+  `log.index.size.max.bytes`) plus the entries the segment's log can hold (one per message set,
+  each at least `MIN_ENTRY_BYTES`): a preallocated index is never longer, nor is one that
+  recovery grew past its maximum for a log written with a larger one;
 * entries out of order, or a relative offset below zero (Kafka's last offset below the base
   offset), or a position at or past the end of the log.
 
