@@ -43,7 +43,14 @@ from seglogfs.engine.checkpoint import (
     read_offset_checkpoint,
 )
 from seglogfs.engine.errors import CorruptIndexError
-from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
+from seglogfs.engine.files import open_regular
+from seglogfs.engine.index import (
+    OFFSET_INDEX_DTYPE,
+    TIME_INDEX_DTYPE,
+    entries_in_use,
+    max_index_file_bytes,
+    read_index_prefix,
+)
 from seglogfs.engine.naming import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -341,22 +348,33 @@ def _check_segment(
     return next_offset if batches else previous_end
 
 
-def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckReport) -> np.ndarray | None:
+def _entries(
+    segment: LogSegment, path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckReport
+) -> np.ndarray | None:
+    """The index file's entries as far as a check needs them: up to the first zero slot
+    (`read_index_prefix`), never more than an index of the segment can hold, so that neither
+    a file's length nor its holes cost memory or time."""
     try:
-        raw = path.read_bytes()
+        fd = open_regular(path)
     except FileNotFoundError:
         # Not damage: Kafka and seglogfs rebuild a missing index from the log on open.
         report.missing_indexes.append(path)
         return None
-    if len(raw) % dtype.itemsize:
-        if preallocated_ok:
-            raw = raw[: len(raw) - len(raw) % dtype.itemsize]
-        else:
+    try:
+        length = os.fstat(fd).st_size
+        if length % dtype.itemsize and not preallocated_ok:
+            whole = f"{length} bytes is not a whole number of {dtype.itemsize}-byte entries"
+            report.problems.append(Problem(path, whole))
+            return None
+        bound = max_index_file_bytes(segment.max_index_bytes, segment.size, dtype.itemsize)
+        if length > bound and not preallocated_ok:
             report.problems.append(
-                Problem(path, f"{len(raw)} bytes is not a whole number of {dtype.itemsize}-byte entries")
+                Problem(path, f"{length} bytes is more than an index of its segment can hold ({bound} bytes)")
             )
             return None
-    entries = np.frombuffer(raw, dtype=dtype)
+        entries = read_index_prefix(fd, dtype, length)
+    finally:
+        os.close(fd)
     # A live or crashed active segment's index is preallocated: zero slots follow the entries.
     return entries_in_use(entries) if preallocated_ok else entries
 
@@ -365,7 +383,7 @@ def _check_offset_index(
     segment: LogSegment, batches: list[BatchHeader], preallocated_ok: bool, report: CheckReport
 ) -> None:
     path = segment.offset_index_path
-    entries = _entries(path, OFFSET_INDEX_DTYPE, preallocated_ok, report)
+    entries = _entries(segment, path, OFFSET_INDEX_DTYPE, preallocated_ok, report)
     if entries is None or len(entries) == 0:
         return
     by_position = {header.position: header for header in batches}
@@ -393,7 +411,7 @@ def _check_time_index(
     segment: LogSegment, batches: list[BatchHeader], preallocated_ok: bool, report: CheckReport
 ) -> None:
     path = segment.time_index_path
-    entries = _entries(path, TIME_INDEX_DTYPE, preallocated_ok, report)
+    entries = _entries(segment, path, TIME_INDEX_DTYPE, preallocated_ok, report)
     if entries is None or len(entries) == 0:
         return
     last_offsets = np.array([h.last_offset for h in batches], dtype=np.int64)
@@ -424,7 +442,7 @@ def _check_time_index(
 def _check_transaction_index(segment: LogSegment, markers: list[AbortMarker], report: CheckReport) -> None:
     path = segment.transaction_index_path
     try:
-        written = segment.transaction_index.entries()
+        written = segment.transaction_index.entries(max_entries=len(markers))
     except CorruptIndexError as error:
         report.problems.append(Problem(path, error.reason))
         return

@@ -342,7 +342,7 @@ def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogS
             segment.release_handles()  # thousands of segments may be read
             continue
         try:
-            written = segment.transaction_index.entries()
+            written = segment.transaction_index.entries(max_entries=len(markers))
         except CorruptIndexError as error:
             log.info("%s; rebuilding it from the log", error)
             written = []

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import queue
@@ -93,6 +94,8 @@ from seglogfs.engine.records import (
     offset_of_max_timestamp,
 )
 from seglogfs.engine.transaction_index import TransactionIndex
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Given what recovery is about to cut: (the .log's path, its descriptor, the cut position, the
@@ -362,28 +365,48 @@ class LogSegment:
         return self._file_id is not None and (stat.st_dev, stat.st_ino) != self._file_id
 
     def _open_indexes(self) -> None:
+        """Open both index files and hold them against the log (`sanity_check`: their length,
+        their order, their positions), as Kafka's LogLoader does. A file that fails is rebuilt
+        from the log on a writable segment (Kafka: "Found a corrupted index file ... rebuilding
+        index files"); a read-only segment leaves it as it is and builds its indexes in memory
+        from the log instead, one scan of the segment. Either way with a warning naming the
+        file. A missing file is not damage: rebuilt (writable) or built in memory, silently. A
+        link or anything but a regular file where an index belongs is UnsafeFileError."""
         offset_path, time_path = self.offset_index_path, self.time_index_path
-        usable = self.writable or (offset_path.exists() and time_path.exists())
+        usable = self.writable or (os.path.lexists(offset_path) and os.path.lexists(time_path))
         if usable:
+            damage = None
             try:
                 offset_index = OffsetIndex(offset_path, self.base_offset, self.max_index_bytes, writable=self.writable)
+                self._offset_index = offset_index
                 time_index = TimeIndex(time_path, self.base_offset, self.max_index_bytes, writable=self.writable)
-                self._offset_index, self._time_index = offset_index, time_index
+                self._time_index = time_index
                 offset_index.sanity_check(self._size)
-                time_index.sanity_check()
+                time_index.sanity_check(self._size)
                 if self._active:
                     offset_index.resize(self.max_index_bytes)
                     time_index.resize(self.max_index_bytes)
                 return
-            except (CorruptIndexError, OSError) as error:
-                if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+            except CorruptIndexError as error:
+                damage = str(error)
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE):
                     self._close_indexes()
                     raise  # no damage: too many open files (`opening` sheds some and retries)
-                # handled below, once the error (and what its traceback holds) is gone
+                if not isinstance(error, FileNotFoundError):
+                    damage = f"{error.filename or offset_path}: {error.strerror or error}"
+            except BaseException:
+                self._close_indexes()  # (a link where an index belongs: refused, nothing kept open)
+                raise
+            # (handled here, once the error and what its traceback holds are gone)
             if self.writable:
+                if damage is not None:
+                    log.warning("%s; rebuilding the segment's indexes from the log", damage)
                 self.recover()
                 return
             self._close_indexes()
+            if damage is not None:
+                log.warning("%s; not used: the indexes are built in memory from the log (read-only)", damage)
         # Read-only and no usable index files: build the indexes in memory from the log.
         self._offset_index = OffsetIndex(None, self.base_offset, self.max_index_bytes, writable=True)
         self._time_index = TimeIndex(None, self.base_offset, self.max_index_bytes, writable=True)
@@ -1050,8 +1073,10 @@ class LogSegment:
 
     def _rebuild_indexes_leased(self, handle: int, *, truncate: bool, keep: KeepTail | None) -> int:
         offset_index, time_index = self.offset_index_unchecked, self.time_index_unchecked
-        offset_index.truncate()
-        time_index.truncate()
+        # Emptied without reading what the files held (they may be anything: recovery is what
+        # follows a failed sanity check).
+        offset_index.reset()
+        time_index.reset()
         max_so_far = TimestampOffset(NO_TIMESTAMP, self.base_offset)
         valid_bytes = 0
         last_index_entry = 0
