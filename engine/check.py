@@ -25,6 +25,7 @@ so neither is reported there.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import struct
 from collections.abc import Callable
@@ -171,6 +172,8 @@ def _planned_pieces(directory: Path, bases: list[int], indexed: set[int], place:
         )
         for base in bases
     ]
+    for segment, later in itertools.pairwise(segments):
+        segment.next_base_offset = later.base_offset  # as the loader sets it
     try:
         pieces: list[SetAsidePiece] = []
         sizes = {segment.base_offset: segment.size for segment in segments}

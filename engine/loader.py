@@ -181,6 +181,8 @@ def load_partition(
     recovered: list[LogSegment] = []  # what recovery re-read: their `.txnindex` is rebuilt
     truncated = 0
     set_aside = SetAside(directory, now_ms)
+    bases = [base for base, kinds in sorted(files.items()) if LOG_SUFFIX in kinds]
+    next_bases: dict[int, int | None] = dict(zip(bases, [*bases[1:], None], strict=False))
     for base, kinds in sorted(files.items()):
         if LOG_SUFFIX not in kinds:
             if writable:  # index files whose log is gone
@@ -188,6 +190,7 @@ def load_partition(
                     (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
             continue
         segment = segment_for(directory, base, config, writable=writable, now_ms=now_ms)
+        segment.next_base_offset = next_bases[base]
         if writable:
             segment.keep_cut = set_aside.keep_later
         if writable and not {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds:

@@ -1043,7 +1043,9 @@ class LogSegment:
     ) -> Iterator[tuple[BatchHeader, memoryview]]:
         """The batches recovery keeps, in order, up to the first it cuts at: one not where the
         previous ended, failing its checks, or whose offsets go backwards or do not fit the
-        segment (Kafka's LogSegment.recover and its offset checks)."""
+        segment (Kafka's LogSegment.recover and its offset checks), or that reach the next
+        segment's base offset (`next_base_offset`, where the loader knows it: a flipped bit in a
+        base offset, which no CRC covers, would otherwise leave a log whose offsets go back)."""
         valid_bytes = 0
         previous_last_offset = self.base_offset - 1
         for header, batch in batches:
@@ -1051,8 +1053,10 @@ class LogSegment:
                 return
             if check_batch(header, batch) is not None:
                 return
-            if header.base_offset <= previous_last_offset or not self.can_convert_to_relative_offset(
-                header.last_offset
+            if (
+                header.base_offset <= previous_last_offset
+                or not self.can_convert_to_relative_offset(header.last_offset)
+                or (self.next_base_offset is not None and header.last_offset >= self.next_base_offset)
             ):
                 return
             yield header, batch
@@ -1152,6 +1156,9 @@ class LogSegment:
     # What keeps the bytes of a cut no caller gave a `keep` for (a damaged index found on first
     # use recovers the segment): the loader sets it on the segments it opens writable.
     keep_cut: KeepTail | None = None
+    # The base offset of the segment after this one, where the loader or a repair's plan knows
+    # it: recovery keeps no batch whose offsets reach it (see `_intact_batches`).
+    next_base_offset: int | None = None
 
     def recover(self, keep: KeepTail | None = None) -> int:
         """Validate every batch, rebuild both indexes from the log and truncate the log at the

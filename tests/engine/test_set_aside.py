@@ -202,7 +202,10 @@ def test_partition_log_open_reports_pieces(log_dir: Path) -> None:
         log.close()
 
 
-@pytest.mark.expect_warnings(r"cut 20 bytes after the last valid batch at position \d+ \(its index was damaged\)")
+@pytest.mark.expect_warnings(
+    r"cut 20 bytes after the last valid batch at position \d+ \(its index was damaged\)",
+    r"00000000000000000000\.index: corrupt index: 5 bytes is not a multiple of 8; rebuilding",
+)
 def test_a_cut_made_when_a_damaged_index_is_first_used_is_set_aside(log_dir: Path) -> None:
     """After a clean stop nothing is scanned; a segment whose index fails its sanity check on
     first use is recovered then, and what that cuts is kept like any other cut."""
@@ -235,3 +238,34 @@ def test_a_link_where_the_place_belongs_is_not_followed(log_dir: Path, tmp_path:
     with pytest.raises(SetAsideError, match=r"not a directory \(a link or a file is there\); nothing was cut"):
         repair(log_dir)
     assert segment.read_bytes() == content and list(elsewhere.iterdir()) == []
+
+
+def test_a_base_offset_that_reaches_the_next_segment_is_cut_by_repair_and_its_plan(log_dir: Path) -> None:
+    """A batch's base offset lies outside its CRC: a flipped bit there can make the last batch
+    of a segment claim offsets at or past the next segment's base. Repair cuts at that batch
+    (its dry-run plan says the same), and the log left is one `check` calls clean."""
+    before = fill(log_dir, 13)
+    first = sorted(before)[0]
+    damaged = bytearray(before[first])
+    headers = list(iter_batch_starts(bytes(damaged)))
+    last = headers[-1]
+    damaged[last + 5] ^= 1  # bit 16 of the big-endian base offset: 65,536 offsets on
+    (log_dir / "t-0" / first).write_bytes(bytes(damaged))
+    assert not check_log_dirs([log_dir]).clean
+
+    planned = [piece for plan in plan_repair([log_dir]) for piece in plan.pieces]
+    pieces = repair(log_dir)
+    key = lambda piece: (piece.source, piece.position, piece.bytes, piece.records)  # noqa: E731
+    assert sorted(map(key, pieces)) == sorted(map(key, planned))
+    assert [(piece.source, piece.position) for piece in pieces if not piece.whole_segment] == [(first, last)]
+    assert (log_dir / "t-0" / first).read_bytes() == before[first][:last]
+    report = check_log_dirs([log_dir])
+    assert not report.problems
+
+
+def iter_batch_starts(log: bytes):
+    """The position of each v2 batch in `log` (8-byte base offset, 4-byte length after it)."""
+    position = 0
+    while position + 12 <= len(log):
+        yield position
+        position += 12 + int.from_bytes(log[position + 8 : position + 12], "big")
