@@ -10,7 +10,12 @@ gives (engine.transaction_index.reconcile: an entry for every aborted transactio
 the segment holds, entries the log no longer shows only where retention or compaction can
 explain them); a segment without one must be one the log gives no entry for.
 Per log dir: checkpoints parse and
-agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`).
+agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`). What
+recovery or a repair set aside beside it (engine.set_aside) is reported apart from the problems:
+the log dir is valid, but records were taken out of it, until an operator removes the place.
+
+`plan_repair` says, without changing anything, what `check --repair` would cut and set aside: the
+same scan recovery makes (LogSegment.recovery_cut), every segment from the first.
 
 A log dir in use by another process (its `.lock` held) is checked as a reader sees it: the last
 segment of each partition may end in a batch being written and may have preallocated indexes,
@@ -20,6 +25,7 @@ so neither is reported there.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import struct
 from collections.abc import Callable
@@ -43,24 +49,30 @@ from seglogfs.engine.checkpoint import (
 from seglogfs.engine.config import read_properties
 from seglogfs.engine.datadir import META_PROPERTIES
 from seglogfs.engine.errors import ConfigError, CorruptIndexError, UnsafeFileError
-from seglogfs.engine.files import describe_mode, open_regular, read_regular
-from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
+from seglogfs.engine.files import describe_mode, open_regular
+from seglogfs.engine.index import (
+    OFFSET_INDEX_DTYPE,
+    TIME_INDEX_DTYPE,
+    entries_in_use,
+    max_index_file_bytes,
+    read_index_prefix,
+)
 from seglogfs.engine.naming import (
     DELETED_SUFFIX,
+    INDEX_SUFFIX,
     LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
     linked_partition_dirs,
     parse_segment_file_name,
     partition_dirs,
 )
 from seglogfs.engine.records import BatchHeader, check_batch, decode_records
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
 from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 # The partition's own small files besides its segments (a link or a FIFO there is refused too).
 _PARTITION_FILES = frozenset({PARTITION_METADATA, LEADER_EPOCH_CHECKPOINT})
-# Larger than any index Kafka writes (segment.index.bytes is 10 MiB unless raised); a file past
-# it is not read into memory, and reported.
-_INDEX_MAX_BYTES = 1 << 30
 
 
 def _refused(what: str, belongs: str = "a regular file") -> str:
@@ -87,9 +99,12 @@ class CheckReport:
     bytes: int = 0
     in_use_by: dict[Path, int | None] = field(default_factory=dict)
     missing_indexes: list[Path] = field(default_factory=list)
+    set_aside: list[SetAsideRun] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
+        """No problems: the log dirs are as Kafka would leave them (something may still be set
+        aside beside them: `set_aside`)."""
         return not self.problems
 
 
@@ -122,7 +137,106 @@ def check_log_dirs(log_dirs: list[Path], progress: Callable[[int], None] | None 
         if in_use:
             report.in_use_by[log_dir] = pid
         _check_log_dir(log_dir, in_use, report, progress)
+        report.set_aside.extend(find_set_aside(log_dir))
     return report
+
+
+@dataclass(frozen=True)
+class PlannedRepair:
+    """What a repair would cut from one partition: the pieces it would set aside (their `place`
+    the log dir's set-aside place; the run's directory is named when the repair runs)."""
+
+    partition_dir: Path
+    pieces: list[SetAsidePiece]
+
+    @property
+    def records(self) -> int:
+        return sum(piece.records for piece in self.pieces)
+
+
+def plan_repair(log_dirs: list[Path]) -> list[PlannedRepair]:
+    """What `check --repair` would cut and set aside, read without changing anything: the scans
+    recovery makes (engine.loader with the recovery point at 0). First each segment missing an
+    index file loses its invalid tail (the loader's step 3, which removes nothing after it, as
+    Kafka's LogLoader recovers such a segment on its own); then, in order, the first segment with
+    an invalid batch loses its tail and the segments after it go whole."""
+    plans = []
+    for log_dir in log_dirs:
+        if not log_dir.is_dir():
+            continue
+        for name, _topic, _partition in partition_dirs(log_dir):
+            directory = log_dir / name
+            kinds: dict[int, set[str]] = {}
+            for entry in os.listdir(directory):
+                parsed = parse_segment_file_name(entry)
+                if parsed is not None and not parsed[2]:
+                    kinds.setdefault(parsed[0], set()).add(parsed[1])
+            bases = sorted(base for base, found in kinds.items() if LOG_SUFFIX in found)
+            indexed = {base for base in bases if {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds[base]}
+            pieces = _planned_pieces(directory, bases, indexed, place_for(log_dir) / name)
+            if pieces:
+                plans.append(PlannedRepair(directory, pieces))
+    return plans
+
+
+def _planned_pieces(directory: Path, bases: list[int], indexed: set[int], place: Path) -> list[SetAsidePiece]:
+    segments = [
+        LogSegment(
+            directory, base, index_interval_bytes=4096, max_index_bytes=10 * 1024 * 1024, writable=False, created_ms=0
+        )
+        for base in bases
+    ]
+    for segment, later in itertools.pairwise(segments):
+        segment.next_base_offset = later.base_offset  # as the loader sets it
+    try:
+        pieces: list[SetAsidePiece] = []
+        sizes = {segment.base_offset: segment.size for segment in segments}
+
+        def tail(segment: LogSegment) -> bool:
+            position, start = segment.recovery_cut()
+            if position >= sizes[segment.base_offset]:
+                return False
+            name = f"{start:020d}{LOG_SUFFIX}"
+            if start != segment.base_offset and start in sizes:
+                name = f"tail/{name}"  # (a later segment of that name goes whole)
+            pieces.append(_planned(place, segment, position, start, name, sizes[segment.base_offset], whole=False))
+            sizes[segment.base_offset] = position
+            return True
+
+        for segment in segments:
+            if segment.base_offset not in indexed:
+                tail(segment)
+        for slot, segment in enumerate(segments):
+            if tail(segment):
+                for later in segments[slot + 1 :]:
+                    name = later.log_path.name
+                    size = sizes[later.base_offset]
+                    pieces.append(_planned(place, later, 0, later.base_offset, name, size, whole=True))
+                break
+        return pieces
+    finally:
+        for segment in segments:
+            segment.close_handlers()
+
+
+def _planned(  # noqa: PLR0917 (a piece's fields)
+    place: Path, segment: LogSegment, position: int, start: int, name: str, end: int, *, whole: bool
+) -> SetAsidePiece:
+    count = count_batches(segment, position, end)
+    size = end - position
+    return SetAsidePiece(
+        place,
+        segment.log_path.name,
+        position,
+        start,
+        name,
+        size,
+        count.records,
+        count.first_offset,
+        count.last_offset,
+        size - count.valid_bytes,
+        whole_segment=whole,
+    )
 
 
 def _check_log_dir(log_dir: Path, in_use: bool, report: CheckReport, progress: Callable[[int], None] | None) -> None:
@@ -276,9 +390,14 @@ def _check_segment(
     return next_offset if batches else previous_end
 
 
-def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckReport) -> np.ndarray | None:
+def _entries(
+    segment: LogSegment, path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckReport
+) -> np.ndarray | None:
+    """The index file's entries as far as a check needs them: up to the first zero slot
+    (`read_index_prefix`), never more than an index of the segment can hold, so that neither
+    a file's length nor its holes cost memory or time."""
     try:
-        raw = read_regular(path, _INDEX_MAX_BYTES)
+        fd = open_regular(path)
     except FileNotFoundError:
         # Not damage: Kafka and seglogfs rebuild a missing index from the log on open.
         report.missing_indexes.append(path)
@@ -286,15 +405,21 @@ def _entries(path: Path, dtype: np.dtype, preallocated_ok: bool, report: CheckRe
     except UnsafeFileError as error:
         report.problems.append(Problem(path, error.what + " where an index belongs: refused"))
         return None
-    if len(raw) % dtype.itemsize:
-        if preallocated_ok:
-            raw = raw[: len(raw) - len(raw) % dtype.itemsize]
-        else:
+    try:
+        length = os.fstat(fd).st_size
+        if length % dtype.itemsize and not preallocated_ok:
+            whole = f"{length} bytes is not a whole number of {dtype.itemsize}-byte entries"
+            report.problems.append(Problem(path, whole))
+            return None
+        bound = max_index_file_bytes(segment.max_index_bytes, segment.size, dtype.itemsize)
+        if length > bound and not preallocated_ok:
             report.problems.append(
-                Problem(path, f"{len(raw)} bytes is not a whole number of {dtype.itemsize}-byte entries")
+                Problem(path, f"{length} bytes is more than an index of its segment can hold ({bound} bytes)")
             )
             return None
-    entries = np.frombuffer(raw, dtype=dtype)
+        entries = read_index_prefix(fd, dtype, length)
+    finally:
+        os.close(fd)
     # A live or crashed active segment's index is preallocated: zero slots follow the entries.
     return entries_in_use(entries) if preallocated_ok else entries
 
@@ -303,7 +428,7 @@ def _check_offset_index(
     segment: LogSegment, batches: list[BatchHeader], preallocated_ok: bool, report: CheckReport
 ) -> None:
     path = segment.offset_index_path
-    entries = _entries(path, OFFSET_INDEX_DTYPE, preallocated_ok, report)
+    entries = _entries(segment, path, OFFSET_INDEX_DTYPE, preallocated_ok, report)
     if entries is None or len(entries) == 0:
         return
     by_position = {header.position: header for header in batches}
@@ -331,7 +456,7 @@ def _check_time_index(
     segment: LogSegment, batches: list[BatchHeader], preallocated_ok: bool, report: CheckReport
 ) -> None:
     path = segment.time_index_path
-    entries = _entries(path, TIME_INDEX_DTYPE, preallocated_ok, report)
+    entries = _entries(segment, path, TIME_INDEX_DTYPE, preallocated_ok, report)
     if entries is None or len(entries) == 0:
         return
     last_offsets = np.array([h.last_offset for h in batches], dtype=np.int64)
@@ -362,7 +487,7 @@ def _check_time_index(
 def _check_transaction_index(segment: LogSegment, markers: list[AbortMarker], report: CheckReport) -> None:
     path = segment.transaction_index_path
     try:
-        written = segment.transaction_index.entries()
+        written = segment.transaction_index.entries(max_entries=len(markers))
     except CorruptIndexError as error:
         report.problems.append(Problem(path, error.reason))
         return

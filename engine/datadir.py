@@ -119,6 +119,7 @@ from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC,
 from seglogfs.engine.naming import linked_partition_dirs, partition_dir_name, partition_dirs, validate_topic
 from seglogfs.engine.retention import RetentionDecision
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.set_aside import SetAsideError
 
 logger = logging.getLogger(__name__)
 
@@ -423,7 +424,14 @@ class DataDir:
                     log_start_offset=log_start_offset,
                     now_ms=now_ms,
                 )
-            except (UnsupportedFormatError, CorruptIndexError, CorruptRecordError, OSError, UnsafeFileError) as error:
+            except (
+                UnsupportedFormatError,
+                CorruptIndexError,
+                CorruptRecordError,
+                SetAsideError,
+                OSError,
+                UnsafeFileError,
+            ) as error:
                 # A link, a FIFO or a directory where a file belongs is no damage recovery could
                 # mend, and says nothing of the other partitions: offline for every opener, the
                 # CLI's too (its reads and appends name it), the rest served.

@@ -1,9 +1,9 @@
 """Kafka's sparse segment indexes: `.index` (offset → position) and `.timeindex` (time → offset).
 
-Both are arrays of fixed-size big-endian entries, memory-mapped and read through numpy views,
-and written with `pwrite` (never through the mapping: a store into a preallocated, sparse page
-that the file system cannot back — a full disk — kills the process with SIGBUS, where `pwrite`
-returns ENOSPC as an error the append reports):
+Both are arrays of fixed-size big-endian entries, read with `pread` and written with `pwrite`
+(never through a mapping: a store into a preallocated, sparse page that the file system cannot
+back — a full disk — kills the process with SIGBUS, and so does a read of a mapped page that
+another process's trim cut off):
 
     .index       OFFSET_INDEX_DTYPE  8 bytes:  relative_offset int32 | position int32
     .timeindex   TIME_INDEX_DTYPE   12 bytes:  timestamp int64      | relative_offset int32
@@ -17,27 +17,53 @@ While a segment is active its index files are preallocated to `segment.index.byt
 to the entry size, the tail zero-filled; `trim_to_valid_size` cuts them to the entries in use on
 roll and on close. After a crash the file may therefore be longer than its entries: the entry
 count is only trusted after a clean shutdown, and the loader rebuilds the indexes of every
-segment from the recovery point on. `sanity_check` catches the damage a crash or a stray write
-can leave (a length that is not a multiple of the entry size, entries out of order, positions
-past the log), so that a damaged index is rebuilt rather than trusted.
+segment from the recovery point on.
 
-Look-ups, appends and resizes are thread-safe: each index guards its mapping with a lock, since
-a reader may look up while the writer appends, trims or closes. An index is closed when its
-segment gives back its files (a roll, a release, or an eviction by `engine.handles`); a reader
-that still holds the object reopens it read-only on its next look-up. `fsync` runs only for an
-index written (or resized) since its last one: closing an untouched index costs no disk flush.
-Look-ups are binary searches on the mapped column (`np.searchsorted`, with numpy scalars as
-needles: a Python int needle makes numpy convert the whole array on every call).
+The files are not trusted (another program, or a user, may have written them): nothing is read
+or allocated by a file's length before `sanity_check` has held it against what an index of its
+segment can be, and no look-up reads more than one block of entries. `sanity_check` refuses, in
+this order and before reading anything past what it needs:
+
+* a length that is not a multiple of the entry size (Kafka's check);
+* a length above `max_index_bytes` (`segment.index.bytes`, the broker's
+  `log.index.size.max.bytes`) plus the entries the segment's log can hold (one per message set,
+  each at least `MIN_ENTRY_BYTES`): a preallocated index is never longer, nor is one that
+  recovery grew past its maximum for a log written with a larger one;
+* entries out of order, or a relative offset below zero (Kafka's last offset below the base
+  offset), or a position at or past the end of the log.
+
+It reads the entries once, a chunk at a time, and stops at the first fault: a sparse file's hole
+reads as zero entries, which are out of order from the second on, so the time to refuse a file
+does not grow with its holes. A writable index must hold its whole length in entries (a clean
+shutdown trimmed it); a read-only one may be another process's active index, preallocated: its
+entries end at the zero tail, and the ones that point past the log as this reader sized it are
+not counted (the writer appended them later). The caller decides what a refusal means (Kafka's
+LogLoader: a writable segment is recovered, its indexes rebuilt from the log; a read-only reader
+builds them in memory and leaves the file alone).
+
+Look-ups are binary searches in two steps: over the first key of each block of
+`BLOCK_ENTRIES` entries (the fences, kept in memory, a 128th of the index), then within the one
+block read. An index holds no more than its fences and its last entry in memory, whatever its
+size; an index with no file (`path=None`: what a read-only reader builds for a segment whose
+index file is missing or damaged) keeps its entries in anonymous memory, sized by its log.
+
+Look-ups, appends and resizes are thread-safe: each index guards its file and its fences with a
+lock, since a reader may look up while the writer appends, trims or closes. An index is closed
+when its segment gives back its files (a roll, a release, or an eviction by `engine.handles`); a
+reader that still holds the object reopens it read-only on its next look-up. `fsync` runs only
+for an index written (or resized) since its last one: closing an untouched index costs no disk
+flush.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -46,6 +72,10 @@ import numpy as np
 import numpy.typing as npt
 
 from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
+from seglogfs.engine.files import open_regular
+from seglogfs.engine.legacy import MIN_ENTRY_BYTES
+
+log = logging.getLogger(__name__)
 
 OFFSET_INDEX_DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
 TIME_INDEX_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
@@ -53,6 +83,17 @@ NO_TIMESTAMP = -1
 _INT32_MAX = 2**31 - 1
 _OFFSET_ENTRY = struct.Struct(">ii")
 _TIME_ENTRY = struct.Struct(">qi")
+_INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
+# A searched field: where it lies in an entry, and how it is read.
+_FieldAt = dict[str, tuple[int, Callable[[bytes, int], tuple[int, ...]]]]
+# Entries per block of a look-up: one read of 1 KiB (offset index) or 1.5 KiB (time index), and a
+# fence each in memory.
+BLOCK_ENTRIES = 128
+# Entries read at a time by a scan (a whole number of blocks): 512 KiB or 768 KiB.
+_SCAN_ENTRIES = 512 * BLOCK_ENTRIES
+# Bytes of zeros written at a time where entries are cut.
+_ZEROS = bytes(1 << 20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,149 +126,259 @@ def entries_in_use(entries: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
     return entries
 
 
+def read_index_prefix(fd: int, dtype: np.dtype, limit_bytes: int) -> npt.NDArray[np.void]:
+    """The entries of an index file up to and including the first slot after the first whose
+    relative offset is 0 (where a preallocated zero tail, or a hole, begins: `entries_in_use`
+    drops it, a check of a trimmed index reports it), reading at most `limit_bytes`, a chunk at a
+    time: what a dump or a check reads, in memory proportional to the entries before the zeros,
+    whatever the file's length and holes."""
+    entry_bytes = dtype.itemsize
+    limit = limit_bytes - limit_bytes % entry_bytes
+    chunks: list[bytes] = []
+    read = 0
+    while read < limit:
+        chunk = os.pread(fd, min(_SCAN_ENTRIES * entry_bytes, limit - read), read)
+        chunk = chunk[: len(chunk) - len(chunk) % entry_bytes]
+        if not chunk:
+            break
+        relative = np.frombuffer(chunk, dtype=dtype)["relative_offset"]
+        skip = 1 if read == 0 else 0
+        zeros = np.flatnonzero(relative[skip:] == 0)
+        if len(zeros):
+            chunks.append(chunk[: (zeros[0] + skip + 1) * entry_bytes])
+            break
+        chunks.append(chunk)
+        read += len(chunk)
+    return np.frombuffer(b"".join(chunks), dtype=dtype)
+
+
+def _native(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
+    """Big-endian values as a native, contiguous array: `np.searchsorted` on a big-endian
+    field would convert the whole array on every call."""
+    return values.astype(values.dtype.newbyteorder("="))
+
+
 def round_down_to_entries(size_bytes: int, entry_bytes: int) -> int:
     return size_bytes - size_bytes % entry_bytes
 
 
-class _MappedIndex:
-    """What both index kinds share: the file, its mapping, the entry count and the search keys.
+def max_index_file_bytes(max_index_bytes: int, log_size_bytes: int, entry_bytes: int) -> int:
+    """The longest index file a segment whose log holds `log_size_bytes` can have: preallocated
+    to `max_index_bytes`, plus an entry for each message set the log can hold (recovery grows an
+    index past its maximum when the log was written with a larger one), plus the time index's
+    closing entry."""
+    return round_down_to_entries(max_index_bytes, entry_bytes) + (log_size_bytes // MIN_ENTRY_BYTES + 1) * entry_bytes
 
-    The search column (relative offsets, or timestamps) is also kept as a native contiguous
-    array, filled from the mapping as entries arrive: `np.searchsorted` on the big-endian field of
-    a structured view would convert the whole column on every call."""
+
+class _EntryIndex:
+    """What both index kinds share: the file (or anonymous memory), the entry count, the
+    fences of the blocks and the last entry. See the module docstring."""
 
     DTYPE: ClassVar[np.dtype]
     KEY_FIELD: ClassVar[str]
-    KEY_DTYPE: ClassVar[type[np.integer]]
+    # The fields searched: the key, and the relative offset a cut searches (the same for `.index`).
+    FENCE_FIELDS: ClassVar[tuple[str, ...]]
+    # Where each searched field lies in an entry, and how it is read.
+    FIELD_AT: ClassVar[_FieldAt]
+    ENTRY: ClassVar[struct.Struct]
 
     def __init__(self, path: Path | None, base_offset: int, max_index_bytes: int, *, writable: bool) -> None:
-        """Open (or, when writable, create) the index at `path`.
+        """Open (or, when writable, create) the index at `path`; nothing is read.
 
-        An existing file is mapped at its length, its entry count the length over the entry size
-        (trusting a clean shutdown's trim); a new one is preallocated to `max_index_bytes`.
-        `path=None` makes an index in anonymous memory: what a read-only reader builds for a
-        segment whose index file is missing or damaged, since it may not write one."""
+        An existing file's entry count is its length over the entry size (trusting a clean
+        shutdown's trim) until `sanity_check` has read it; a new one is preallocated to
+        `max_index_bytes`. `path=None` makes an index in anonymous memory: what a read-only
+        reader builds for a segment whose index file is missing or damaged, since it may not
+        write one. A file that is not a regular one (a link, a FIFO) is `UnsafeFileError`."""
         self.path = path
         self.base_offset = base_offset
         self.writable = writable or path is None
         self._lock = threading.Lock()
         self._entry_bytes = self.DTYPE.itemsize
         self._max_index_bytes = max(round_down_to_entries(max_index_bytes, self._entry_bytes), self._entry_bytes)
-        self._file = None
-        length = 0
-        newly_created = path is None
-        if path is not None:
-            newly_created = writable and not path.exists()
-            self._file = open(path, "w+b" if newly_created else "r+b" if writable else "rb")  # noqa: SIM115
-            length = os.fstat(self._file.fileno()).st_size
-        self._entries = length // self._entry_bytes
-        self._length = length
-        self._mmap: mmap.mmap | None = None
-        self._keys = np.empty(0, dtype=self.KEY_DTYPE)
-        self._keys_count = 0
+        self._fd: int | None = None
+        self._memory: mmap.mmap | None = None
+        self._length = 0
+        self._entries = 0
+        # For each searched field, its value in entry i·BLOCK_ENTRIES of each block in use.
+        self._fences = self._no_fences()
+        self._last: tuple[int, int] | None = None  # the last entry in use, as stored
+        # Whether the fences and the last entry describe the entries (a scan built them).
+        self._scanned = path is None
         self._closed = False
         # Written or resized through this object since its last fsync (only a file's index).
         self._dirty = False
+        # How long the file may be before a scan reads it (what `sanity_check` last allowed).
+        self._length_bound = self._max_index_bytes
+        newly_created = path is None
+        if path is not None:
+            if writable:
+                try:
+                    self._fd = open_regular(path, os.O_RDWR)
+                except FileNotFoundError:
+                    self._fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+                    newly_created = True
+            else:
+                self._fd = open_regular(path, os.O_RDONLY)
+            self._length = os.fstat(self._fd).st_size
+            self._entries = self._length // self._entry_bytes
         if newly_created:
             # Only a new index is preallocated; an existing one keeps its length until its
             # segment becomes the active one (`resize`), as Kafka does.
+            self._scanned = True
             self._resize_locked(self._max_index_bytes)
-        else:
-            self._map_locked()
 
     @property
     def name(self) -> str:
         return str(self.path) if self.path is not None else f"<in-memory index of segment {self.base_offset}>"
 
-    # -- mapping ----------------------------------------------------------------------------
-    def _map_locked(self) -> None:
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
-        if self._length > 0 and self._file is not None:
-            if self.writable:
-                self._mmap = mmap.mmap(self._file.fileno(), self._length, access=mmap.ACCESS_READ)
-            else:
-                self._mmap = self._copy_locked()
-
-    def _copy_locked(self) -> mmap.mmap | None:
-        """A read-only index's bytes, copied into anonymous memory rather than mapped: the file
-        may belong to a writer in another process, whose trim at a roll or close would make a
-        mapped page past the new end kill this process with SIGBUS. What the file no longer
-        holds when read is not counted."""
-        assert self._file is not None
-        copy = mmap.mmap(-1, self._length)
-        read = os.preadv(self._file.fileno(), [copy], 0)
-        if read < self._length:  # trimmed since its length was taken (a damaged length stays seen)
-            whole = round_down_to_entries(read, self._entry_bytes)
-            self._length = whole
-            self._entries = min(self._entries, whole // self._entry_bytes)
-            if not whole:
-                copy.close()
-                return None
-            shorter = mmap.mmap(-1, whole)
-            shorter[:] = copy[:whole]
-            copy.close()
-            return shorter
-        return copy
-
-    def _resize_locked(self, new_length: int) -> bool:
-        new_length = round_down_to_entries(new_length, self._entry_bytes)
-        if new_length == self._length and (self._mmap is not None or new_length == 0):
-            return False
-        self._entries = min(self._entries, new_length // self._entry_bytes)
-        if self._file is None:
-            # Anonymous memory: a new mapping with the entries in use copied over.
-            fresh = mmap.mmap(-1, new_length) if new_length else None
-            if self._mmap is not None:
-                if fresh is not None:
-                    used = self._entries * self._entry_bytes
-                    fresh[:used] = self._mmap[:used]
-                self._mmap.close()
-            self._mmap = fresh
-            self._length = new_length
-            return True
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
-        self._file.truncate(new_length)
-        self._dirty = True
-        self._length = new_length
-        self._map_locked()
-        return True
-
-    def _view(self) -> npt.NDArray[np.void]:
-        """The entries in use; callers hold the lock for as long as they use the view."""
-        if self._mmap is None or self._entries == 0:
+    # -- reading ------------------------------------------------------------------------------
+    def _read_locked(self, first: int, stop: int) -> npt.NDArray[np.void]:
+        """Entries first..stop-1 as stored (fewer if the file is shorter now: another process
+        trimmed it). Caller holds the lock."""
+        start, end = first * self._entry_bytes, stop * self._entry_bytes
+        if end <= start:
             return np.empty(0, dtype=self.DTYPE)
-        return np.frombuffer(self._mmap, dtype=self.DTYPE, count=self._entries)
+        if self._memory is not None:
+            data: bytes = self._memory[start:end]
+        elif self._fd is not None:
+            data = os.pread(self._fd, end - start, start)
+        else:
+            data = b""
+        return np.frombuffer(data[: len(data) - len(data) % self._entry_bytes], dtype=self.DTYPE)
+
+    def _entry_locked(self, n: int) -> tuple[int, int]:
+        entry = self._read_locked(n, n + 1)
+        if not len(entry):
+            raise IndexError(f"{self.name}: entry {n} is past the end of the file")
+        first, second = entry[0].item()
+        return int(first), int(second)
+
+    def _scan_locked(self, *, check: bool, log_size_bytes: int | None) -> None:
+        """Read the entries once, a chunk at a time: the fences and the last entry, and with
+        `check` the invariants (CorruptIndexError at the first fault, the file left as it is).
+        Read-only, the entries end at the zero tail and before the first that points at or
+        past `log_size_bytes` (see the module docstring)."""
+        self._scanned = False
+        fences: dict[str, list[npt.NDArray[np.integer]]] = {field: [] for field in self.FENCE_FIELDS}
+        count, done = self._entries, 0
+        previous: tuple[int, int] | None = None
+        while done < count:
+            chunk = self._read_locked(done, min(count, done + _SCAN_ENTRIES))
+            if not self.writable:
+                relative = chunk["relative_offset"]
+                skip = 1 if done == 0 else 0
+                zeros = np.flatnonzero(relative[skip:] == 0)
+                if len(zeros):
+                    cut = int(zeros[0]) + skip
+                    if done == 0 and cut == 1 and not chunk[:1].tobytes().strip(b"\0"):
+                        cut = 0  # a preallocated file with no entry yet
+                    chunk, count = chunk[:cut], done + cut
+                if log_size_bytes is not None and self.KEY_FIELD == "relative_offset":
+                    # (the offset index only: a time index's entries hold no position)
+                    beyond = np.flatnonzero(chunk["position"] >= max(log_size_bytes, 1))
+                    if len(beyond):
+                        chunk, count = chunk[: beyond[0]], done + int(beyond[0])
+            if not len(chunk):
+                count = done
+                break
+            if check:
+                self._check_chunk(chunk, previous, done, log_size_bytes)
+            for field, found in fences.items():
+                found.append(_native(chunk[field][::BLOCK_ENTRIES]))
+            first, second = chunk[-1].item()
+            previous = (int(first), int(second))
+            done += len(chunk)
+        self._entries = count
+        self._fences = self._no_fences()
+        if previous is not None:
+            self._fences = {field: np.concatenate(found) for field, found in fences.items()}
+        self._last = previous
+        self._scanned = True
+
+    def _no_fences(self) -> dict[str, npt.NDArray[np.integer]]:
+        return {field: _native(np.empty(0, dtype=self.DTYPE[field])) for field in self.FENCE_FIELDS}
+
+    def _check_chunk(
+        self, chunk: npt.NDArray[np.void], previous: tuple[int, int] | None, first: int, log_size_bytes: int | None
+    ) -> None:
+        raise NotImplementedError
+
+    def _corrupt(self, slot: int, entry: npt.NDArray[np.void] | np.void, reason: str) -> CorruptIndexError:
+        return CorruptIndexError(
+            self.name, f"entry {tuple(entry.item())} at position {slot * self._entry_bytes} {reason}"
+        )
+
+    def _ensure_scanned_locked(self) -> None:
+        """The fences, built without checking when no `sanity_check` did (an index used as it
+        is, or reopened); a file longer than allowed counts no entries."""
+        self._reopen_if_closed_locked()
+        if not self._scanned:
+            if self._length > self._length_bound:
+                self._entries = 0
+            self._scan_locked(check=False, log_size_bytes=None)
+
+    def _slot_locked(self, field: str, key: np.integer, right: bool) -> tuple[int, bytes, int]:
+        """(n, block, first): n is the number of entries whose `field` (one of FENCE_FIELDS,
+        never decreasing) is below `key` (or at or below it, `right`); block holds the entries
+        (as stored) of the block searched, from entry `first`. A search of the fences, one read
+        of a block and a binary search in it."""
+        self._ensure_scanned_locked()
+        count = self._entries
+        if count == 0:
+            return 0, b"", 0
+        side = "right" if right else "left"
+        fences = self._fences[field][: (count + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES]
+        block = int(fences.searchsorted(key, side)) - 1  # type: ignore[call-overload]
+        if block < 0:
+            return 0, b"", 0
+        first = block * BLOCK_ENTRIES
+        entry_bytes = self._entry_bytes
+        stop = min(count, first + BLOCK_ENTRIES)
+        if self._memory is not None:
+            data: bytes = self._memory[first * entry_bytes : stop * entry_bytes]
+        else:
+            assert self._fd is not None
+            data = os.pread(self._fd, (stop - first) * entry_bytes, first * entry_bytes)
+        at, unpack = self.FIELD_AT[field]
+        lo, hi, target = 0, len(data) // entry_bytes, int(key)
+        while lo < hi:
+            middle = (lo + hi) // 2
+            value = unpack(data, middle * entry_bytes + at)[0]
+            if value < target or (right and value == target):
+                lo = middle + 1
+            else:
+                hi = middle
+        return first + lo, data, first
+
+    def _floor_locked(self, key: np.integer) -> tuple[int, int] | None:
+        """The last entry whose key is at or below `key`, or None."""
+        n, block, first = self._slot_locked(self.KEY_FIELD, key, right=True)
+        if n == 0:
+            return None
+        a, b = self.ENTRY.unpack_from(block, (n - 1 - first) * self._entry_bytes)
+        return a, b
 
     def _reopen_if_closed_locked(self) -> None:
         """A reader may still hold an index its segment closed (a roll closes sealed indexes):
-        it reopens, read-only, at the file's trimmed length, so look-ups stay right."""
+        it reopens, read-only, at the file's trimmed length, so look-ups stay right. A file
+        that fails the checks now is not used: look-ups start from the segment's start."""
         if not self._closed or self.path is None:
             return
         self._closed = False
         self.writable = False
         self._dirty = False
-        self._file = open(self.path, "rb")  # noqa: SIM115 - closed by close()
-        self._length = os.fstat(self._file.fileno()).st_size
+        self._fd = open_regular(self.path, os.O_RDONLY)
+        self._length = os.fstat(self._fd).st_size
         self._entries = self._length // self._entry_bytes
-        self._map_locked()
-
-    def _keys_locked(self) -> npt.NDArray[np.integer]:
-        """The native search keys of the entries in use (caller holds the lock)."""
-        entries = self._entries
-        self._keys_count = min(self._keys_count, entries)
-        if self._keys_count < entries:
-            if len(self._keys) < entries:
-                grown = np.empty(max(entries, 2 * len(self._keys), 1024), dtype=self.KEY_DTYPE)
-                grown[: self._keys_count] = self._keys[: self._keys_count]
-                self._keys = grown
-            fresh = self._view()[self.KEY_FIELD][self._keys_count : entries]
-            self._keys[self._keys_count : entries] = fresh
-            self._keys_count = entries
-        return self._keys[:entries]
+        try:
+            if self._length % self._entry_bytes or self._length > self._length_bound:
+                raise CorruptIndexError(self.name, f"{self._length} bytes is not what an index of this segment can be")
+            self._scan_locked(check=True, log_size_bytes=None)
+        except CorruptIndexError as error:
+            log.warning("%s; not used (looked up from the segment's start instead)", error)
+            self._entries = 0
+            self._scan_locked(check=False, log_size_bytes=None)
 
     # -- size ---------------------------------------------------------------------------------
     @property
@@ -262,48 +413,102 @@ class _MappedIndex:
         with self._lock:
             self._resize_locked(self._entries * self._entry_bytes)
 
-    def _write_locked(self, position: int, data: bytes) -> None:
-        """Store `data` at `position`: `pwrite` to the file (the read-only mapping sees it: one
-        page cache), or into anonymous memory. OSError (ENOSPC, EIO) leaves the entry count
-        as it was: the caller counts an entry only once it is written."""
-        if self._file is None:
-            assert self._mmap is not None
-            self._mmap[position : position + len(data)] = data
-            return
+    def reset(self) -> None:
+        """Remove every entry and give the file its preallocated length of zeros (Kafka's
+        reset, before recovery rebuilds the index): whatever the file held, nothing of it is
+        read or rewritten."""
+        with self._lock:
+            self._entries = 0
+            self._fences = self._no_fences()
+            self._last = None
+            self._scanned = True
+            self._resize_locked(0)
+            self._resize_locked(self._max_index_bytes)
+
+    def _resize_locked(self, new_length: int) -> bool:
+        new_length = round_down_to_entries(new_length, self._entry_bytes)
+        if new_length == self._length and (self._fd is not None or self._memory is not None or new_length == 0):
+            return False
+        if new_length // self._entry_bytes < self._entries:
+            self._set_entries_locked(new_length // self._entry_bytes)
+        if self.path is None:
+            # Anonymous memory: a new mapping with the entries in use copied over.
+            fresh = mmap.mmap(-1, new_length) if new_length else None
+            if self._memory is not None:
+                if fresh is not None:
+                    used = self._entries * self._entry_bytes
+                    fresh[:used] = self._memory[:used]
+                self._memory.close()
+            self._memory = fresh
+            self._length = new_length
+            return True
+        assert self._fd is not None
+        os.ftruncate(self._fd, new_length)
         self._dirty = True
-        written = os.pwrite(self._file.fileno(), data, position)
+        self._length = new_length
+        self._length_bound = max(self._length_bound, new_length)
+        return True
+
+    def _set_entries_locked(self, entries: int) -> None:
+        """Count the first `entries` entries only (no more than counted now): the fences and
+        the last entry follow."""
+        self._entries = min(entries, self._entries)
+        blocks = (self._entries + BLOCK_ENTRIES - 1) // BLOCK_ENTRIES
+        self._fences = {field: found[:blocks] for field, found in self._fences.items()}
+        self._last = self._entry_locked(self._entries - 1) if self._entries else None
+
+    def _write_locked(self, position: int, data: bytes | memoryview) -> None:
+        """Store `data` at `position`: `pwrite` to the file, or into anonymous memory. OSError
+        (ENOSPC, EIO) leaves the entry count as it was: the caller counts an entry only once it
+        is written."""
+        if self._memory is not None:
+            self._memory[position : position + len(data)] = data
+            return
+        assert self._fd is not None
+        self._dirty = True
+        written = os.pwrite(self._fd, data, position)
         if written != len(data):  # a short write to a regular file: the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+
+    def _append_locked(self, data: bytes, entry: tuple[int, int]) -> None:
+        """Write the next entry (`data`: `entry` as stored) and count it, with its block's
+        fences when it starts one."""
+        self._write_locked(self._entries * self._entry_bytes, data)
+        if self._entries % BLOCK_ENTRIES == 0:
+            stored = np.frombuffer(data, dtype=self.DTYPE)
+            self._fences = {
+                field: np.concatenate((found, _native(stored[field]))) for field, found in self._fences.items()
+            }
+        self._entries += 1
+        self._last = entry
 
     def flush(self) -> None:
         """fsync what was written since the last fsync (nothing to do for an untouched index)."""
         with self._lock:
-            if self._file is not None and not self._file.closed and self.writable and self._dirty:
-                os.fsync(self._file.fileno())
+            if self._fd is not None and self.writable and self._dirty:
+                os.fsync(self._fd)
                 self._dirty = False
 
     def close(self) -> None:
-        """Trim (when writable), fsync (when written since the last fsync) and release the file
-        and the mapping. Safe to call twice; a reader holding the object reopens it read-only."""
+        """Trim (when writable), fsync (when written since the last fsync) and release the file.
+        Safe to call twice; a reader holding the object reopens it read-only."""
         with self._lock:
             self._close_locked()
 
     def _close_locked(self) -> None:
         self._closed = True
-        if self._file is None or self._file.closed:
-            if self._mmap is not None:
-                self._mmap.close()
-                self._mmap = None
+        if self._fd is None:
+            if self._memory is not None:
+                self._memory.close()
+                self._memory = None
             return
         if self.writable:
             self._resize_locked(self._entries * self._entry_bytes)
             if self._dirty:
-                os.fsync(self._file.fileno())
+                os.fsync(self._fd)
                 self._dirty = False
-        if self._mmap is not None:
-            self._mmap.close()
-            self._mmap = None
-        self._file.close()
+        os.close(self._fd)
+        self._fd = None
 
     def moved_to(self, path: Path) -> None:
         """The file was renamed (`.deleted`, `.swap`, …): a reopen finds it under `path`."""
@@ -311,19 +516,17 @@ class _MappedIndex:
             if self.path is not None:
                 self.path = path
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         # An index reopened for a reader after its segment let it go (`_reopen_if_closed_locked`)
-        # belongs to no segment: its file and mapping go with the reader's last reference.
-        # (No module globals here: they may be gone when this runs at interpreter exit.)
-        file, mapping = getattr(self, "_file", None), getattr(self, "_mmap", None)
-        if mapping is not None:
+        # belongs to no segment: its file goes with the reader's last reference.
+        # (No module globals here: they may be gone when this runs at interpreter exit; `os.close`
+        # is bound as a default.)
+        fd, memory = getattr(self, "_fd", None), getattr(self, "_memory", None)
+        if memory is not None:
+            memory.close()
+        if fd is not None:
             try:  # noqa: SIM105 - contextlib may be gone
-                mapping.close()
-            except BufferError:  # a view still holds it: unmapped with the view
-                pass
-        if file is not None:
-            try:  # noqa: SIM105 - contextlib may be gone
-                file.close()
+                _close(fd)
             except OSError:
                 pass
 
@@ -341,35 +544,37 @@ class _MappedIndex:
 
     def _truncate_entries_locked(self, entries: int) -> None:
         """Keep the first `entries` entries; the ones cut are zeroed (the tail past them is
-        zeros already: preallocated, or zeroed before)."""
+        zeros already: preallocated, or zeroed before), a MiB at a time."""
         cut = self._entries
-        self._entries = min(entries, cut)
-        self._keys_count = min(self._keys_count, self._entries)
-        if self._mmap is not None and self.writable and cut > self._entries:
-            start = self._entries * self._entry_bytes
-            self._write_locked(start, bytes((cut - self._entries) * self._entry_bytes))
+        self._set_entries_locked(entries)
+        if self.writable and cut > self._entries:
+            start, end = self._entries * self._entry_bytes, cut * self._entry_bytes
+            while start < end:
+                zeros = memoryview(_ZEROS)[: min(len(_ZEROS), end - start)]
+                self._write_locked(start, zeros)
+                start += len(zeros)
 
     def truncate_to(self, offset: int) -> None:
         """Remove every entry with offset ≥ `offset` (offsets never decrease in either
         kind of index, so one binary search finds the cut)."""
         with self._lock:
-            view = self._view()
             relative = offset - self.base_offset
             if relative > _INT32_MAX:
                 return  # every entry is below an offset past the relative range
-            keep = int(np.searchsorted(view["relative_offset"], np.int32(max(relative, -1)), side="left"))
+            keep, _, _ = self._slot_locked("relative_offset", np.int32(max(relative, -1)), right=False)
             self._truncate_entries_locked(keep)
 
     def truncate(self) -> None:
         """Remove every entry."""
         with self._lock:
+            self._ensure_scanned_locked()
             self._truncate_entries_locked(0)
 
 
-def close_unless_busy(indexes: Sequence[_MappedIndex]) -> bool:
+def close_unless_busy(indexes: Sequence[_EntryIndex]) -> bool:
     """Close all of `indexes`, or none when another thread holds the lock of one of them (a
     look-up in progress): for eviction, which never waits. Returns whether they were closed."""
-    taken: list[_MappedIndex] = []
+    taken: list[_EntryIndex] = []
     try:
         for index in indexes:
             if not index._lock.acquire(blocking=False):
@@ -383,12 +588,14 @@ def close_unless_busy(indexes: Sequence[_MappedIndex]) -> bool:
             index._lock.release()
 
 
-class OffsetIndex(_MappedIndex):
+class OffsetIndex(_EntryIndex):
     """`.index`: maps an offset to the file position of the batch that holds it."""
 
     DTYPE = OFFSET_INDEX_DTYPE
     KEY_FIELD = "relative_offset"
-    KEY_DTYPE = np.int32
+    FENCE_FIELDS = ("relative_offset",)
+    FIELD_AT: ClassVar[_FieldAt] = {"relative_offset": (0, _INT32.unpack_from)}
+    ENTRY = _OFFSET_ENTRY
 
     @property
     def is_full(self) -> bool:
@@ -397,10 +604,10 @@ class OffsetIndex(_MappedIndex):
     def entry(self, n: int) -> OffsetPosition:
         """The n-th entry; raises IndexError outside 0..entries-1."""
         with self._lock:
-            self._reopen_if_closed_locked()
+            self._ensure_scanned_locked()
             if not 0 <= n < self._entries:
                 raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
-            relative, position = self._view()[n].item()
+            relative, position = self._entry_locked(n)
             return OffsetPosition(self.base_offset + relative, position)
 
     @property
@@ -410,10 +617,10 @@ class OffsetIndex(_MappedIndex):
 
     def last_entry(self) -> OffsetPosition:
         with self._lock:
-            self._reopen_if_closed_locked()
-            if self._entries == 0:
+            self._ensure_scanned_locked()
+            if self._last is None:
                 return OffsetPosition(self.base_offset, 0)
-            relative, position = self._view()[-1].item()
+            relative, position = self._last
             return OffsetPosition(self.base_offset + relative, position)
 
     def lookup(self, target_offset: int) -> OffsetPosition:
@@ -422,27 +629,15 @@ class OffsetIndex(_MappedIndex):
         relative = target_offset - self.base_offset
         if relative < 0:
             return OffsetPosition(self.base_offset, 0)
-        relative = min(relative, _INT32_MAX)
         with self._lock:
-            self._reopen_if_closed_locked()
-            slot = int(np.searchsorted(self._keys_locked(), np.int32(relative), side="right")) - 1
-            if slot < 0:
-                return OffsetPosition(self.base_offset, 0)
-            assert self._mmap is not None
-            found, position = _OFFSET_ENTRY.unpack_from(self._mmap, slot * 8)
-            return OffsetPosition(self.base_offset + found, position)
+            found = self._floor_locked(np.int32(min(relative, _INT32_MAX)))
+        if found is None:
+            return OffsetPosition(self.base_offset, 0)
+        return OffsetPosition(self.base_offset + found[0], found[1])
 
     def lookup_many(self, target_offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Vectorised lookup: the position for each target (0 below the first entry)."""
-        relative = np.clip(target_offsets - self.base_offset, -1, _INT32_MAX).astype(np.int32)
-        with self._lock:
-            self._reopen_if_closed_locked()
-            view = self._view()
-            slots = np.searchsorted(self._keys_locked(), relative, side="right") - 1
-            positions = np.zeros(len(relative), dtype=np.int64)
-            hit = slots >= 0
-            positions[hit] = view["position"][slots[hit]]
-            return positions
+        """The position for each target (0 below the first entry)."""
+        return np.array([self.lookup(int(target)).position for target in target_offsets], dtype=np.int64)
 
     def append(self, offset: int, position: int) -> None:
         """Add (offset, position). Raises IndexFullError when full, InvalidOffsetError unless the
@@ -450,44 +645,53 @@ class OffsetIndex(_MappedIndex):
         self._check_writable()
         relative = self._relative(offset)
         with self._lock:
+            self._ensure_scanned_locked()
             if self._entries >= self._length // self._entry_bytes:
                 raise IndexFullError(f"{self.name}: index is full ({self._entries} entries)")
-            if self._entries > 0:
-                last = int(self._view()[-1]["relative_offset"])
-                if relative <= last:
-                    raise InvalidOffsetError(
-                        f"{self.name}: offset {offset} is not above the last indexed offset {self.base_offset + last}"
-                    )
-            start = self._entries * self._entry_bytes
-            self._write_locked(start, relative.to_bytes(4, "big") + position.to_bytes(4, "big", signed=True))
-            self._entries += 1
+            if self._last is not None and relative <= self._last[0]:
+                last = self.base_offset + self._last[0]
+                raise InvalidOffsetError(f"{self.name}: offset {offset} is not above the last indexed offset {last}")
+            self._append_locked(_OFFSET_ENTRY.pack(relative, position), (relative, position))
 
     def sanity_check(self, log_size_bytes: int | None = None) -> None:
-        """Raise CorruptIndexError unless the file length is a multiple of 8, offsets strictly
-        increase from ≥ the base, positions never decrease and (when given) stay inside the log."""
+        """Raise CorruptIndexError unless the file length is a multiple of 8 and within what an
+        index of a log of `log_size_bytes` can be, offsets strictly increase from ≥ the base,
+        positions never decrease and (when the log size is given) stay inside the log. Reads the
+        entries once, a chunk at a time, up to the first fault (see the module docstring)."""
         with self._lock:
-            if self._length % self._entry_bytes:
-                raise CorruptIndexError(self.name, f"{self._length} bytes is not a multiple of {self._entry_bytes}")
-            view = self._view()
-            offsets = view["relative_offset"].astype(np.int64)
-            positions = view["position"].astype(np.int64)
-            del view  # no view of the mapping may outlive this call (an error's traceback would keep it)
-            if len(offsets) == 0:
-                return
-            if offsets[0] < 0:
-                raise CorruptIndexError(self.name, f"first entry's relative offset {offsets[0]} is negative")
-            if len(offsets) > 1 and (np.any(np.diff(offsets) <= 0) or np.any(np.diff(positions) < 0)):
-                raise CorruptIndexError(self.name, "entries are out of order")
-            if positions[0] < 0 or (log_size_bytes is not None and positions[-1] >= max(log_size_bytes, 1)):
-                raise CorruptIndexError(self.name, f"position {positions[-1]} lies outside the log")
+            self._reopen_if_closed_locked()
+            _check_length(self, log_size_bytes)
+            self._scan_locked(check=True, log_size_bytes=log_size_bytes)
+
+    def _check_chunk(
+        self, chunk: npt.NDArray[np.void], previous: tuple[int, int] | None, first: int, log_size_bytes: int | None
+    ) -> None:
+        # Strictly increasing offsets from ≥ 0 (Kafka: the last offset is not below the base),
+        # positions never decreasing from ≥ 0.
+        before_offset, before_position = previous if previous is not None else (-1, 0)
+        offsets = np.concatenate(([before_offset], chunk["relative_offset"].astype(np.int64)))
+        positions = np.concatenate(([before_position], chunk["position"].astype(np.int64)))
+        bad = np.flatnonzero((offsets[1:] <= offsets[:-1]) | (positions[1:] < positions[:-1]))
+        if len(bad):
+            slot = int(bad[0])
+            if previous is None and slot == 0:
+                reason = "is not at or above the base offset" if offsets[1] < 0 else "has a negative position"
+            else:
+                reason = "is not above the previous entry"
+            raise self._corrupt(first + slot, chunk[slot], reason)
+        if log_size_bytes is not None and positions[-1] >= max(log_size_bytes, 1):
+            slot = int(np.flatnonzero(positions[1:] >= max(log_size_bytes, 1))[0])
+            raise self._corrupt(first + slot, chunk[slot], f"points past the end of the log ({log_size_bytes} bytes)")
 
 
-class TimeIndex(_MappedIndex):
+class TimeIndex(_EntryIndex):
     """`.timeindex`: maps a timestamp to the offset from which records reach it."""
 
     DTYPE = TIME_INDEX_DTYPE
     KEY_FIELD = "timestamp"
-    KEY_DTYPE = np.int64
+    FENCE_FIELDS = ("timestamp", "relative_offset")
+    FIELD_AT: ClassVar[_FieldAt] = {"timestamp": (0, _INT64.unpack_from), "relative_offset": (8, _INT32.unpack_from)}
+    ENTRY = _TIME_ENTRY
 
     @property
     def is_full(self) -> bool:
@@ -496,32 +700,29 @@ class TimeIndex(_MappedIndex):
 
     def entry(self, n: int) -> TimestampOffset:
         with self._lock:
-            self._reopen_if_closed_locked()
+            self._ensure_scanned_locked()
             if not 0 <= n < self._entries:
                 raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
-            timestamp, relative = self._view()[n].item()
+            timestamp, relative = self._entry_locked(n)
             return TimestampOffset(timestamp, self.base_offset + relative)
 
     def last_entry(self) -> TimestampOffset:
         """The last entry; (-1, base offset) when empty."""
         with self._lock:
-            self._reopen_if_closed_locked()
-            if self._entries == 0:
+            self._ensure_scanned_locked()
+            if self._last is None:
                 return TimestampOffset(NO_TIMESTAMP, self.base_offset)
-            timestamp, relative = self._view()[-1].item()
+            timestamp, relative = self._last
             return TimestampOffset(timestamp, self.base_offset + relative)
 
     def lookup(self, target_timestamp: int) -> TimestampOffset:
         """The entry with the largest timestamp ≤ target; below the first entry (or empty) →
         (-1, base offset)."""
         with self._lock:
-            self._reopen_if_closed_locked()
-            slot = int(np.searchsorted(self._keys_locked(), np.int64(target_timestamp), side="right")) - 1
-            if slot < 0:
-                return TimestampOffset(NO_TIMESTAMP, self.base_offset)
-            assert self._mmap is not None
-            timestamp, relative = _TIME_ENTRY.unpack_from(self._mmap, slot * 12)
-            return TimestampOffset(timestamp, self.base_offset + relative)
+            found = self._floor_locked(np.int64(target_timestamp))
+        if found is None:
+            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        return TimestampOffset(found[0], self.base_offset + found[1])
 
     def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> None:
         """Add (timestamp, offset) if the timestamp is above the last entry's (Kafka's rule).
@@ -531,9 +732,10 @@ class TimeIndex(_MappedIndex):
         self._check_writable()
         relative = self._relative(offset)
         with self._lock:
-            last_timestamp, last_relative = NO_TIMESTAMP, 0
-            if self._entries > 0:
-                last_timestamp, last_relative = self._view()[-1].item()
+            self._ensure_scanned_locked()
+            last_timestamp = NO_TIMESTAMP
+            if self._last is not None:
+                last_timestamp, last_relative = self._last
                 if relative < last_relative:
                     raise InvalidOffsetError(
                         f"{self.name}: offset {offset} is below the last indexed offset "
@@ -551,23 +753,49 @@ class TimeIndex(_MappedIndex):
             if self._entries >= slots:
                 # The closing entry of a trimmed index: grow the file by that one entry.
                 self._resize_locked((self._entries + 1) * self._entry_bytes)
-            start = self._entries * self._entry_bytes
-            self._write_locked(start, timestamp.to_bytes(8, "big", signed=True) + relative.to_bytes(4, "big"))
-            self._entries += 1
+            self._append_locked(_TIME_ENTRY.pack(timestamp, relative), (timestamp, relative))
 
-    def sanity_check(self) -> None:
-        """Raise CorruptIndexError unless the length is a multiple of 12, timestamps strictly
-        increase and offsets never decrease from ≥ the base."""
+    def sanity_check(self, log_size_bytes: int | None = None) -> None:
+        """Raise CorruptIndexError unless the length is a multiple of 12 and within what an
+        index of a log of `log_size_bytes` can be, timestamps strictly increase and offsets
+        never decrease from ≥ the base. Reads as `OffsetIndex.sanity_check`."""
         with self._lock:
-            if self._length % self._entry_bytes:
-                raise CorruptIndexError(self.name, f"{self._length} bytes is not a multiple of {self._entry_bytes}")
-            view = self._view()
-            timestamps = view["timestamp"].astype(np.int64)
-            offsets = view["relative_offset"].astype(np.int64)
-            del view
-            if len(offsets) == 0:
-                return
-            if offsets[0] < 0:
-                raise CorruptIndexError(self.name, f"first entry's relative offset {offsets[0]} is negative")
-            if len(offsets) > 1 and (np.any(np.diff(timestamps) <= 0) or np.any(np.diff(offsets) < 0)):
-                raise CorruptIndexError(self.name, "entries are out of order")
+            self._reopen_if_closed_locked()
+            _check_length(self, log_size_bytes)
+            self._scan_locked(check=True, log_size_bytes=None)
+
+    def _check_chunk(
+        self, chunk: npt.NDArray[np.void], previous: tuple[int, int] | None, first: int, log_size_bytes: int | None
+    ) -> None:
+        timestamps = chunk["timestamp"].astype(np.int64)
+        offsets = chunk["relative_offset"].astype(np.int64)
+        before_timestamp, before_offset = previous if previous is not None else (None, -1)
+        if before_timestamp is None and offsets[0] < 0:
+            raise self._corrupt(first, chunk[0], "is not at or above the base offset")
+        bad = np.flatnonzero((timestamps[1:] <= timestamps[:-1]) | (offsets[1:] < offsets[:-1]))
+        if before_timestamp is not None and (timestamps[0] <= before_timestamp or offsets[0] < before_offset):
+            raise self._corrupt(first, chunk[0], "is not above the previous entry")
+        if len(bad):
+            slot = int(bad[0]) + 1
+            raise self._corrupt(first + slot, chunk[slot], "is not above the previous entry")
+
+
+def _check_length(index: _EntryIndex, log_size_bytes: int | None) -> None:
+    """Kafka's length check (a whole number of entries), and the length an index of its
+    segment can have (see `max_index_file_bytes`); the caller holds the lock. Nothing is read."""
+    length, entry_bytes = index._length, index._entry_bytes
+    if length % entry_bytes:
+        raise CorruptIndexError(index.name, f"{length} bytes is not a multiple of {entry_bytes}")
+    bound = index._max_index_bytes
+    if log_size_bytes is not None:
+        bound = max_index_file_bytes(index._max_index_bytes, log_size_bytes, entry_bytes)
+    index._length_bound = bound
+    if length > bound:
+        index._entries = 0
+        index._scanned = False
+        raise CorruptIndexError(
+            index.name,
+            f"{length} bytes is more than an index of this segment can hold ({bound} bytes: "
+            f"segment.index.bytes {index._max_index_bytes}"
+            + (f" and a log of {log_size_bytes} bytes)" if log_size_bytes is not None else ")"),
+        )

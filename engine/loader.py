@@ -14,7 +14,9 @@ In order:
 4. After an unclean stop (no `.kafka_cleanshutdown`), every segment from the one holding the
    recovery point on is recovered: batches checked, indexes rebuilt, the log cut at the first
    invalid batch — and every later segment removed, since what follows a torn write is not
-   trusted. After a clean stop nothing is read but the active segment's tail.
+   trusted. The live log is what Kafka's LogLoader leaves; what it cut or removed is moved
+   beside the log dir first (engine.set_aside), and one WARNING line names it. After a clean
+   stop nothing is read but the active segment's tail.
    The segments recovered here and in step 3 get their `.txnindex` rebuilt from the log
    (`rebuild_transaction_indexes`), as Kafka's LogSegment.recover rebuilds it.
 5. No segment left: an empty one is created at the log start offset. A log end below the log
@@ -47,6 +49,7 @@ from seglogfs.engine.naming import (
     parse_segment_file_name,
 )
 from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.set_aside import SetAside, SetAsideError, SetAsidePiece
 from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ class LoadedLog:
     log_end_offset: int
     recovery_point: int
     recovered_bytes_truncated: int
+    set_aside: list[SetAsidePiece]  # what recovery cut or removed, kept beside the log dir
 
 
 def segment_for(
@@ -192,6 +196,9 @@ def load_partition(
     segments: list[LogSegment] = []
     recovered: list[LogSegment] = []  # what recovery re-read: their `.txnindex` is rebuilt
     truncated = 0
+    set_aside = SetAside(directory, now_ms)
+    bases = [base for base, kinds in sorted(files.items()) if LOG_SUFFIX in kinds]
+    next_bases: dict[int, int | None] = dict(zip(bases, [*bases[1:], None], strict=False))
     for base, kinds in sorted(files.items()):
         if LOG_SUFFIX not in kinds:
             if writable:  # index files whose log is gone
@@ -199,10 +206,13 @@ def load_partition(
                     (directory / f"{base:020d}{kind}").unlink(missing_ok=True)
             continue
         segment = segment_for(directory, base, config, writable=writable, now_ms=now_ms)
+        segment.next_base_offset = next_bases[base]
+        if writable:
+            segment.keep_cut = set_aside.keep_later
         if writable and not {INDEX_SUFFIX, TIME_INDEX_SUFFIX} <= kinds:
             log.info("%s: index files missing, rebuilding them from the log", segment.log_path)
             try:
-                cut = segment.recover()
+                cut = segment.recover(keep=set_aside.keep_tail)
             except UnsupportedFormatError:
                 # Data this engine cannot read: leave the dir exactly as it was found.
                 segment.close_handlers()
@@ -213,10 +223,12 @@ def load_partition(
                 # Kafka warns here too (LogSegment.recover: "Found invalid messages"): what
                 # followed the last valid batch is gone.
                 log.warning(
-                    "%s: cut %d bytes after the last valid batch at position %d (rebuilding its indexes)",
+                    "%s: cut %d bytes after the last valid batch at position %d (rebuilding its indexes); "
+                    "set aside in %s",
                     segment.log_path,
                     cut,
                     segment.size,
+                    set_aside.pieces[-1].place,
                 )
                 truncated += cut
             segment.release_handles()
@@ -224,7 +236,12 @@ def load_partition(
         segments.append(segment)
 
     if writable and not clean_shutdown and segments:
-        truncated += _recover_from(segments, recovery_point, recovered)
+        try:
+            truncated += _recover_from(segments, recovery_point, recovered, set_aside)
+        except SetAsideError:
+            for segment in segments:  # the partition stays as it was, offline or not opened
+                segment.close_handlers()
+            raise
     if recovered:
         rebuild_transaction_indexes(segments, [segment for segment in recovered if segment in segments])
     start = max(log_start_offset, segments[0].base_offset) if segments else log_start_offset
@@ -249,12 +266,18 @@ def load_partition(
         fsync_dir(directory)
     if writable:
         segments[-1].make_active()
-    return LoadedLog(segments, start, end, min(recovery_point, end) if not clean_shutdown else end, truncated)
+    return LoadedLog(
+        segments, start, end, min(recovery_point, end) if not clean_shutdown else end, truncated, set_aside.pieces
+    )
 
 
-def _recover_from(segments: list[LogSegment], recovery_point: int, recovered: list[LogSegment]) -> int:
+def _recover_from(
+    segments: list[LogSegment], recovery_point: int, recovered: list[LogSegment], set_aside: SetAside
+) -> int:
     """Recover each segment that may hold offsets ≥ the recovery point (added to `recovered`);
-    after the first one that had to be cut, remove the rest. Returns the bytes cut."""
+    after the first one that had to be cut, remove the rest. What is cut or removed is set
+    aside first (a SetAsideError stops here, the rest of the log as it was). Returns the bytes
+    cut."""
     first = 0
     for slot, segment in enumerate(segments):
         if segment.base_offset <= recovery_point:
@@ -262,24 +285,40 @@ def _recover_from(segments: list[LogSegment], recovery_point: int, recovered: li
     truncated_total = 0
     slot = first
     while slot < len(segments):
-        truncated = segments[slot].recover()
+        later = segments[slot + 1 :]
+
+        def keep(
+            path: Path, handle: int, position: int, size: int, next_offset: int, *, later: list[LogSegment] = later
+        ) -> None:
+            # Kafka deletes the segments after a cut (LogLoader); they are set aside before the
+            # cut, after the tail (the one copy that needs room), the last first: whatever
+            # fails, the log left is the damaged segment and the segments that follow it
+            # without a gap, and the next open takes up the work.
+            set_aside.keep_tail(path, handle, position, size, next_offset)
+            for segment in reversed(later):
+                set_aside.keep_segment(segment)
+
+        truncated = segments[slot].recover(keep=keep)
         recovered.append(segments[slot])
         if slot < len(segments) - 1:
             segments[slot].release_handles()  # thousands of segments may be recovered in one open
         truncated_total += truncated
         if truncated > 0:
             # Kafka warns here too: bytes after the last valid batch were cut (a torn write).
+            tail = set_aside.pieces[-1 - len(later)]
+            removed = set_aside.pieces[len(set_aside.pieces) - len(later) :]
+            truncated_total += sum(piece.bytes for piece in removed)
+            del segments[slot + 1 :]
             log.warning(
-                "%s: cut %d bytes after the last valid batch at position %d (unclean stop)",
+                "%s: cut %d bytes after the last valid batch at position %d (unclean stop)%s; set aside in %s",
                 segments[slot].log_path,
                 truncated,
                 segments[slot].size,
+                f" and the {len(removed)} segments after it ({sum(piece.records for piece in removed)} records)"
+                if removed
+                else "",
+                tail.place,
             )
-            for later in segments[slot + 1 :]:
-                log.warning("%s: removed, it followed a damaged segment", later.log_path)
-                truncated_total += later.size
-                later.delete_files()
-            del segments[slot + 1 :]
             break
         slot += 1
     return truncated_total
@@ -322,7 +361,7 @@ def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogS
             segment.release_handles()  # thousands of segments may be read
             continue
         try:
-            written = segment.transaction_index.entries()
+            written = segment.transaction_index.entries(max_entries=len(markers))
         except CorruptIndexError as error:
             log.info("%s; rebuilding it from the log", error)
             written = []

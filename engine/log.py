@@ -71,6 +71,7 @@ from seglogfs.engine.records import (
 from seglogfs.engine.retention import RetentionDecision, segments_below_log_start, segments_to_delete
 from seglogfs.engine.segment import LogSegment, TimestampAndOffset
 from seglogfs.engine.segments import LogSegments
+from seglogfs.engine.set_aside import SetAsidePiece
 from seglogfs.engine.transaction_index import TransactionIndexBuilder
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,8 @@ class PartitionLog:
         self._behind: _RollFlush | None = None  # the last roll's flush, until it is waited for
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
+        # What the open's recovery cut or removed, kept beside the log dir (engine.set_aside).
+        self.set_aside: list[SetAsidePiece] = []
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
         self._listed_at_mtime_ns: int | None = None  # read-only: the directory's mtime at `refresh`'s last listing
         # The producers' open transactions (Kafka's producer state), for `.txnindex` entries:
@@ -185,7 +188,7 @@ class PartitionLog:
             log_start_offset=log_start_offset,
             now_ms=now_ms,
         )
-        return cls(
+        log = cls(
             directory,
             topic,
             partition,
@@ -197,6 +200,8 @@ class PartitionLog:
             recovery_point=loaded.recovery_point,
             now_ms=now_ms,
         )
+        log.set_aside = loaded.set_aside
+        return log
 
     @classmethod
     def unreadable(

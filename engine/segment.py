@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import queue
@@ -95,7 +96,12 @@ from seglogfs.engine.records import (
 )
 from seglogfs.engine.transaction_index import TransactionIndex
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+# Given what recovery is about to cut: (the .log's path, its descriptor, the cut position, the
+# size, the offset the log ends at after the cut). See engine.set_aside.
+KeepTail = Callable[[Path, int, int, int, int], object]
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
 # iter_headers: after two batches of at most _SMALL_BATCH_BYTES in a row it reads a window of
@@ -363,28 +369,48 @@ class LogSegment:
         return self._file_id is not None and (stat.st_dev, stat.st_ino) != self._file_id
 
     def _open_indexes(self) -> None:
+        """Open both index files and hold them against the log (`sanity_check`: their length,
+        their order, their positions), as Kafka's LogLoader does. A file that fails is rebuilt
+        from the log on a writable segment (Kafka: "Found a corrupted index file ... rebuilding
+        index files"); a read-only segment leaves it as it is and builds its indexes in memory
+        from the log instead, one scan of the segment. Either way with a warning naming the
+        file. A missing file is not damage: rebuilt (writable) or built in memory, silently. A
+        link or anything but a regular file where an index belongs is UnsafeFileError."""
         offset_path, time_path = self.offset_index_path, self.time_index_path
-        usable = self.writable or (offset_path.exists() and time_path.exists())
+        usable = self.writable or (os.path.lexists(offset_path) and os.path.lexists(time_path))
         if usable:
+            damage = None
             try:
                 offset_index = OffsetIndex(offset_path, self.base_offset, self.max_index_bytes, writable=self.writable)
+                self._offset_index = offset_index
                 time_index = TimeIndex(time_path, self.base_offset, self.max_index_bytes, writable=self.writable)
-                self._offset_index, self._time_index = offset_index, time_index
+                self._time_index = time_index
                 offset_index.sanity_check(self._size)
-                time_index.sanity_check()
+                time_index.sanity_check(self._size)
                 if self._active:
                     offset_index.resize(self.max_index_bytes)
                     time_index.resize(self.max_index_bytes)
                 return
-            except (CorruptIndexError, OSError) as error:
-                if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+            except CorruptIndexError as error:
+                damage = str(error)
+            except OSError as error:
+                if error.errno in (errno.EMFILE, errno.ENFILE):
                     self._close_indexes()
                     raise  # no damage: too many open files (`opening` sheds some and retries)
-                # handled below, once the error (and what its traceback holds) is gone
+                if not isinstance(error, FileNotFoundError):
+                    damage = f"{error.filename or offset_path}: {error.strerror or error}"
+            except BaseException:
+                self._close_indexes()  # (a link where an index belongs: refused, nothing kept open)
+                raise
+            # (handled here, once the error and what its traceback holds are gone)
             if self.writable:
+                if damage is not None:
+                    log.warning("%s; rebuilding the segment's indexes from the log", damage)
                 self.recover()
                 return
             self._close_indexes()
+            if damage is not None:
+                log.warning("%s; not used: the indexes are built in memory from the log (read-only)", damage)
         # Read-only and no usable index files: build the indexes in memory from the log.
         self._offset_index = OffsetIndex(None, self.base_offset, self.max_index_bytes, writable=True)
         self._time_index = TimeIndex(None, self.base_offset, self.max_index_bytes, writable=True)
@@ -1005,36 +1031,67 @@ class LogSegment:
             with self._index_lock:  # see max_timestamp_so_far
                 self._max_timestamp_so_far = max_so_far
 
-    def _rebuild_indexes(self, *, truncate: bool) -> int:
+    def _rebuild_indexes(self, *, truncate: bool, keep: KeepTail | None = None) -> int:
         """Re-read every batch, check it and rebuild both indexes; with `truncate`, cut the log
-        at the first invalid batch. Returns the number of invalid bytes found at the end.
-        Holds the index lock and a lease throughout."""
+        at the first invalid batch, after `keep` (if given) has kept what is cut. Returns the
+        number of invalid bytes found at the end. Holds the index lock and a lease throughout."""
         with self._index_lock:
             handle = self._lease()
             try:
-                return self._rebuild_indexes_leased(handle, truncate=truncate)
+                return self._rebuild_indexes_leased(handle, truncate=truncate, keep=keep)
             finally:
                 self._unlease()
 
-    def _rebuild_indexes_leased(self, handle: int, *, truncate: bool) -> int:
+    def _intact_batches(
+        self, batches: Iterator[tuple[BatchHeader, memoryview]]
+    ) -> Iterator[tuple[BatchHeader, memoryview]]:
+        """The batches recovery keeps, in order, up to the first it cuts at: one not where the
+        previous ended, failing its checks, or whose offsets go backwards or do not fit the
+        segment (Kafka's LogSegment.recover and its offset checks), or that reach the next
+        segment's base offset (`next_base_offset`, where the loader knows it: a flipped bit in a
+        base offset, which no CRC covers, would otherwise leave a log whose offsets go back)."""
+        valid_bytes = 0
+        previous_last_offset = self.base_offset - 1
+        for header, batch in batches:
+            if header.position != valid_bytes:
+                return
+            if check_batch(header, batch) is not None:
+                return
+            if (
+                header.base_offset <= previous_last_offset
+                or not self.can_convert_to_relative_offset(header.last_offset)
+                or (self.next_base_offset is not None and header.last_offset >= self.next_base_offset)
+            ):
+                return
+            yield header, batch
+            valid_bytes = header.next_position
+            previous_last_offset = header.last_offset
+
+    def recovery_cut(self) -> tuple[int, int]:
+        """Where recovery would cut this segment, read without changing anything: (the bytes it
+        keeps, the offset after them). Equal to the size when nothing would be cut."""
+        valid_bytes, next_offset = 0, self.base_offset
+        batches = self.iter_batches(0)
+        try:
+            for header, _batch in self._intact_batches(batches):
+                valid_bytes, next_offset = header.next_position, header.last_offset + 1
+        finally:
+            batches.close()
+        return valid_bytes, next_offset
+
+    def _rebuild_indexes_leased(self, handle: int, *, truncate: bool, keep: KeepTail | None) -> int:
         offset_index, time_index = self.offset_index_unchecked, self.time_index_unchecked
-        offset_index.truncate()
-        time_index.truncate()
+        # Emptied without reading what the files held (they may be anything: recovery is what
+        # follows a failed sanity check).
+        offset_index.reset()
+        time_index.reset()
         max_so_far = TimestampOffset(NO_TIMESTAMP, self.base_offset)
         valid_bytes = 0
         last_index_entry = 0
         previous_last_offset = self.base_offset - 1
         transactional = False
         batches = self._iter_mapped_batches() if self.writable else self.iter_batches(0)
-        for header, batch in batches:
-            if header.position != valid_bytes:
-                break
-            if check_batch(header, batch) is not None:
-                break
-            if header.base_offset <= previous_last_offset or not self.can_convert_to_relative_offset(
-                header.last_offset
-            ):
-                break
+        for header, batch in self._intact_batches(batches):
             if header.max_timestamp > max_so_far.timestamp:
                 max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
             if valid_bytes - last_index_entry > self.index_interval_bytes:
@@ -1058,6 +1115,9 @@ class LogSegment:
             # or release fsyncs it (and so does the loader's release).
             self._log_dirty = True
         if truncate and truncated > 0:
+            if keep is not None:
+                # What is cut is kept first (engine.set_aside): a failure there cuts nothing.
+                keep(self.log_path, handle, valid_bytes, self._size, previous_last_offset + 1)
             self._verified_to = min(self._verified_to, valid_bytes)
             os.ftruncate(handle, valid_bytes)
         elif truncate:
@@ -1097,11 +1157,20 @@ class LogSegment:
             )
         return self._time_index
 
-    def recover(self) -> int:
+    # What keeps the bytes of a cut no caller gave a `keep` for (a damaged index found on first
+    # use recovers the segment): the loader sets it on the segments it opens writable.
+    keep_cut: KeepTail | None = None
+    # The base offset of the segment after this one, where the loader or a repair's plan knows
+    # it: recovery keeps no batch whose offsets reach it (see `_intact_batches`).
+    next_base_offset: int | None = None
+
+    def recover(self, keep: KeepTail | None = None) -> int:
         """Validate every batch, rebuild both indexes from the log and truncate the log at the
         first invalid batch (bad CRC, length, magic, or offsets that go backwards or overflow).
-        Returns the number of bytes truncated. Writable segments only."""
-        return self._rebuild_indexes(truncate=True)
+        Before the cut, `keep(log_path, descriptor, position, size, next_offset)` (default
+        `keep_cut`) is given the bytes to be cut (engine.set_aside keeps them); an error it
+        raises cuts nothing. Returns the number of bytes truncated. Writable segments only."""
+        return self._rebuild_indexes(truncate=True, keep=keep or self.keep_cut)
 
     def truncate_to(self, offset: int, now_ms: int) -> int:
         """Remove every batch from the one holding `offset` on, and every index entry at or above

@@ -12,7 +12,11 @@ Byte layout: 34-byte entries, big-endian, appended in the order the transactions
     26       8    last_stable_offset  the partition's last stable offset right after the marker
 
 No header, no preallocation: the file is exactly the entries, and exists only when there is one.
-A size that is not a multiple of 34, or an entry of a newer version, is a corrupt index.
+A size that is not a multiple of 34, or an entry of a newer version, is a corrupt index. So is a
+file with a hole (entries are appended whole: a hole is no part of one), found before anything
+is read, and a file of more entries than its reader allows (a check or recovery: the segment's
+abort markers, each of which names one entry), found before anything is read too. Entries are
+read a chunk at a time; a writer's append reads only the last one.
 
 Writers: the partition's appends (engine.log: an ABORT marker that ends an open transaction adds
 its entry to the marker's segment), the cleaner (a cleaned segment carries its sources' entries),
@@ -30,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from seglogfs.engine.errors import CorruptIndexError
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.records import CURRENT_MAGIC, BatchHeader, ControlType, control_type, decode_records
 from seglogfs.engine.transactions import TransactionTracker
 
@@ -44,6 +49,7 @@ ABORTED_TXN_DTYPE = np.dtype(
 )
 assert ABORTED_TXN_DTYPE.itemsize == 34
 ABORTED_TXN_VERSION = 0
+_CHUNK_ENTRIES = 4096  # entries read at a time (136 KiB)
 
 
 @dataclass(frozen=True)
@@ -55,22 +61,60 @@ class AbortedTxn:
     last_stable_offset: int
 
 
-def read_transaction_index(path: Path) -> list[AbortedTxn]:
+def read_transaction_index(path: Path, max_entries: int | None = None) -> list[AbortedTxn]:
     """Every entry of a `.txnindex` file; CorruptIndexError for a size that is not a multiple of
-    34 or an entry whose version is newer than 0 (naming the position)."""
-    raw = path.read_bytes()
-    size = ABORTED_TXN_DTYPE.itemsize
-    if len(raw) % size:
-        raise CorruptIndexError(path, f"{len(raw)} bytes is not a multiple of the {size}-byte entry size")
-    entries = np.frombuffer(raw, dtype=ABORTED_TXN_DTYPE)
-    out = []
-    for index, entry in enumerate(entries.tolist()):
-        if entry[0] > ABORTED_TXN_VERSION:
+    34, a hole, more than `max_entries` entries, or an entry whose version is newer than 0
+    (naming the position). UnsafeFileError for anything but a regular file."""
+    fd = open_regular(path)
+    try:
+        count = _checked_entry_count(fd, path)
+        if max_entries is not None and count > max_entries:
             raise CorruptIndexError(
-                path, f"entry at position {index * size}: unexpected aborted transaction version {entry[0]}"
+                path, f"{count} entries, more than the {max_entries} abort markers of its segment can name"
             )
-        out.append(AbortedTxn(*entry))
-    return out
+        size = ABORTED_TXN_DTYPE.itemsize
+        out = []
+        for first in range(0, count, _CHUNK_ENTRIES):
+            raw = os.pread(fd, min(_CHUNK_ENTRIES, count - first) * size, first * size)
+            entries = np.frombuffer(raw[: len(raw) - len(raw) % size], dtype=ABORTED_TXN_DTYPE)
+            for index, entry in enumerate(entries.tolist(), first):
+                if entry[0] > ABORTED_TXN_VERSION:
+                    raise CorruptIndexError(
+                        path, f"entry at position {index * size}: unexpected aborted transaction version {entry[0]}"
+                    )
+                out.append(AbortedTxn(*entry))
+        return out
+    finally:
+        os.close(fd)
+
+
+def _checked_entry_count(fd: int, path: Path) -> int:
+    """The entries of an open `.txnindex` as its length and holes allow (nothing is read)."""
+    length = os.fstat(fd).st_size
+    size = ABORTED_TXN_DTYPE.itemsize
+    if length % size:
+        raise CorruptIndexError(path, f"{length} bytes is not a multiple of the {size}-byte entry size")
+    hole = os.lseek(fd, 0, os.SEEK_HOLE) if length else 0
+    if hole < length:
+        raise CorruptIndexError(path, f"a hole at position {hole}: entries are appended whole")
+    return length // size
+
+
+def _last_entry(path: Path) -> AbortedTxn | None:
+    """The file's last entry (None: no file, or no entry), its length checked, nothing else read."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return None
+    try:
+        count = _checked_entry_count(fd, path)
+        if not count:
+            return None
+        size = ABORTED_TXN_DTYPE.itemsize
+        entry = np.frombuffer(os.pread(fd, size, (count - 1) * size), dtype=ABORTED_TXN_DTYPE)
+        return AbortedTxn(*entry.tolist()[0]) if len(entry) else None
+    finally:
+        os.close(fd)
 
 
 def _encode(entries: list[AbortedTxn]) -> bytes:
@@ -105,25 +149,25 @@ class TransactionIndex:
     def __repr__(self) -> str:
         return f"TransactionIndex({self.path})"
 
-    def entries(self) -> list[AbortedTxn]:
+    def entries(self, max_entries: int | None = None) -> list[AbortedTxn]:
         """Every entry; none when the file does not exist. CorruptIndexError as
         `read_transaction_index`."""
         try:
-            return read_transaction_index(self.path)
+            return read_transaction_index(self.path, max_entries)
         except FileNotFoundError:
             return []
 
     def append(self, entry: AbortedTxn) -> None:
         """Add the entry of a transaction that aborted after every one already in the file."""
         if self._last_offset is None:
-            known = self.entries()
-            self._last_offset = known[-1].last_offset if known else -1
+            last = _last_entry(self.path)
+            self._last_offset = last.last_offset if last is not None else -1
         if entry.last_offset <= self._last_offset:
             raise ValueError(
                 f"{self.path}: aborted transaction ending at {entry.last_offset} does not follow the last entry's "
                 f"end {self._last_offset}"
             )
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        fd = open_regular(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             data = _encode([entry])
             if os.write(fd, data) != len(data):  # (34 bytes to a regular file: one write)
@@ -152,7 +196,7 @@ class TransactionIndex:
             self.path.unlink(missing_ok=True)
             self._dirty = False
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = open_regular(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             data = memoryview(_encode(entries))
             while data:
@@ -168,7 +212,7 @@ class TransactionIndex:
         if not self._dirty:
             return
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = open_regular(self.path)
         except FileNotFoundError:
             self._dirty = False
             return

@@ -23,6 +23,8 @@ Exit codes (mount_tools.common):
     2  the command line is wrong
     3  the data dir is locked by another process
     4  `check` found problems (after `--repair`: problems it could not repair)
+    7  `check` found no problems, but records are set aside beside a log dir (by recovery or a
+       repair: see engine.set_aside) until an operator removes the place (`rm -r`)
     70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
 Errors are one line on stderr, `seglogfs: <what and where>` (a bad command line:
 `seglogfs COMMAND: <what> (see seglogfs COMMAND --help)`), with no traceback. A reader that goes
@@ -40,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from seglogfs.engine import DataDir, EngineError, LogDirLockedError, _core
-from seglogfs.engine.check import CheckReport, check_log_dirs
+from seglogfs.engine.check import CheckReport, PlannedRepair, check_log_dirs, plan_repair
 from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
 from seglogfs.engine.producer import LineSplitter, Producer
+from seglogfs.engine.set_aside import SetAsidePiece, SetAsideRun, place_for
 from seglogfs.mount_tools import backup, configs, consume, dump, groups, mounting, topics
 from seglogfs.mount_tools.common import (
     EPILOG,
@@ -52,6 +55,7 @@ from seglogfs.mount_tools.common import (
     EXIT_INTERNAL,
     EXIT_LOCKED,
     EXIT_OK,
+    EXIT_SET_ASIDE,
     EXIT_USAGE,
     Parser,
     UsageError,
@@ -286,12 +290,29 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 # -- check ----------------------------------------------------------------------------------------
+def _piece_document(piece: SetAsidePiece) -> dict[str, Any]:
+    return {"path": str(piece.path), **piece.to_json()}
+
+
+def _set_aside_document(runs: list[SetAsideRun]) -> list[dict[str, Any]]:
+    return [
+        {
+            "place": str(run.place),
+            "records": run.records,
+            "pieces": [_piece_document(piece) for piece in run.pieces],
+            "problem": run.problem,
+        }
+        for run in runs
+    ]
+
+
 def _check_document(dirs: list[Path], report: CheckReport) -> dict[str, Any]:
-    """`check --json`: the report's figures, its problems and notes (`repaired` and
-    `problemsBeforeRepair` are set by `--repair`)."""
+    """`check --json`: the report's figures, its problems and notes, what is set aside beside the
+    log dirs (`clean` is false while anything is); `repaired`, `problemsBeforeRepair` and
+    `setAsideByRepair` are set by `--repair`, `repairPlan` by `--repair --dry-run`."""
     return {
         "logDirs": [str(d) for d in dirs],
-        "clean": report.clean,
+        "clean": report.clean and not report.set_aside,
         "partitions": report.partitions,
         "segments": report.segments,
         "batches": report.batches,
@@ -300,12 +321,58 @@ def _check_document(dirs: list[Path], report: CheckReport) -> dict[str, Any]:
         "problems": [{"path": str(problem.path), "message": problem.message} for problem in report.problems],
         "missingIndexes": [str(path) for path in report.missing_indexes],
         "inUseBy": {str(log_dir): pid for log_dir, pid in report.in_use_by.items()},
+        "setAside": _set_aside_document(report.set_aside),
         "repaired": False,
         "problemsBeforeRepair": [],
+        "setAsideByRepair": [],
     }
 
 
+def _print_set_aside(report: CheckReport, told: list[SetAsidePiece]) -> None:
+    """Every piece set aside beside the log dirs but those `told` already (by the repair)."""
+    paths = {piece.path for piece in told}
+    for run in report.set_aside:
+        if run.problem is not None:
+            print(f"set aside: {run.place}: {run.problem}")
+        for piece in run.pieces:
+            if piece.path not in paths:
+                print(f"set aside: {piece.path}: {piece.describe()}")
+
+
+def _summary(report: CheckReport, dirs: list[Path]) -> str:
+    """The last line: never `clean` while records are set aside beside a log dir."""
+    figures = (
+        f"{report.partitions} partitions, {report.segments} segments, {report.batches} batches, "
+        f"{report.records} records, {report.bytes} bytes: "
+    )
+    if not report.set_aside:
+        return figures + ("clean" if report.clean else f"{len(report.problems)} problems")
+    places = sorted({str(place_for(log_dir)) for log_dir in dirs if os.path.lexists(place_for(log_dir))})
+    records = sum(run.records for run in report.set_aside)
+    size = sum(piece.bytes for run in report.set_aside for piece in run.pieces)
+    state = "no problems" if report.clean else f"{len(report.problems)} problems"
+    return (
+        figures + f"{state}, but {size} bytes ({records} records in intact batches) are set aside in "
+        f"{', '.join(places)} (read them with seglogfs dump; rm -r the place once they are dealt with)"
+    )
+
+
+def _print_plan(plans: list[PlannedRepair]) -> None:
+    if not plans:
+        print("a repair would cut nothing: it would rebuild the indexes and finish or remove leftover files")
+    for plan in plans:
+        place = plan.pieces[0].place
+        print(
+            f"a repair would set aside {plan.records} records of {plan.partition_dir.name} in "
+            f"{place.parent}/<time of the repair>/{place.name}:"
+        )
+        for piece in plan.pieces:
+            print(f"  {piece.describe()}")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.dry_run and not args.repair:
+        raise UsageError("--dry-run goes with --repair")
     config = broker_config(args)
     require_data_dirs(config)
     dirs = list(config.log_dirs)
@@ -327,37 +394,58 @@ def cmd_check(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(problem)
     before = report
+    kept: list[SetAsidePiece] = []
+    plans: list[PlannedRepair] | None = None
     if report.problems and args.repair:
         if report.in_use_by:
             if not text:
                 print_json(_check_document(dirs, report))
             print("seglogfs: not repairing a data dir that another process holds", file=sys.stderr)
             return EXIT_LOCKED
-        with (
-            Progress("check", phase="repairing: recovering every segment", plain=not args.json, tick=True),
-            DataDir.open(config, recover_all=True, now_ms=now_ms()),
-        ):
-            pass
-        if text:
-            print(f"repaired: recovered every segment ({len(report.problems)} problems found before)")
-        with Progress("check (after repair)", total, plain=not args.json) as progress:
-            report = check_log_dirs(dirs, progress.advance)
-        if text:
-            for problem in report.problems:
-                print(f"still: {problem}")
+        if args.dry_run:
+            plans = plan_repair(dirs)
+            if text:
+                _print_plan(plans)
+        else:
+            with (
+                Progress("check", phase="repairing: recovering every segment", plain=not args.json, tick=True),
+                DataDir.open(config, recover_all=True, now_ms=now_ms()) as data_dir,
+            ):
+                kept = sorted(
+                    (piece for log in data_dir.partitions() for piece in log.set_aside),
+                    key=lambda piece: (str(piece.place), piece.source, piece.position),
+                )
+            if text:
+                print(f"repaired: recovered every segment ({len(report.problems)} problems found before)")
+                for piece in kept:
+                    print(f"repair set aside {piece.path}: {piece.describe()}")
+            with Progress("check (after repair)", total, plain=not args.json) as progress:
+                report = check_log_dirs(dirs, progress.advance)
+            if text:
+                for problem in report.problems:
+                    print(f"still: {problem}")
     if text:
-        print(
-            f"{report.partitions} partitions, {report.segments} segments, {report.batches} batches, "
-            f"{report.records} records, {report.bytes} bytes: "
-            + ("clean" if report.clean else f"{len(report.problems)} problems")
-        )
+        _print_set_aside(report, kept)
+        print(_summary(report, dirs))
     else:
         document = _check_document(dirs, report)
         if report is not before:
             document["repaired"] = True
             document["problemsBeforeRepair"] = _check_document(dirs, before)["problems"]
+            document["setAsideByRepair"] = [_piece_document(piece) for piece in kept]
+        if plans is not None:
+            document["repairPlan"] = [
+                {
+                    "partitionDir": str(plan.partition_dir),
+                    "records": plan.records,
+                    "pieces": [{"place": str(piece.place), **piece.to_json()} for piece in plan.pieces],
+                }
+                for plan in plans
+            ]
         print_json(document)
-    return EXIT_OK if report.clean else EXIT_CHECK_FAILED
+    if report.problems:
+        return EXIT_CHECK_FAILED
+    return EXIT_SET_ASIDE if report.set_aside else EXIT_OK
 
 
 # -- entry point ----------------------------------------------------------------------------------
@@ -444,7 +532,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check", help="verify every batch, index and checkpoint", epilog=EPILOG)
     add_common(check)
-    check.add_argument("--repair", action="store_true", help="recover every segment: cut torn tails, rebuild indexes")
+    check.add_argument(
+        "--repair",
+        action="store_true",
+        help="recover every segment as Kafka would: cut at damage, rebuild indexes; what is cut is set aside",
+    )
+    check.add_argument("--dry-run", action="store_true", help="with --repair: say what it would do, change nothing")
     check.add_argument("--json", action="store_true", help="one JSON document")
     check.set_defaults(handler=cmd_check)
     backup.add_commands(commands)

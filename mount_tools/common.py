@@ -10,6 +10,8 @@ Exit codes (the CLI's contract, in `seglogfs --help`):
     5  the mount point is in use: already mounted, not empty (without -o nonempty), a dead mount
        of another filesystem; for umount, busy
     6  umount: no seglogfs mount there (nothing mounted, or another filesystem)
+    7  `check` found no problems, but records are set aside beside a log dir (recovery or a
+       repair cut them), until an operator removes the place
     70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
 """
 
@@ -32,10 +34,11 @@ EXIT_DATA = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
 EXIT_CHECK_FAILED = 4
+EXIT_SET_ASIDE = 7
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EPILOG = (
     "Exit codes: 0 ok, 1 bad data or input, 2 bad command line, 3 data dir locked, 4 check found problems, "
-    "5 mount point in use, 6 not a seglogfs mount (umount)."
+    "5 mount point in use, 6 not a seglogfs mount (umount), 7 check: records set aside beside the data dir."
 )
 
 

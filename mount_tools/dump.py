@@ -63,7 +63,14 @@ from seglogfs.engine.consumer_offsets import (
 from seglogfs.engine.control_records import describe_control_record
 from seglogfs.engine.errors import CorruptIndexError, UnsafeFileError
 from seglogfs.engine.files import check_regular, is_regular, open_regular
-from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex, entries_in_use
+from seglogfs.engine.index import (
+    OFFSET_INDEX_DTYPE,
+    TIME_INDEX_DTYPE,
+    OffsetIndex,
+    TimeIndex,
+    entries_in_use,
+    read_index_prefix,
+)
 from seglogfs.engine.messages import json_ready, to_json
 from seglogfs.engine.metadata_records import describe_metadata_record
 from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
@@ -561,13 +568,18 @@ def _dump_transaction_index(path: Path, out: Any) -> None:
 
 
 def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
-    with os.fdopen(open_regular(path), "rb") as handle:
-        raw = handle.read()
-    if len(raw) % dtype.itemsize:
-        raise CorruptIndexError(
-            path, f"found {len(raw)} bytes which is neither positive nor a multiple of {dtype.itemsize}"
-        )
-    return entries_in_use(np.frombuffer(raw, dtype=dtype))
+    """The entries in use, read up to the zero tail (a hole reads as one): never the whole
+    length of a file that may be a sparse terabyte."""
+    fd = open_regular(path)
+    try:
+        length = os.fstat(fd).st_size
+        if length % dtype.itemsize:
+            raise CorruptIndexError(
+                path, f"found {length} bytes which is neither positive nor a multiple of {dtype.itemsize}"
+            )
+        return entries_in_use(read_index_prefix(fd, dtype, length))
+    finally:
+        os.close(fd)
 
 
 def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bool, out: Any) -> bool:

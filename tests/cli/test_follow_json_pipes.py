@@ -137,9 +137,18 @@ def test_check_json(log_dir: Path) -> None:
     problems = json.loads(damaged.stdout)["problems"]
     assert len(problems) == 1 and "11 bytes after the last whole batch" in problems[0]["message"]
     assert problems[0]["path"].endswith("00000000000000000000.log") and damaged.stderr == ""
-    repaired = json.loads(run("check", str(log_dir), "--repair", "--json").stdout)
-    assert repaired["repaired"] is True and repaired["clean"] is True
+    repaired = json.loads(run("check", str(log_dir), "--repair", "--json", code=7).stdout)
+    # The torn header is kept beside the data dir: not clean while it is there.
+    assert repaired["repaired"] is True and repaired["clean"] is False and repaired["problems"] == []
     assert repaired["problemsBeforeRepair"] == problems and repaired["records"] == 3
+    [kept] = repaired["setAsideByRepair"]
+    assert (kept["source"], kept["position"], kept["bytes"], kept["records"]) == (
+        "00000000000000000000.log",
+        problems and int(problems[0]["message"].rsplit("position ", 1)[1].rstrip(")")),
+        11,
+        0,
+    )
+    assert [run["records"] for run in repaired["setAside"]] == [0]
 
 
 def test_clean_json_and_dry_run_json(log_dir: Path) -> None:
