@@ -190,6 +190,8 @@ def test_topics_seglogfs_creates_in_a_broker_dir_stay_managed(tmp_path: Path, ca
 
 
 @pytest.mark.expect_warnings(UNKNOWN_WARNING)
+# (the replaced log leaves the fixture's index pointing past its end: rebuilt, with a warning)
+@pytest.mark.expect_warnings(r"__cluster_metadata-0/00000000000000000000\.index: corrupt index: .* points past the end")
 def test_an_unreadable_metadata_log_leaves_its_topics_alone(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     copy = copy_fixture("ne-streaming-d95be01", tmp_path)
     for path in (copy / METADATA_PARTITION_DIR).glob("*.log"):
