@@ -145,7 +145,7 @@ class TextRenderer:
         (except when headers are shown); `columns`: the batch's, when the caller has them (a
         measure of both formats lays a batch out once)."""
         if header.is_control or self._record_at_a_time(header):
-            return len(self.render(header, batch))
+            return len(self.render(header, batch, _ALL_OFFSETS))
         return int(self._sizes(header, columns if columns is not None else record_columns(header, batch)).sum())
 
     def _record_at_a_time(self, header: BatchHeader) -> bool:
@@ -301,7 +301,7 @@ class JsonLinesRenderer:
             return _NO_RECORDS
         rendered = self._render_section(header, batch, _ALL_OFFSETS)
         if rendered is None:  # records with headers: one at a time
-            lines, offsets = self._lines(header, batch, 0)
+            lines, offsets = self._lines(header, batch, _ALL_OFFSETS)
             encoded = [line.encode() + b"\n" for line in lines]
             return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
         data, ends, offsets = rendered
@@ -318,7 +318,7 @@ class JsonLinesRenderer:
         if columns is None:
             columns = record_columns(header, batch)
         if bool(columns.header_counts.any()):
-            return len(self.render(header, batch))
+            return len(self.render(header, batch, _ALL_OFFSETS))
         count = len(columns)
         keys, values = np.empty(count, np.int64), np.empty(count, np.int64)
         _core.json_text_sizes(columns.section, columns.key_starts, columns.key_lengths, keys)
@@ -357,9 +357,12 @@ def _ends(pieces: list[bytes]) -> np.ndarray:
     return np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)))
 
 
-_POWERS_OF_TEN = np.array([10**k for k in range(1, 19)], np.int64)
+_POWERS_OF_TEN = np.array([10**k for k in range(1, 20)], np.uint64)
 
 
 def _decimal_widths(values: np.ndarray) -> np.ndarray:
-    """The number of characters of each integer written in decimal (a minus sign included)."""
-    return np.searchsorted(_POWERS_OF_TEN, np.abs(values), side="right") + 1 + (values < 0)
+    """The number of characters of each integer written in decimal (a minus sign included).
+    Magnitudes as uint64: that of -2^63 is not an int64 (np.abs leaves it -2^63, whose bits as
+    uint64 are 2^63, its magnitude)."""
+    magnitudes = np.abs(values).view(np.uint64)
+    return np.searchsorted(_POWERS_OF_TEN, magnitudes, side="right") + 1 + (values < 0)
