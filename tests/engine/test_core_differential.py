@@ -191,7 +191,9 @@ def cases(draw: st.DrawFn) -> Case:
         if with_headers
         else None,
         timestamps=[1_763_800_000_000 + rng.randrange(-5, 6) for _ in range(count)],
-        base_offset=draw(st.sampled_from([0, 100, INT64_MAX - 40, INT64_MAX - (1 << 31), INT64_MIN + 5])),
+        base_offset=draw(
+            st.sampled_from([0, 100, INT64_MAX - 40, INT64_MAX - 5, INT64_MAX - (1 << 31), INT64_MIN + 5])
+        ),
         compression=draw(st.sampled_from([CompressionType.NONE] * 4 + list(CompressionType)[1:])),
         timestamp_type=draw(st.sampled_from([TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME])),
         offset_deltas=draw(st.one_of(st.none(), st.just(list(range(count - 1, -1, -1))))),  # falling offsets too
@@ -400,3 +402,26 @@ def test_a_lying_count_is_refused_everywhere_before_anything_is_sized_by_it(coun
         _core.render_json_section(section, over, 0, 1, None, INT64_MIN, b"{", b"CreateTime", offsets, ends)
     with pytest.raises(ValueError, match="record count too large"):
         _core.record_fields(section, over, np.empty((8, over), np.int64))
+
+
+@pytest.mark.parametrize("count", [3, 9])
+@pytest.mark.parametrize(
+    ("base_offset", "base_timestamp", "step"),
+    [
+        (INT64_MAX - 1, 0, 0),  # the third record's offset is past int64
+        (0, INT64_MAX, 1),  # timestamp deltas 0, 1, 2...: past the maximum
+        (0, INT64_MIN, -1),  # 0, -1, -2...: past the minimum
+    ],
+)
+def test_offsets_and_times_past_int64_are_refused_everywhere(
+    tmp_path, count: int, base_offset: int, base_timestamp: int, step: int
+) -> None:
+    """Each sum of a base and a delta is checked, whatever the path: a record's offset or time past
+    int64 is refused by every entry point, as the Python decoder refuses it (the core added them
+    unchecked, and `consume` printed negative offsets)."""
+    batch = build_batch([b"v"] * count, timestamps=[step * i for i in range(count)], base_offset=base_offset)
+    header = dataclasses.replace(BatchHeader.parse(batch), base_timestamp=base_timestamp)
+    damaged = bytes(rebuild_batch(header, bytes(batch[BATCH_OVERHEAD_BYTES:]), count, 1))
+    with pytest.raises(ValueError, match="past int64"):
+        decode_records(BatchHeader.parse(damaged), damaged)
+    check_case(Case(damaged, TextFormat(print_timestamp=True, print_offset=True), INT64_MIN), str(tmp_path / "0.log"))
