@@ -6,9 +6,12 @@
  *     `out` seen as an (8, count) array holds field k of every record, so each field is a
  *     contiguous column. The fields: the record's start (at its length prefix), timestamp
  *     delta, offset delta, key start, key length (-1: null), value start, value length (-1:
- *     null) and header count. Raises ValueError naming the record when
- *     the section is malformed (a field past the record, a varint over ten bytes, bytes after
- *     the last record). The GIL is released while it walks.
+ *     null; any negative length is null, as Kafka reads it) and header count. Raises
+ *     ValueError naming the record where engine.records.decode_records refuses the section
+ *     (Kafka's DefaultRecord rules, `walk_record`): a count more than the section can hold at
+ *     seven bytes a record, a field past its record, a varint over five bytes (over ten: the
+ *     timestamp delta), a negative header count or header key length, bytes left over after a
+ *     record's headers or after the last record. The GIL is released while it walks.
  *
  * encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths,
  *                timestamp_delta, batch_firsts, ends)
@@ -28,15 +31,16 @@
  * render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
  *                     timestamp_label, partition_field, print_offset, print_key, print_value,
  *                     separator, line_end, null, offsets, ends) -> (bytes, n)
- *     The records of a batch with offsets >= `min_offset`, straight from its uncompressed
+ *     The records of a batch with offsets >= `min_offset` (each record on its own: offsets
+ *     need not rise), straight from its uncompressed
  *     records section (walked as record_fields walks it; no columns are made), as
  *     kafka-console-consumer prints them, a line each: the fields shown, in its order —
  *     `timestamp_label` and the timestamp (label None: not shown; `log_append_time`, when not
  *     None, is every record's), `partition_field` (None: not shown), "Offset:" and the offset,
  *     the key, the value (`null` for a null one) — joined by `separator`, each line ended by
  *     `line_end`. The n records' offsets and line ends go into `offsets` and `ends` (int64
- *     buffers of `count`). ValueError as record_fields raises it. The GIL is released while it
- *     walks and writes.
+ *     buffers of `count`). ValueError as record_fields raises it, and for a record whose offset
+ *     or timestamp (base + delta) is past int64. The GIL is released while it walks and writes.
  *
  * render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
  *                     prefix, timestamp_type, offsets, ends) -> (bytes, n) or None
@@ -62,9 +66,8 @@
  *     not hold or whose records section is malformed, a record count the batch cannot hold, a
  *     compressed batch, a record with headers (JSON Lines), a read that fails or comes back
  *     short, a rendering of another size, an offset or time past int64, a negative last offset
- *     delta, and in text a record with headers, or with bytes after its header count, in a
- *     batch of at most `small_batch_records` (which the caller decodes record by record, and
- *     that decoder checks them). Control batches render to nothing. The caller renders such a
+ *     delta, and in text a record with headers in a batch of at most `small_batch_records`
+ *     (which the caller decodes record by record). Control batches render to nothing. The caller renders such a
  *     range batch by batch, which says why. With `nowait` (for an event loop) the bytes are read
  *     only if they are all in the OS page cache: BlockingIOError otherwise, and where the file
  *     system cannot tell (no RWF_NOWAIT) or the file ends before `end`.
