@@ -6,9 +6,12 @@
  *     `out` seen as an (8, count) array holds field k of every record, so each field is a
  *     contiguous column. The fields: the record's start (at its length prefix), timestamp
  *     delta, offset delta, key start, key length (-1: null), value start, value length (-1:
- *     null) and header count. Raises ValueError naming the record when
- *     the section is malformed (a field past the record, a varint over ten bytes, bytes after
- *     the last record). The GIL is released while it walks.
+ *     null; any negative length is null, as Kafka reads it) and header count. Raises
+ *     ValueError naming the record where engine.records.decode_records refuses the section
+ *     (Kafka's DefaultRecord rules, `walk_record`): a count more than the section can hold at
+ *     seven bytes a record, a field past its record, a varint over five bytes (over ten: the
+ *     timestamp delta), a negative header count or header key length, bytes left over after a
+ *     record's headers or after the last record. The GIL is released while it walks.
  *
  * encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths,
  *                timestamp_delta, batch_firsts, ends)
@@ -28,15 +31,16 @@
  * render_text_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
  *                     timestamp_label, partition_field, print_offset, print_key, print_value,
  *                     separator, line_end, null, offsets, ends) -> (bytes, n)
- *     The records of a batch with offsets >= `min_offset`, straight from its uncompressed
+ *     The records of a batch with offsets >= `min_offset` (each record on its own: offsets
+ *     need not rise), straight from its uncompressed
  *     records section (walked as record_fields walks it; no columns are made), as
  *     kafka-console-consumer prints them, a line each: the fields shown, in its order —
  *     `timestamp_label` and the timestamp (label None: not shown; `log_append_time`, when not
  *     None, is every record's), `partition_field` (None: not shown), "Offset:" and the offset,
  *     the key, the value (`null` for a null one) — joined by `separator`, each line ended by
  *     `line_end`. The n records' offsets and line ends go into `offsets` and `ends` (int64
- *     buffers of `count`). ValueError as record_fields raises it. The GIL is released while it
- *     walks and writes.
+ *     buffers of `count`). ValueError as record_fields raises it, and for a record whose offset
+ *     or timestamp (base + delta) is past int64. The GIL is released while it walks and writes.
  *
  * render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
  *                     prefix, timestamp_type, offsets, ends) -> (bytes, n) or None
@@ -62,9 +66,8 @@
  *     not hold or whose records section is malformed, a record count the batch cannot hold, a
  *     compressed batch, a record with headers (JSON Lines), a read that fails or comes back
  *     short, a rendering of another size, an offset or time past int64, a negative last offset
- *     delta, and in text a record with headers, or with bytes after its header count, in a
- *     batch of at most `small_batch_records` (which the caller decodes record by record, and
- *     that decoder checks them). Control batches render to nothing. The caller renders such a
+ *     delta, and in text a record with headers in a batch of at most `small_batch_records`
+ *     (which the caller decodes record by record). Control batches render to nothing. The caller renders such a
  *     range batch by batch, which says why. With `nowait` (for an event loop) the bytes are read
  *     only if they are all in the OS page cache: BlockingIOError otherwise, and where the file
  *     system cannot tell (no RWF_NOWAIT) or the file ends before `end`.
@@ -202,45 +205,83 @@ static inline int read_varint(reader_t *r, int64_t *value) {
     return read_long_varint(r, value);
 }
 
+/* Kafka's 32-bit varint (ByteUtils.readVarint: a length, a count, an offset delta): at most five
+ * bytes, of which the low 32 bits count (the fifth byte's high bits are dropped, as Kafka drops
+ * them); 0 on success, -1 past the end, -2 over five bytes. */
+#define MAX_VARINT32 5
+static inline int read_int_varint(reader_t *r, int32_t *value) {
+    Py_ssize_t left = r->end - r->position;
+    const uint8_t *p = r->data + r->position;
+    if (left > 0 && p[0] < 0x80) {
+        r->position++;
+        *value = (int32_t)(p[0] >> 1) ^ -(int32_t)(p[0] & 1);
+        return 0;
+    }
+    uint32_t result = 0;
+    for (int i = 0; i < MAX_VARINT32; i++) {
+        if (r->position >= r->end) return -1;
+        uint8_t byte = r->data[r->position++];
+        result |= (uint32_t)(byte & 0x7F) << (7 * i);
+        if (byte < 0x80) {
+            *value = (int32_t)(result >> 1) ^ -(int32_t)(result & 1);
+            return 0;
+        }
+    }
+    return -2;
+}
+
 /* The fields of the record at the reader's position, as `walk` lays them out a column each (f[0]
  * its start ... f[7] its header count), the reader moved past it; -1 with `*why` when it is
- * malformed. `*rest`: the bytes of the record after its header count (its headers; stray bytes
- * when it has none, which Python's record decoder refuses). Always inline: in the range renderers'
- * loop the reader stays in registers (text and JSON Lines of 100-byte records 5 % faster). */
-static inline __attribute__((always_inline)) int walk_record_rest(reader_t *r, int64_t *f, const char **why,
-                                                                  Py_ssize_t *rest) {
-    int64_t length, skip, value;
+ * malformed. Kafka's DefaultRecord rules, as engine.records.decode_records applies them: the
+ * length, offset delta, key and value lengths and the header fields are 32-bit varints, the
+ * timestamp delta a 64-bit one; a negative key or value length is a null key or value (f[4], f[6]
+ * -1); a negative header count or header key length, a field past the record, or bytes left over
+ * after its headers make it invalid. Headers are checked, not laid out (callers that show them
+ * decode the record in Python). Always inline: in the range renderers' loop the reader stays in
+ * registers (text and JSON Lines of 100-byte records 5 % faster). */
+static inline __attribute__((always_inline)) int walk_record(reader_t *r, int64_t *f, const char **why) {
+    int32_t length, value, headers;
     f[0] = r->position;
-    if (read_varint(r, &length) != 0) { *why = "its length is not a varint"; return -1; }
+    if (read_int_varint(r, &length) != 0) { *why = "its length is not a varint"; return -1; }
     if (length < 0 || length > r->end - r->position) { *why = "its length runs past the records section"; return -1; }
     reader_t body = {r->data, r->position + length, r->position};
     r->position += length;
     if (body.position >= body.end) { *why = "it has no attributes"; return -1; }
     body.position++; /* attributes: unused in v2 records */
     if (read_varint(&body, &f[1]) != 0) { *why = "its timestamp delta runs past it"; return -1; }
-    if (read_varint(&body, &f[2]) != 0) { *why = "its offset delta runs past it"; return -1; }
-    if (read_varint(&body, &value) != 0 || value < -1) { *why = "its key length is bad"; return -1; }
-    f[4] = value;
+    if (read_int_varint(&body, &value) != 0) { *why = "its offset delta runs past it"; return -1; }
+    f[2] = value;
+    if (read_int_varint(&body, &value) != 0) { *why = "its key length runs past it"; return -1; }
+    f[4] = value < 0 ? -1 : value;
     f[3] = body.position;
-    skip = value > 0 ? value : 0;
-    if (skip > body.end - body.position) { *why = "its key runs past it"; return -1; }
-    body.position += skip;
-    if (read_varint(&body, &value) != 0 || value < -1) { *why = "its value length is bad"; return -1; }
-    f[6] = value;
+    if (f[4] > body.end - body.position) { *why = "its key runs past it"; return -1; }
+    if (f[4] > 0) body.position += f[4];
+    if (read_int_varint(&body, &value) != 0) { *why = "its value length runs past it"; return -1; }
+    f[6] = value < 0 ? -1 : value;
     f[5] = body.position;
-    skip = value > 0 ? value : 0;
-    if (skip > body.end - body.position) { *why = "its value runs past it"; return -1; }
-    body.position += skip;
-    if (read_varint(&body, &value) != 0 || value < 0) { *why = "its header count is bad"; return -1; }
-    f[7] = value;
-    *rest = body.end - body.position;
+    if (f[6] > body.end - body.position) { *why = "its value runs past it"; return -1; }
+    if (f[6] > 0) body.position += f[6];
+    if (read_int_varint(&body, &headers) != 0 || headers < 0) { *why = "its header count is bad"; return -1; }
+    f[7] = headers;
+    /* (each header takes two bytes at least: a count larger than that is refused unwalked) */
+    if (headers > (body.end - body.position) / 2) { *why = "its headers run past it"; return -1; }
+    for (int32_t h = 0; h < headers; h++) {
+        if (read_int_varint(&body, &value) != 0 || value < 0) { *why = "a header key length is bad"; return -1; }
+        if (value > body.end - body.position) { *why = "a header key runs past it"; return -1; }
+        body.position += value;
+        if (read_int_varint(&body, &value) != 0) { *why = "a header value length runs past it"; return -1; }
+        if (value > 0 && value > body.end - body.position) { *why = "a header value runs past it"; return -1; }
+        if (value > 0) body.position += value;
+    }
+    if (body.position != body.end) { *why = "bytes are left over after its headers"; return -1; }
     return 0;
 }
 
-static inline int walk_record(reader_t *r, int64_t *f, const char **why) {
-    Py_ssize_t rest;
-    return walk_record_rest(r, f, why, &rest);
-}
+/* Whether `count` records can be in `size` bytes: a record takes seven at least (a length,
+ * attributes, timestamp and offset deltas, key and value lengths and a header count of one byte
+ * each). Checked before anything is sized by the count. */
+#define MIN_RECORD_BYTES 7
+static inline int count_fits(Py_ssize_t count, Py_ssize_t size) { return count >= 0 && count <= size / MIN_RECORD_BYTES; }
 
 /* Walk the records into `out`, column by column (field k of record i at out[k * count + i]); on
    failure, `*bad` is the record and `*why` a reason. */
@@ -248,6 +289,7 @@ static int walk(const uint8_t *data, Py_ssize_t size, Py_ssize_t count, int64_t 
                 const char **why) {
     reader_t r = {data, size, 0};
     int64_t f[FIELDS];
+    if (!count_fits(count, size)) { *bad = count; *why = "a record count too large for the records section"; return -1; }
     for (Py_ssize_t i = 0; i < count; i++) {
         *bad = i;
         if (walk_record(&r, f, why) != 0) return -1;
@@ -261,7 +303,7 @@ static PyObject *record_fields(PyObject *self, PyObject *args) {
     Py_buffer section, out;
     Py_ssize_t count;
     if (!PyArg_ParseTuple(args, "y*nw*", &section, &count, &out)) return NULL;
-    if (count < 0 || out.len < count * FIELDS * (Py_ssize_t)sizeof(int64_t)) {
+    if (count < 0 || out.len / (FIELDS * (Py_ssize_t)sizeof(int64_t)) < count) {
         PyBuffer_Release(&section);
         PyBuffer_Release(&out);
         PyErr_SetString(PyExc_ValueError, "record_fields: the output holds fewer than 8 * count int64");
@@ -802,20 +844,30 @@ static uint8_t *put_json_text(uint8_t *at, const uint8_t *data, int64_t length, 
 }
 
 /* A batch's records walked (as record_fields walks them) into a new array of their fields
- * (`*fields`: PyMem_Free it), those with offsets >= min_offset from record `*first` on: their
- * offsets written into `offsets`, and the timestamps consumers see (`append_time_obj`, when not
- * None, is every record's) over their timestamp deltas. -1 with an exception set. */
+ * (`*fields`: PyMem_Free it), those with offsets >= min_offset (each record on its own, as Kafka's
+ * consumer skips records below its position: offsets need not rise) moved to the columns' first
+ * `*kept` rows: their offsets written into `offsets`, and the timestamps consumers see
+ * (`append_time_obj`, when not None, is every record's) over their timestamp deltas. An offset or
+ * a timestamp past int64 (base + delta) is damage, as a malformed record is: ValueError. The
+ * record count is checked against the section's bytes before anything is sized by it. -1 with an
+ * exception set. */
 static int walk_batch(const Py_buffer *section, Py_ssize_t count, long long base_offset, long long base_timestamp,
                       PyObject *append_time_obj, long long min_offset, const Py_buffer *offsets, const Py_buffer *ends,
-                      int64_t **fields, Py_ssize_t *first) {
+                      int64_t **fields, Py_ssize_t *kept) {
     *fields = NULL;
     long long append_time = 0;
-    if (append_time_obj != Py_None) {
+    int have_append_time = append_time_obj != Py_None;
+    if (have_append_time) {
         append_time = PyLong_AsLongLong(append_time_obj);
         if (append_time == -1 && PyErr_Occurred()) return -1;
     }
-    if (count < 0 || offsets->len < count * 8 || ends->len < count * 8) {
+    if (count < 0 || offsets->len / 8 < count || ends->len / 8 < count) {
         PyErr_SetString(PyExc_ValueError, "a section renderer: offsets and ends hold fewer than count int64");
+        return -1;
+    }
+    if (!count_fits(count, section->len)) {
+        PyErr_Format(PyExc_ValueError, "a record count of %zd is too large for a records section of %zd bytes", count,
+                     section->len);
         return -1;
     }
     int64_t *walked = PyMem_Malloc((size_t)(count ? count : 1) * FIELDS * sizeof(int64_t));
@@ -823,11 +875,27 @@ static int walk_batch(const Py_buffer *section, Py_ssize_t count, long long base
         PyErr_NoMemory();
         return -1;
     }
-    Py_ssize_t bad = 0;
+    Py_ssize_t bad = 0, n = 0;
     const char *why = NULL;
     int failed;
     Py_BEGIN_ALLOW_THREADS
     failed = walk((const uint8_t *)section->buf, section->len, count, walked, &bad, &why);
+    int64_t *off = offsets->buf;
+    for (Py_ssize_t i = 0; !failed && i < count; i++) {
+        int64_t offset, timestamp = append_time;
+        if (__builtin_add_overflow((int64_t)base_offset, walked[2 * count + i], &offset)) {
+            failed = 1, bad = i, why = "its offset is past int64";
+            break;
+        }
+        if (!have_append_time && __builtin_add_overflow((int64_t)base_timestamp, walked[count + i], &timestamp)) {
+            failed = 1, bad = i, why = "its timestamp is past int64";
+            break;
+        }
+        if (offset < min_offset) continue;
+        for (int k = 0; k < FIELDS; k++) walked[k * count + n] = walked[k * count + i]; /* (n <= i) */
+        walked[count + n] = timestamp;
+        off[n++] = offset;
+    }
     Py_END_ALLOW_THREADS
     if (failed) {
         if (bad == count) PyErr_Format(PyExc_ValueError, "%s of the batch", why);
@@ -835,15 +903,8 @@ static int walk_batch(const Py_buffer *section, Py_ssize_t count, long long base
         PyMem_Free(walked);
         return -1;
     }
-    int64_t *timestamp_deltas = walked + count, *offset_deltas = walked + 2 * count, *off = offsets->buf;
-    Py_ssize_t at = 0;
-    while (at < count && base_offset + offset_deltas[at] < min_offset) at++;
-    for (Py_ssize_t i = at; i < count; i++) {
-        off[i - at] = base_offset + offset_deltas[i];
-        timestamp_deltas[i] = append_time_obj != Py_None ? append_time : base_timestamp + timestamp_deltas[i];
-    }
     *fields = walked;
-    *first = at;
+    *kept = n;
     return 0;
 }
 
@@ -923,7 +984,7 @@ static PyObject *json_lines(const uint8_t *data, Py_ssize_t n, const int64_t *of
  * render_text_section does for text; None when one of them has headers (rendered record by record). */
 static PyObject *render_json_section(PyObject *self, PyObject *args) {
     Py_buffer section, prefix, kind, offsets, ends;
-    Py_ssize_t count, first;
+    Py_ssize_t count, n;
     long long base_offset, base_timestamp, min_offset;
     PyObject *append_time_obj, *result = NULL;
     int64_t *fields = NULL;
@@ -931,18 +992,16 @@ static PyObject *render_json_section(PyObject *self, PyObject *args) {
                           &min_offset, &prefix, &kind, &offsets, &ends))
         return NULL;
     if (walk_batch(&section, count, base_offset, base_timestamp, append_time_obj, min_offset, &offsets, &ends, &fields,
-                   &first) < 0)
+                   &n) < 0)
         goto done;
     const int64_t *header_counts = fields + 7 * count;
-    for (Py_ssize_t i = first; i < count; i++)
+    for (Py_ssize_t i = 0; i < n; i++)
         if (header_counts[i]) {
             result = Py_NewRef(Py_None);
             goto done;
         }
-    Py_ssize_t n = count - first;
-    PyObject *lines = json_lines(section.buf, n, offsets.buf, fields + count + first,
-                                 fields + 3 * count + first, fields + 4 * count + first, fields + 5 * count + first,
-                                 fields + 6 * count + first, &prefix, &kind, ends.buf);
+    PyObject *lines = json_lines(section.buf, n, offsets.buf, fields + count, fields + 3 * count, fields + 4 * count,
+                                 fields + 5 * count, fields + 6 * count, &prefix, &kind, ends.buf);
     if (lines != NULL) result = Py_BuildValue("(Nn)", lines, n);
 done:
     PyMem_Free(fields);
@@ -1502,7 +1561,7 @@ static void release_text_args(text_args_t *a) {
 static PyObject *render_text_section(PyObject *self, PyObject *args) {
     text_args_t a;
     memset(&a, 0, sizeof a);
-    Py_ssize_t count, first;
+    Py_ssize_t count, n;
     long long base_offset, base_timestamp, min_offset;
     PyObject *append_time_obj, *label_obj, *partition_obj, *result = NULL;
     Py_buffer offsets, ends;
@@ -1515,12 +1574,10 @@ static PyObject *render_text_section(PyObject *self, PyObject *args) {
     if (have_label && PyObject_GetBuffer(label_obj, &a.timestamp_label, PyBUF_SIMPLE) < 0) goto done;
     if (have_partition && PyObject_GetBuffer(partition_obj, &a.partition_field, PyBUF_SIMPLE) < 0) goto done;
     if (walk_batch(&a.section, count, base_offset, base_timestamp, append_time_obj, min_offset, &offsets, &ends,
-                   &fields, &first) < 0)
+                   &fields, &n) < 0)
         goto done;
-    Py_ssize_t n = count - first;
-    PyObject *lines = text_lines(&a, have_label, have_partition, n, offsets.buf, fields + count + first,
-                                 fields + 3 * count + first, fields + 4 * count + first, fields + 5 * count + first,
-                                 fields + 6 * count + first, ends.buf);
+    PyObject *lines = text_lines(&a, have_label, have_partition, n, offsets.buf, fields + count, fields + 3 * count,
+                                 fields + 4 * count, fields + 5 * count, fields + 6 * count, ends.buf);
     if (lines != NULL) result = Py_BuildValue("(Nn)", lines, n);
 done:
     PyMem_Free(fields);
@@ -1640,10 +1697,9 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
         int64_t f[FIELDS];
         const char *why;
         for (int64_t i = 0; i < count; i++) {
-            Py_ssize_t rest;
-            if (walk_record_rest(&r, f, &why, &rest) != 0) return 0;
-            /* An offset or time past int64 (which Python's record-at-a-time path would print whole), and, in
-             * text, headers in a batch that path decodes (it checks them), are left to the batch renderers. */
+            if (walk_record(&r, f, &why) != 0) return 0;
+            /* An offset or time past int64 (damage, which the batch renderers name), and, in text,
+             * headers in a batch small enough for the record-at-a-time path, are left to the batch renderers. */
             int64_t offset, timestamp = max_timestamp;
             if (__builtin_add_overflow(base_offset, f[2], &offset)) return 0;
             if (!log_append_time && __builtin_add_overflow(base_timestamp, f[1], &timestamp)) return 0;
@@ -1664,7 +1720,7 @@ static int render_batches(const range_args_t *a, const uint8_t *data, int64_t le
                 at = put_json_lines(out, at, section, 1, &offset, &timestamp, &f[3], &f[4], &f[5], &f[6],
                                     a->prefix.buf, a->prefix.len, kind->buf, kind->len, valid, NULL);
             } else {
-                if ((f[7] != 0 || rest != 0) && count <= a->small_batch_records) return 0;
+                if (f[7] != 0 && count <= a->small_batch_records) return 0;
                 Py_ssize_t need = text_lines_size(&a->text, label, a->have_partition, 1, &offset, &timestamp, &f[4], &f[6]);
                 if (need > limit - at) return 0;
                 at = put_text_lines(&a->text, label, a->have_partition, 1, section, &offset, &timestamp, &f[3], &f[4],

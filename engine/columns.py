@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seglogfs.engine import _core
-from seglogfs.engine.records import BatchHeader, TimestampType, records_section
+from seglogfs.engine.records import BatchHeader, TimestampType, check_record_count, records_section
 
 # (section, offsets, timestamps, key starts, key lengths, value starts, value lengths)
 CoreColumns = tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -76,10 +76,6 @@ class RecordColumns:
             self.value_lengths[first:],
         )
 
-    def first_at_or_after(self, offset: int) -> int:
-        """Index of the first record with offset ≥ `offset` (offsets rise within a batch)."""
-        return int(np.searchsorted(self.offsets, offset))
-
 
 def _slices(section: bytes, starts: np.ndarray, lengths: np.ndarray, null: bytes | None) -> list[bytes | None]:
     ends = (starts + lengths).tolist()
@@ -95,12 +91,19 @@ def record_columns(
 ) -> RecordColumns:
     """Lay out a valid batch's records column-wise (the CRC checked by the caller); `section`:
     its records section when the caller has it uncompressed already. Raises ValueError (or a
-    codec error) when the records section is malformed."""
+    codec error) when the records section is malformed, as decode_records refuses it: a record
+    count the section cannot hold (before anything is sized by it), a malformed record, an offset
+    or a timestamp (base + delta) past int64."""
     if section is None:
         section = records_section(header, batch)
     count = header.records_count
+    check_record_count(count, len(section))
     fields = np.empty((8, count), np.int64)  # a field a row: each a contiguous column
     _core.record_fields(section, count, fields)  # ValueError naming the record when malformed
+    log_append_time = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None
+    _check_sums(header.base_offset, fields[2], "offset")
+    if log_append_time is None:  # (a LogAppendTime batch's records all show its time: deltas unused)
+        _check_sums(header.base_timestamp, fields[1], "timestamp")
     bounds = np.empty(count + 1, np.int64)
     bounds[:-1] = fields[0]
     bounds[-1] = len(section)
@@ -116,5 +119,14 @@ def record_columns(
         value_starts=value_starts,
         value_lengths=value_lengths,
         header_counts=header_counts,
-        log_append_time=header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+        log_append_time=log_append_time,
     )
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _check_sums(base: int, deltas: np.ndarray, what: str) -> None:
+    """ValueError when a record's `what` (base + delta) is past int64, where numpy would wrap it."""
+    if len(deltas) and (int(deltas.min()) < _INT64_MIN - base or int(deltas.max()) > _INT64_MAX - base):
+        raise ValueError(f"a record's {what} is past int64")

@@ -357,27 +357,49 @@ def check_batch(header: BatchHeader, batch: bytes | bytearray | memoryview) -> s
     return None
 
 
-def _decode_headers(buf: bytes, position: int) -> tuple[tuple[Header, ...], int]:
-    count, position = varint.decode(buf, position)
+def _decode_headers(buf: bytes, position: int, record_end: int) -> tuple[tuple[Header, ...], int]:
+    """The headers of the record ending at `record_end`, from its header count at `position`, and
+    the position after them. Kafka's rules: a negative count or key length is invalid, a negative
+    value length a null value; ValueError when one runs past the record."""
+    count, position = varint.decode_int(buf, position)
     if count < 0:
         raise ValueError(f"negative header count {count}")
+    if count > (record_end - position) // 2:  # (a header takes two bytes at least)
+        raise ValueError(f"{count} headers run past the record")
     headers = []
     for _ in range(count):
-        key_length, position = varint.decode(buf, position)
+        key_length, position = varint.decode_int(buf, position)
         if key_length < 0:
-            raise ValueError("null header key")
+            raise ValueError(f"negative header key length {key_length}")
         key = buf[position : position + key_length].decode("utf-8", "surrogateescape")
         position += key_length
-        value_length, position = varint.decode(buf, position)
+        value_length, position = varint.decode_int(buf, position)
         value = None
         if value_length >= 0:
             value = buf[position : position + value_length]
             position += value_length
+        if position > record_end:
+            raise ValueError("a header runs past the record")
         headers.append((key, value))
     return tuple(headers), position
 
 
-_varint_at = varint.decode_at
+# A record's fields (Kafka's DefaultRecord): 32-bit varints but for the timestamp delta, a varlong.
+_int_at = varint.decode_int_at
+_long_at = varint.decode_at
+# A record takes seven bytes at least: a length, attributes, timestamp and offset deltas, key and
+# value lengths and a header count of one byte each (engine/_core.c's MIN_RECORD_BYTES).
+MIN_RECORD_BYTES = 7
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def check_record_count(count: int, section_bytes: int) -> None:
+    """ValueError when `count` records cannot be in a records section of `section_bytes` bytes
+    (negative, or more than seven bytes a record allow): checked before anything is sized by a
+    batch's record count, which a damaged batch (its CRC recomputed, or written so) can set to
+    2^31 - 1."""
+    if not 0 <= count <= section_bytes // MIN_RECORD_BYTES:
+        raise ValueError(f"a record count of {count} is too large for a records section of {section_bytes} bytes")
 
 
 def records_section(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes:
@@ -413,52 +435,75 @@ def decode_records(
             raise ValueError(legacy_batch.problem)
         return list(legacy_batch.records)
     buf = records_section(header, batch)
+    count = header.records_count
+    check_record_count(count, len(buf))
+    try:
+        return _decode_section(header, buf, count)
+    except IndexError:  # a field read past the section's end
+        raise ValueError("a record runs past the records section") from None
+
+
+def _decode_section(header: BatchHeader, buf: bytes, count: int) -> list[Record]:
+    """decode_records of a v2 batch's uncompressed records section `buf` (`count` records). A
+    record's offset and timestamp (base + delta) past int64 is damage: ValueError, as the core
+    refuses it. IndexError when a field runs past the section."""
     base_offset = header.base_offset
     base_timestamp = header.base_timestamp
     timestamp_type = header.timestamp_type
     log_append_time = header.max_timestamp if timestamp_type is TimestampType.LOG_APPEND_TIME else None
+    # The deltas that keep a record's offset and timestamp within int64.
+    lowest_offset_delta, highest_offset_delta = _INT64_MIN - base_offset, _INT64_MAX - base_offset
+    lowest_timestamp_delta, highest_timestamp_delta = _INT64_MIN - base_timestamp, _INT64_MAX - base_timestamp
+    if log_append_time is not None:  # (every record shows the batch's time: its delta is unused)
+        lowest_timestamp_delta, highest_timestamp_delta = -(1 << 64), 1 << 64
     records: list[Record] = []
     append = records.append
     position = 0
     end = len(buf)
-    for _ in range(header.records_count):
-        # The five varints of a record are read with `_varint_at`; its one- and two-byte cases
-        # are inlined here first, since nearly every field is that short and this loop runs once
-        # per record read.
+    for _ in range(count):
+        # The five varints of a record are read with `_int_at` and `_long_at`; their one-byte
+        # cases are inlined here first, since nearly every field is that short and this loop runs
+        # once per record read.
         z = buf[position]
         if z < 0x80:
             length, position = (z >> 1) ^ -(z & 1), position + 1
         else:
-            length, position = _varint_at(buf, position)
+            length, position = _int_at(buf, position)
         record_end = position + length
         if length < 0 or record_end > end:
             raise ValueError(f"record length {length} runs past the records section")
-        timestamp_delta, position = _varint_at(buf, position + 1)  # +1: record attributes, unused
+        timestamp_delta, position = _long_at(buf, position + 1)  # +1: record attributes, unused
         z = buf[position]
         if z < 0x80:
             offset_delta, position = (z >> 1) ^ -(z & 1), position + 1
         else:
-            offset_delta, position = _varint_at(buf, position)
+            offset_delta, position = _int_at(buf, position)
         key = None
         if buf[position] == 1:  # -1: a null key, the common case
             position += 1
         else:
-            key_length, position = _varint_at(buf, position)
-            if key_length >= 0:
+            key_length, position = _int_at(buf, position)
+            if key_length >= 0:  # (any negative length is a null key, as Kafka reads it)
                 key = buf[position : position + key_length]
                 position += key_length
         value = None
-        value_length, position = _varint_at(buf, position)
+        value_length, position = _int_at(buf, position)
         if value_length >= 0:
             value = buf[position : position + value_length]
             position += value_length
+        if position >= record_end:
+            raise ValueError(f"record at offset delta {offset_delta} runs past its length {length}")
         if buf[position] == 0:  # no headers: the common case, one byte
             headers: tuple[Header, ...] = ()
             position += 1
         else:
-            headers, position = _decode_headers(buf, position)
+            headers, position = _decode_headers(buf, position, record_end)
         if position != record_end:
             raise ValueError(f"record at offset delta {offset_delta} has {record_end - position} stray bytes")
+        if not lowest_offset_delta <= offset_delta <= highest_offset_delta:
+            raise ValueError(f"record at offset delta {offset_delta}: its offset is past int64")
+        if not lowest_timestamp_delta <= timestamp_delta <= highest_timestamp_delta:
+            raise ValueError(f"record at offset delta {offset_delta}: its timestamp is past int64")
         timestamp = log_append_time if log_append_time is not None else base_timestamp + timestamp_delta
         append(Record(base_offset + offset_delta, timestamp, timestamp_type, key, value, headers))
     if position != end:
@@ -470,7 +515,10 @@ def offset_of_max_timestamp(header: BatchHeader, batch: bytes | bytearray | memo
     """The offset a time-index entry gives for a batch's max timestamp, as Kafka 3.x brokers
     write it: the first record carrying the max for an uncompressed batch, the last offset for a
     compressed one (the broker does not decompress to look). Broker data (`fixtures/kafka`) shows
-    both. Decodes only an uncompressed batch whose timestamps are not all equal."""
+    both. Decodes only an uncompressed batch whose timestamps are not all equal; one whose
+    records do not decode (its CRC holds, its records section is damaged) gives its last offset,
+    as a compressed one does: an index entry is a hint, and the damage is named where the batch's
+    records are read (a time-index rebuild must not stop at it)."""
     if header.compression is not CompressionType.NONE or header.records_count <= 1:
         return header.last_offset
     if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
@@ -481,7 +529,11 @@ def offset_of_max_timestamp(header: BatchHeader, batch: bytes | bytearray | memo
         and header.records_count == header.last_offset_delta + 1
     ):
         return header.base_offset  # the first record is at the base offset and carries the max
-    for record in decode_records(header, batch, include_control=True):
+    try:
+        records = decode_records(header, batch, include_control=True)
+    except ValueError:
+        return header.last_offset
+    for record in records:
         if record.timestamp == header.max_timestamp:
             return record.offset
     return header.last_offset

@@ -24,6 +24,7 @@ from seglogfs.engine.records import (
     CURRENT_MAGIC,
     BatchHeader,
     TimestampType,
+    check_record_count,
     decode_records,
     records_section,
 )
@@ -144,7 +145,7 @@ class TextRenderer:
         (except when headers are shown); `columns`: the batch's, when the caller has them (a
         measure of both formats lays a batch out once)."""
         if header.is_control or self._record_at_a_time(header):
-            return len(self.render(header, batch))
+            return len(self.render(header, batch, _ALL_OFFSETS))
         return int(self._sizes(header, columns if columns is not None else record_columns(header, batch)).sum())
 
     def _record_at_a_time(self, header: BatchHeader) -> bool:
@@ -159,9 +160,10 @@ class TextRenderer:
         straight from the records section (no columns made: a batch costs one call), where each
         ends, and their offsets. Raises ValueError when the records section is malformed."""
         fmt = self.text_format
+        section_args = _section_args(header, batch, min_offset)
         offsets, ends = np.empty((2, header.records_count), np.int64)
         arguments = (
-            *_section_args(header, batch, min_offset),
+            *section_args,
             header.timestamp_type.display_name.encode() + b":" if fmt.print_timestamp else None,
             *self._fields_shown,
             offsets,
@@ -225,20 +227,24 @@ class JsonLinesRenderer:
             records = [r for r in decode_records(header, batch) if r.offset >= min_offset]
             offsets = np.array([r.offset for r in records], np.int64)
             return [record_to_json(r, self.topic, self.partition) for r in records], offsets
-        first = columns.first_at_or_after(min_offset) if min_offset > header.base_offset else 0
         prefix = self._prefix
         kind = header.timestamp_type.display_name
-        offsets = columns.offsets[first:]
+        # Each record at or past min_offset, as Kafka's consumer skips each record below its
+        # position (offsets need not rise within a batch).
+        kept = columns.offsets >= min_offset
+        offsets = columns.offsets[kept]
         lines = [
             f'{prefix}{offset},"timestamp":{timestamp},"timestampType":"{kind}",'
             f'"key":{bytes_json_text(key)},"value":{bytes_json_text(value)},"headers":[]}}'
-            for offset, timestamp, key, value in zip(
-                offsets.tolist(),
-                columns.consumer_timestamps()[first:].tolist(),
-                columns.keys()[first:],
-                columns.values()[first:],
+            for offset, timestamp, key, value, keep in zip(
+                columns.offsets.tolist(),
+                columns.consumer_timestamps().tolist(),
+                columns.keys(),
+                columns.values(),
+                kept.tolist(),
                 strict=True,
             )
+            if keep
         ]
         return lines, offsets
 
@@ -275,9 +281,10 @@ class JsonLinesRenderer:
         """The lines of the records with offsets ≥ `min_offset`, rendered by the compiled core
         straight from the records section, where each ends, and their offsets; None when one of
         them has headers. Raises ValueError when the records section is malformed."""
+        section_args = _section_args(header, batch, min_offset)
         offsets, ends = np.empty((2, header.records_count), np.int64)
         rendered = _core.render_json_section(
-            *_section_args(header, batch, min_offset),
+            *section_args,
             self._prefix_bytes,
             header.timestamp_type.display_name.encode(),
             offsets,
@@ -294,7 +301,7 @@ class JsonLinesRenderer:
             return _NO_RECORDS
         rendered = self._render_section(header, batch, _ALL_OFFSETS)
         if rendered is None:  # records with headers: one at a time
-            lines, offsets = self._lines(header, batch, 0)
+            lines, offsets = self._lines(header, batch, _ALL_OFFSETS)
             encoded = [line.encode() + b"\n" for line in lines]
             return RenderedBatch(b"".join(encoded), offsets, _ends(encoded))
         data, ends, offsets = rendered
@@ -311,7 +318,7 @@ class JsonLinesRenderer:
         if columns is None:
             columns = record_columns(header, batch)
         if bool(columns.header_counts.any()):
-            return len(self.render(header, batch))
+            return len(self.render(header, batch, _ALL_OFFSETS))
         count = len(columns)
         keys, values = np.empty(count, np.int64), np.empty(count, np.int64)
         _core.json_text_sizes(columns.section, columns.key_starts, columns.key_lengths, keys)
@@ -327,11 +334,13 @@ def _section_args(
     """What the core's section renderers take first: the uncompressed records section (where it
     lies in `batch`, not a copy, when stored uncompressed: the core reads it during the call),
     the record count, base offset and base timestamp, the time every record shows (a
-    LogAppendTime batch's) or None, and the lowest offset to render."""
+    LogAppendTime batch's) or None, and the lowest offset to render. ValueError when the record
+    count is more than the section can hold (checked before the caller sizes arrays by it)."""
     if header.magic == CURRENT_MAGIC and header.compression is CompressionType.NONE:
         section: bytes | memoryview = memoryview(batch)[BATCH_OVERHEAD_BYTES:]
     else:
         section = records_section(header, batch)
+    check_record_count(header.records_count, len(section))
     append_time = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else None
     return section, header.records_count, header.base_offset, header.base_timestamp, append_time, min_offset
 
@@ -348,9 +357,12 @@ def _ends(pieces: list[bytes]) -> np.ndarray:
     return np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)))
 
 
-_POWERS_OF_TEN = np.array([10**k for k in range(1, 19)], np.int64)
+_POWERS_OF_TEN = np.array([10**k for k in range(1, 20)], np.uint64)
 
 
 def _decimal_widths(values: np.ndarray) -> np.ndarray:
-    """The number of characters of each integer written in decimal (a minus sign included)."""
-    return np.searchsorted(_POWERS_OF_TEN, np.abs(values), side="right") + 1 + (values < 0)
+    """The number of characters of each integer written in decimal (a minus sign included).
+    Magnitudes as uint64: that of -2^63 is not an int64 (np.abs leaves it -2^63, whose bits as
+    uint64 are 2^63, its magnitude)."""
+    magnitudes = np.abs(values).view(np.uint64)
+    return np.searchsorted(_POWERS_OF_TEN, magnitudes, side="right") + 1 + (values < 0)

@@ -2,8 +2,10 @@
 
 A value v is zig-zag mapped to an unsigned integer, `(v << 1) ^ (v >> 63)`, so small negative
 numbers stay short, then written seven bits a byte, least significant group first, the high bit
-of each byte set when another byte follows. Kafka uses 32-bit varints for lengths and offset
-deltas and 64-bit varlongs for timestamp deltas; both share this encoding.
+of each byte set when another byte follows. Kafka uses 32-bit varints for lengths, counts and
+offset deltas and 64-bit varlongs for timestamp deltas; both share this encoding. Read as Kafka's
+`ByteUtils` reads them: a varint in at most five bytes, a varlong in at most ten, the bits past 32
+(64) of the last byte dropped (`decode_int`, `decode`).
 
 Scalar functions serve the rare paths (headers, control records); `encode_many` encodes whole
 columns with numpy for the batch encoder.
@@ -15,6 +17,9 @@ import numpy as np
 import numpy.typing as npt
 
 MAX_VARLONG_BYTES = 10
+MAX_VARINT_BYTES = 5
+_LONG_BITS = (1 << 64) - 1
+_INT_BITS = (1 << 32) - 1
 
 
 def encode(value: int) -> bytes:
@@ -29,7 +34,7 @@ def encode(value: int) -> bytes:
 
 
 def decode(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
-    """Read one varint at `position`: returns (value, position after it).
+    """Read one varlong (a signed 64-bit value) at `position`: returns (value, position after it).
 
     Raises ValueError when the varint runs past the buffer or over ten bytes."""
     result = 0
@@ -42,10 +47,40 @@ def decode(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int
         position += 1
         result |= (byte & 0x7F) << shift
         if byte < 0x80:
+            result &= _LONG_BITS
             return (result >> 1) ^ -(result & 1), position
         shift += 7
         if shift >= 7 * MAX_VARLONG_BYTES:
             raise ValueError("varint longer than ten bytes")
+
+
+def decode_int(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
+    """Read one 32-bit varint (a length, a count, an offset delta) at `position`: returns (value,
+    position after it). Raises ValueError when it runs past the buffer or over five bytes."""
+    result = 0
+    end = len(buf)
+    for shift in range(0, 7 * MAX_VARINT_BYTES, 7):
+        if position >= end:
+            raise ValueError("varint runs past the end of the buffer")
+        byte = buf[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            result &= _INT_BITS
+            return (result >> 1) ^ -(result & 1), position
+    raise ValueError("varint longer than five bytes")
+
+
+def decode_int_at(buf: bytes, position: int) -> tuple[int, int]:
+    """`decode_int` with the one- and two-byte cases done without a loop."""
+    first = buf[position]
+    if first < 0x80:
+        return (first >> 1) ^ -(first & 1), position + 1
+    second = buf[position + 1]
+    if second < 0x80:
+        zigzag = (first & 0x7F) | (second << 7)
+        return (zigzag >> 1) ^ -(zigzag & 1), position + 2
+    return decode_int(buf, position)
 
 
 def decode_at(buf: bytes, position: int) -> tuple[int, int]:
