@@ -277,29 +277,47 @@ def resolve_ranges(
             _check_named(f"{what}Offsets", limit.offsets, partitions)
         elif isinstance(limit, SpecificTimestamps):
             _check_named(f"{what}OffsetsByTimestamp", limit.timestamps, partitions)
-    ranges = []
-    for topic, partition in partitions:
-        log = data_dir.partition(topic, partition)
-        log_start = log.log_start_offset
-        log_end = log.log_end_offset if stable is None else stable.last_stable_offset(log)
-        start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end)
-        until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end)
-        if start > until:
-            raise OptionError(
-                f"Beginning offset {start} is after the ending offset {until} for topic {topic} partition "
-                f"{partition}. You either provided an invalid fromOffset, or the topic has been damaged"
+    return [
+        resolve_range(
+            data_dir, tp, starting, ending, strategy=strategy, fail_on_data_loss=fail_on_data_loss, stable=stable
+        )
+        for tp in partitions
+    ]
+
+
+def resolve_range(
+    data_dir: DataDir,
+    tp: TopicPartition,
+    starting: OffsetLimit,
+    ending: OffsetLimit,
+    *,
+    strategy: str = "error",
+    fail_on_data_loss: bool = True,
+    stable: StableOffsets | None = None,
+) -> OffsetRange:
+    """One partition's offset range (`resolve_ranges` without the check that JSON limits name
+    every partition read: a task resolving its own partition's limits calls this)."""
+    topic, partition = tp
+    log = data_dir.partition(topic, partition)
+    log_start = log.log_start_offset
+    log_end = log.log_end_offset if stable is None else stable.last_stable_offset(log)
+    start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end)
+    until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end)
+    if start > until:
+        raise OptionError(
+            f"Beginning offset {start} is after the ending offset {until} for topic {topic} partition "
+            f"{partition}. You either provided an invalid fromOffset, or the topic has been damaged"
+        )
+    if start < until and (start < log_start or until > log_end):
+        if fail_on_data_loss:
+            raise DataLossError(
+                f"{topic}-{partition}: offsets [{start}, {until}) were asked for, but the log holds "
+                f"[{log_start}, {log_end}){'' if stable is None else ' below its last stable offset'}. "
+                f"{_DATA_LOSS_HINT}"
             )
-        if start < until and (start < log_start or until > log_end):
-            if fail_on_data_loss:
-                raise DataLossError(
-                    f"{topic}-{partition}: offsets [{start}, {until}) were asked for, but the log holds "
-                    f"[{log_start}, {log_end}){'' if stable is None else ' below its last stable offset'}. "
-                    f"{_DATA_LOSS_HINT}"
-                )
-            start, until = max(start, log_start), min(until, log_end)
-            until = max(until, start)
-        ranges.append(OffsetRange(topic, partition, start, until))
-    return ranges
+        start, until = max(start, log_start), min(until, log_end)
+        until = max(until, start)
+    return OffsetRange(topic, partition, start, until)
 
 
 # -- 2. pushed filters -------------------------------------------------------------------------------
@@ -543,3 +561,83 @@ def latest_offsets(
     if stable is None:
         return {(t, p): data_dir.partition(t, p).log_end_offset for t, p in partitions}
     return {(t, p): stable.last_stable_offset(data_dir.partition(t, p)) for t, p in partitions}
+
+
+# -- 4. a batch query's tasks, resolved when they run ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ReadPiece:
+    """A batch task's share of one partition: offsets [from_offset, until_offset), where None
+    stands for the query's start (or end) limit, resolved by the task when it runs (`piece_range`).
+
+    Why the task resolves: Spark (4.3) keeps the partitions a Python source planned for a loaded
+    DataFrame and hands them again to every later query of that DataFrame (or of a temp view over
+    it) that pushes no filter, without asking the source. A plan holding offsets would pin every
+    such query to the records there were at the first one; Spark's Kafka source resolves
+    `latest` (and timestamps) again at every action. So the plan fixes only the points where a
+    partition is cut between tasks (`minPartitions`), and each partition's start and end limits
+    are resolved by the task that reads them, once per query: a query's view of a partition is
+    fixed while it runs, and the next query sees what was appended meanwhile."""
+
+    topic: str
+    partition: int
+    from_offset: int | None = None
+    until_offset: int | None = None
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+def _part_offsets(size: int, total: int, min_partitions: int) -> int:
+    """Spark's KafkaOffsetRangeCalculator.getPartCount."""
+    return max(math.ceil(size / total * min_partitions), 1) if total else 1
+
+
+def plan_pieces(ranges: Sequence[OffsetRange], min_partitions: int | None = None) -> list[ReadPiece]:
+    """The tasks of a batch query: one per partition read, or with `minPartitions` more than
+    there are partitions, ranges cut into parts of equal offset counts exactly as Spark's
+    KafkaOffsetRangeCalculator cuts them (ranges whose share is one part stay whole and keep
+    out of the share the others divide). `ranges` are resolved at planning, to place the cuts;
+    the first piece of each partition starts, and its last ends, at the limits its task
+    resolves."""
+    pieces: list[ReadPiece] = []
+    nonempty = [offsets for offsets in ranges if offsets.size > 0]
+    total = sum(offsets.size for offsets in nonempty)
+    split = min_partitions is not None and len(nonempty) < min_partitions
+    whole = {o.topic_partition for o in nonempty if not split or _part_offsets(o.size, total, min_partitions or 1) == 1}
+    whole_total = sum(o.size for o in nonempty if o.topic_partition in whole)
+    for offsets in ranges:
+        topic, partition = offsets.topic_partition
+        parts = 1
+        if split and offsets.size > 0 and offsets.topic_partition not in whole:
+            parts = _part_offsets(offsets.size, total - whole_total, (min_partitions or 1) - len(whole))
+        cuts = [offsets.from_offset + offsets.size * i // parts for i in range(1, parts)]
+        bounds: list[int | None] = [None, *cuts, None]
+        pieces.extend(ReadPiece(topic, partition, bounds[i], bounds[i + 1]) for i in range(parts))
+    return pieces
+
+
+def piece_range(
+    data_dir: DataDir,
+    piece: ReadPiece,
+    starting: OffsetLimit,
+    ending: OffsetLimit,
+    *,
+    strategy: str = "error",
+    fail_on_data_loss: bool = True,
+    stable: StableOffsets | None = None,
+) -> OffsetRange:
+    """The offsets `piece` reads now: its partition's limits resolved on `data_dir`, narrowed to
+    its cuts (an empty range when the limits fall outside them)."""
+    resolved = resolve_range(
+        data_dir,
+        piece.topic_partition,
+        starting,
+        ending,
+        strategy=strategy,
+        fail_on_data_loss=fail_on_data_loss,
+        stable=stable,
+    )
+    lo = resolved.from_offset if piece.from_offset is None else max(piece.from_offset, resolved.from_offset)
+    hi = resolved.until_offset if piece.until_offset is None else min(piece.until_offset, resolved.until_offset)
+    return replace(resolved, from_offset=lo, until_offset=max(lo, hi))

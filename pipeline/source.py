@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -38,17 +37,18 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from seglogfs.engine import DataDir
-from seglogfs.pipeline.filters import push_filters
+from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
 from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_bool, parse_read_options
 from seglogfs.pipeline.planning import (
-    Constraints,
+    DataLossError,
+    ReadPiece,
     SegmentSlice,
     StableOffsets,
     group_slices,
     latest_offsets,
-    narrow_ranges,
     open_read_only,
+    piece_range,
+    plan_pieces,
     plan_slices,
     resolve_ranges,
 )
@@ -102,6 +102,10 @@ def spark_schema(include_headers: bool) -> StructType:
     return StructType(fields)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 # -- reading --------------------------------------------------------------------------------------
 class SlicePartition(InputPartition):
     """One task's work (its `value`): consecutive `SegmentSlice`s of one partition
@@ -119,14 +123,22 @@ def _read_task(partition: InputPartition, spec: ReadSpec) -> Iterator[pa.RecordB
         yield from read_slice(piece, spec)
 
 
+class PiecePartition(InputPartition):
+    """One batch task's work (its `value`): a `ReadPiece`, whose limits the task resolves."""
+
+    def __init__(self, piece: ReadPiece) -> None:
+        super().__init__(piece)
+
+
 class SeglogReader(DataSourceReader):
-    """Plans a batch read when Spark asks for partitions; reads one slice per task. Takes no
-    filters (Spark refuses a reader that implements `pushFilters` while
+    """Plans a batch read when Spark asks for partitions: checks the options and the limits on
+    the data dir as it is, and cuts partitions for `minPartitions`; each task resolves its
+    partition's limits when it runs and reads what they hold then (see `planning.ReadPiece`
+    for why). Takes no filters (Spark refuses a reader that implements `pushFilters` while
     `spark.sql.python.filterPushdown.enabled` is off): see `PushdownSeglogReader`."""
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self.constraints = Constraints()
         self.spec = ReadSpec(
             options.location,
             options.engine,
@@ -136,9 +148,8 @@ class SeglogReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        with open_read_only(options.location, options.engine, int(time.time() * 1000)) as data_dir:
+        with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
             assigned = options.subscription.partitions(data_dir.topics())
-            stable = StableOffsets() if options.read_committed else None
             ranges = resolve_ranges(
                 data_dir,
                 assigned,
@@ -146,30 +157,49 @@ class SeglogReader(DataSourceReader):
                 options.ending,
                 strategy=options.starting_strategy,
                 fail_on_data_loss=options.fail_on_data_loss,
-                stable=stable,
+                stable=StableOffsets() if options.read_committed else None,
             )
-            ranges = narrow_ranges(data_dir, ranges, self.constraints)
-            slices = plan_slices(
-                data_dir,
-                ranges,
-                min_timestamp_ms=self.constraints.timestamp_lo_ms,
-                min_partitions=options.min_partitions,
-            )
-            if stable is not None:
-                slices = stable.with_aborted(slices)
-        return [SlicePartition(task) for task in group_slices(slices, options.min_partitions)]
+        return [PiecePartition(piece) for piece in plan_pieces(ranges, options.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read_task(partition, self.spec)
+        piece = partition.value
+        if not isinstance(piece, ReadPiece):  # Spark's stand-in when there is nothing to read
+            return
+        options = self.options
+        stable = StableOffsets() if options.read_committed else None
+        with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
+            try:
+                offsets = piece_range(
+                    data_dir,
+                    piece,
+                    options.starting,
+                    options.ending,
+                    strategy=options.starting_strategy,
+                    fail_on_data_loss=options.fail_on_data_loss,
+                    stable=stable,
+                )
+            except UnknownTopicOrPartitionError:
+                if options.fail_on_data_loss:
+                    gone = f"{piece.topic}-{piece.partition}"
+                    raise DataLossError(f"{gone} was deleted before the query read it") from None
+                return
+            slices = plan_slices(data_dir, [offsets])
+            if stable is not None:
+                slices = stable.with_aborted(slices)
+        for task in slices:
+            yield from read_slice(task, self.spec)
 
 
 class PushdownSeglogReader(SeglogReader):
-    """A reader that answers the filters of `seglogfs.pipeline.filters` itself."""
+    """A reader offered Spark's filters, which pushes none of them: Spark evaluates every
+    filter itself. Spark (4.3) keeps the plan made with the pushed filters of one query for the
+    loaded DataFrame and answers its next queries that push nothing from it, so a plan narrowed
+    by one query's filters would answer a later query without them (`df.where("offset >= 50")`
+    then `df.count()` counted 150 of 300). Being offered filters still makes Spark plan the
+    query afresh."""
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:
-        self.constraints, rest = push_filters(filters)
-        self.spec = replace(self.spec, row_filter=self.constraints.row_filter())
-        return rest
+        return list(filters)
 
 
 # -- streaming reads ------------------------------------------------------------------------------
@@ -186,10 +216,6 @@ except ImportError:  # pragma: no cover - pyspark 4.1
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """Stand-in: pyspark 4.1 knows no such mixin (AvailableNow then reads all in one batch)."""
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -1,0 +1,90 @@
+"""One loaded DataFrame (or temp view) queried again and again, as in a notebook or a Thrift
+server: each query is planned from its own filters only, and sees the records there are when it
+runs, as with Spark's Kafka source."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+
+
+def seglogfs(*args: str, stdin: str | None = None) -> None:
+    subprocess.run([*SEGLOGFS, *args], input=stdin, cwd=REPO, check=True, capture_output=True, text=True)
+
+
+def produce(data: Path, partition: int, first: int, count: int) -> None:
+    lines = "".join(f"order-{n}\n" for n in range(first, first + count))
+    seglogfs("produce", str(data), "--topic", "orders", "--partition", str(partition), stdin=lines)
+
+
+def new_orders(data: Path, records_per_partition: int = 100) -> Path:
+    """A topic `orders` of 3 partitions holding `records_per_partition` records each."""
+    seglogfs("topics", str(data), "create", "--topic", "orders", "--partitions", "3")
+    for partition in range(3):
+        produce(data, partition, 0, records_per_partition)
+    return data
+
+
+@pytest.fixture(scope="module")
+def orders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return new_orders(tmp_path_factory.mktemp("queries") / "data")
+
+
+def load(spark, data: Path, **options: str):
+    reader = spark.read.format("seglog").option("path", str(data)).option("subscribe", "orders")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+def test_a_query_without_filters_after_one_with_filters_reads_everything(spark, orders: Path) -> None:
+    df = load(spark, orders)
+    assert (df.count(), df.where("offset >= 50").count(), df.count()) == (300, 150, 300)
+    assert (df.where("partition = 0").count(), df.count()) == (100, 300)
+    # an OR pushes nothing: it must not be answered from the previous query's plan
+    assert (df.where("offset < 5").count(), df.where("offset < 5 or offset >= 97").count()) == (15, 24)
+
+
+def test_a_temp_view_answers_each_statement_from_its_own_where(spark, orders: Path) -> None:
+    load(spark, orders).createOrReplaceTempView("orders_view")
+    try:
+        assert spark.sql("SELECT count(*) FROM orders_view WHERE offset < 5").first()[0] == 15
+        assert spark.sql("SELECT count(*) FROM orders_view").first()[0] == 300
+        assert spark.sql("SELECT count(*) FROM orders_view WHERE partition = 2 AND offset >= 90").first()[0] == 10
+        assert spark.sql("SELECT max(offset) FROM orders_view").first()[0] == 99
+    finally:
+        spark.catalog.dropTempView("orders_view")
+
+
+@pytest.mark.parametrize("push_filters", ["true", "false"])
+def test_a_dataframe_sees_records_appended_after_its_first_action(spark, tmp_path: Path, push_filters: str) -> None:
+    data = new_orders(tmp_path / "data", records_per_partition=10)
+    df = load(spark, data, pushFilters=push_filters)
+    assert df.count() == 30
+    produce(data, 0, 10, 10)
+    assert df.count() == 40
+    produce(data, 2, 10, 5)
+    assert df.where("partition = 2").count() == 15
+    assert df.count() == 45
+    rows = df.select("partition", "offset").collect()
+    assert sorted((r.partition, r.offset) for r in rows) == sorted(
+        [(0, o) for o in range(20)] + [(1, o) for o in range(10)] + [(2, o) for o in range(15)]
+    )
+
+
+def test_min_partitions_is_a_minimum_and_the_tasks_split_the_range_exactly(spark, orders: Path) -> None:
+    df = load(spark, orders, minPartitions="10")
+    assert df.rdd.getNumPartitions() >= 10
+    per_task = df.select("partition", "offset").rdd.glom().map(lambda rows: [(r[0], r[1]) for r in rows]).collect()
+    assert len([task for task in per_task if task]) >= 10
+    together = [row for task in per_task for row in task]
+    assert sorted(together) == [(p, o) for p in range(3) for o in range(100)]  # each record once
+    for task in per_task:  # each task a run of consecutive offsets of one partition
+        assert len({p for p, _ in task}) <= 1
+        assert [o for _, o in task] == list(range(task[0][1], task[0][1] + len(task))) if task else True
