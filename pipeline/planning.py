@@ -170,7 +170,13 @@ class SegmentSlice:
 
 # -- 1. offsets from options ------------------------------------------------------------------------
 def open_read_only(location: Location, settings: EngineSettings, now_ms: int) -> DataDir:
-    """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written."""
+    """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written. A
+    log dir that is not a directory is refused by name (a read-only open would see no topics)."""
+    for log_dir in location.log_dirs:
+        if not log_dir.is_dir():
+            raise OptionError(
+                f"path {log_dir}: no such directory (expected a data dir, comma-separated log dirs or a seglogfs mount)"
+            )
     return DataDir.open(settings.broker_config(location.log_dirs), read_only=True, now_ms=now_ms)
 
 

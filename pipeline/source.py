@@ -38,7 +38,15 @@ from pyspark.sql.types import (
 )
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
-from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_bool, parse_read_options
+from seglogfs.pipeline.options import (
+    TABLE_REFUSED,
+    OptionError,
+    ReadOptions,
+    check_read_option_names,
+    lowered,
+    parse_bool,
+    parse_read_options,
+)
 from seglogfs.pipeline.planning import (
     DataLossError,
     ReadPiece,
@@ -374,9 +382,14 @@ class SeglogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
+        """Asked when a read is loaded: its options are checked by name then."""
+        check_read_option_names(self.options)
         return spark_schema(parse_bool(lowered(self.options), "includeHeaders", False))
 
     def reader(self, schema: StructType) -> SeglogReader:
+        if not self.options:  # a table made with CREATE TABLE … USING seglog (and a schema)
+            raise OptionError(TABLE_REFUSED)
+        check_read_option_names(self.options)
         options = parse_read_options(self.options)
         if schema != spark_schema(options.include_headers):
             raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
@@ -385,6 +398,7 @@ class SeglogDataSource(DataSource):
         return SeglogReader(options)
 
     def streamReader(self, schema: StructType) -> SeglogStreamReader:
+        check_read_option_names(self.options)
         options = parse_stream_options(self.options)
         if schema != spark_schema(options.include_headers):
             raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")

@@ -4,6 +4,7 @@ runs, as with Spark's Kafka source."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,74 @@ def test_min_partitions_is_a_minimum_and_the_tasks_split_the_range_exactly(spark
     for task in per_task:  # each task a run of consecutive offsets of one partition
         assert len({p for p, _ in task}) <= 1
         assert [o for _, o in task] == list(range(task[0][1], task[0][1] + len(task))) if task else True
+
+
+# -- options refused when the DataFrame is loaded -------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        ({"startingOffset": "latest"}, "unknown option startingOffset for seglog: did you mean startingOffsets?"),
+        (
+            {"kafka.auto.offset.reset": "earliest"},
+            "option kafka.auto.offset.reset is not supported by seglog: set startingOffsets to earliest or latest",
+        ),
+        ({"kafka.bootstrap.servers": "localhost:9092"}, "option kafka.bootstrap.servers is not supported by seglog"),
+        ({"kafka.security.protocol": "SSL"}, "option kafka.security.protocol is a Kafka client setting"),
+    ],
+)
+def test_an_option_seglog_does_not_take_is_refused_by_name_at_load(
+    spark, orders: Path, options: dict[str, str], line: str
+) -> None:
+    # (Spark hands a source its option names in lower case)
+    with pytest.raises(Exception, match=re.compile(re.escape(line), re.IGNORECASE)):
+        load(spark, orders, **options)
+
+
+def test_options_spark_passes_and_case_variants_are_taken(spark, orders: Path) -> None:
+    df = spark.read.format("seglog").option("SUBSCRIBE", "orders").option("endingoffsets", "latest").load(str(orders))
+    assert df.count() == 300
+
+
+@pytest.mark.parametrize(
+    ("options", "line"),
+    [
+        (
+            {"startingOffsets": "earlist"},
+            "startingOffsets must be earliest, latest or a JSON object of offsets, not 'earlist': "
+            "did you mean earliest?",
+        ),
+        ({"failOnDataLoss": "flase"}, "failOnDataLoss must be true or false, not 'flase': did you mean false?"),
+    ],
+)
+def test_a_bad_value_is_refused_in_one_line_naming_the_option(
+    spark, orders: Path, options: dict[str, str], line: str
+) -> None:
+    with pytest.raises(Exception, match=re.escape(line)):
+        load(spark, orders, **options).count()
+
+
+def test_a_path_that_is_no_directory_is_refused_as_such(spark, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-data-dir"
+    with pytest.raises(Exception, match=re.escape(f"path {missing}: no such directory")):
+        load(spark, missing).count()
+
+
+def test_create_table_using_seglog_is_refused_with_the_reason(spark, orders: Path) -> None:
+    reason = "CREATE TABLE … USING seglog makes a table Spark cannot read"
+    with pytest.raises(Exception, match=re.escape(reason)):
+        spark.sql(f"CREATE TABLE orders_table USING seglog OPTIONS (path '{orders}', subscribe 'orders')")
+    with pytest.raises(Exception, match=re.escape(reason)):
+        spark.sql(f"CREATE TABLE orders_table USING seglog OPTIONS (subscribe 'orders') LOCATION '{orders}'")
+    # with a schema Spark asks the source nothing until the table is read
+    spark.sql(f"CREATE TABLE orders_typed (key binary) USING seglog OPTIONS (subscribe 'orders') LOCATION '{orders}'")
+    try:
+        with pytest.raises(Exception, match=re.escape(reason)):
+            spark.sql("SELECT count(*) FROM orders_typed").collect()
+    finally:
+        spark.sql("DROP TABLE orders_typed")
+    # what the refusal offers instead reads the data
+    spark.sql(f"CREATE TEMPORARY VIEW orders_sql USING seglog OPTIONS (path '{orders}', subscribe 'orders')")
+    try:
+        assert spark.sql("SELECT count(*) FROM orders_sql").first()[0] == 300
+    finally:
+        spark.catalog.dropTempView("orders_sql")
