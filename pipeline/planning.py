@@ -7,16 +7,19 @@ micro-batch):
 1. `resolve_ranges`: the start and end limits of the options become offsets per partition, as
    Spark's KafkaOffsetReaderAdmin resolves them (`earliest`/-2 → log start offset, `latest`/-1 →
    log end offset, timestamps → the first offset whose record timestamp is ≥ it, Kafka's
-   ListOffsets by time). Offsets are resolved once, on the snapshot of the data dir that planning
-   opened: a writer appending meanwhile changes nothing. The checks Spark makes when a range is
+   ListOffsets by time), on the snapshot of the data dir that is open: a writer appending
+   meanwhile changes nothing. A batch query resolves them at planning (to check them and place
+   `minPartitions` cuts) and again in each task (`ReadPiece`, `piece_range`). The checks Spark makes when a range is
    read happen here: a start after the end fails; a range reaching below the log start offset or
    past the log end offset is data loss (an error with `failOnDataLoss`, else the range is cut
    to what exists, as Spark's consumer skips to what it can fetch).
 2. `narrow_ranges`: pushed-down filters (`Constraints`) shrink the ranges: topics, partitions,
    offset bounds, and a lower timestamp bound through the time and offset indexes.
 3. `plan_slices`: each range becomes one slice per segment it touches, with the byte positions of
-   the whole batches to read; with `minPartitions` larger slices are cut at offset-index entries
-   (Spark's KafkaOffsetRangeCalculator share, counted in bytes rather than offsets).
+   the whole batches to read (from the offset-index entry at or before the range's start); a
+   streaming reader's `minPartitions` cuts larger slices at offset-index entries. A batch
+   query's tasks (`plan_pieces`) are cut by offsets, exactly, as Spark's
+   KafkaOffsetRangeCalculator cuts them.
 
 With `kafka.isolation.level=read_committed` (`StableOffsets`), "the log end" is the last
 stable offset (the first offset of a transaction still open), as for Kafka's read_committed

@@ -3,9 +3,11 @@
 
 Where each part runs: Spark creates the `DataSource` from the options in a Python worker of the
 driver; `reader()`, `pushFilters()` and `partitions()` run there when a query is planned (the
-offsets are resolved then), and the reader is pickled to the executors, whose `read()` gets one
-`SlicePartition` each. Likewise `writer()` runs on the driver, the writer is pickled to the
-executors for `write()`, and `commit()`/`abort()` run on the driver with the tasks' messages.
+options and limits are checked then), and the reader is pickled to the executors, whose `read()`
+gets one `PiecePartition` each and resolves its partition's limits when it runs (Spark 4.3
+reuses the planned partitions for a loaded DataFrame's later queries: `planning.ReadPiece`).
+Likewise `writer()` runs on the driver, the writer is pickled to the executors for `write()`, and
+`commit()`/`abort()` run on the driver with the tasks' messages.
 """
 
 from __future__ import annotations
