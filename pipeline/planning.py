@@ -591,10 +591,20 @@ class ReadPiece:
     partition: int
     from_offset: int | None = None
     until_offset: int | None = None
+    new_partitions: NewPartitions | None = None  # (the last task) reads these too
 
     @property
     def topic_partition(self) -> TopicPartition:
         return (self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class NewPartitions:
+    """A batch task reading the partitions of a `subscribe` or `subscribePattern` that the plan
+    did not know (created since, Spark reusing the plan: see `ReadPiece`), whole between the
+    query's limits, as Spark's Kafka source finds them at each action."""
+
+    planned: frozenset[TopicPartition]
 
 
 def _part_offsets(size: int, total: int, min_partitions: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +45,8 @@ from seglogfs.pipeline.options import (
     TABLE_REFUSED,
     OptionError,
     ReadOptions,
+    SpecificOffsets,
+    SpecificTimestamps,
     check_read_option_names,
     lowered,
     parse_bool,
@@ -51,6 +54,7 @@ from seglogfs.pipeline.options import (
 )
 from seglogfs.pipeline.planning import (
     DataLossError,
+    NewPartitions,
     ReadPiece,
     SegmentSlice,
     StableOffsets,
@@ -134,9 +138,10 @@ def _read_task(partition: InputPartition, spec: ReadSpec) -> Iterator[pa.RecordB
 
 
 class PiecePartition(InputPartition):
-    """One batch task's work (its `value`): a `ReadPiece`, whose limits the task resolves."""
+    """One batch task's work (its `value`): a `ReadPiece`, whose limits the task resolves, or
+    the `NewPartitions` of its subscription."""
 
-    def __init__(self, piece: ReadPiece) -> None:
+    def __init__(self, piece: ReadPiece | NewPartitions) -> None:
         super().__init__(piece)
 
 
@@ -169,31 +174,46 @@ class SeglogReader(DataSourceReader):
                 fail_on_data_loss=options.fail_on_data_loss,
                 stable=StableOffsets() if options.read_committed else None,
             )
-        return [PiecePartition(piece) for piece in plan_pieces(ranges, options.min_partitions)]
+        pieces: list[ReadPiece | NewPartitions] = list(plan_pieces(ranges, options.min_partitions))
+        if options.subscription.kind != "assign" and not any(
+            isinstance(limit, SpecificOffsets | SpecificTimestamps) for limit in (options.starting, options.ending)
+        ):  # (limits per partition name every partition read: a new one cannot be read)
+            new = NewPartitions(frozenset(assigned))
+            last = pieces[-1] if pieces else None
+            pieces[-1:] = [replace(last, new_partitions=new) if isinstance(last, ReadPiece) else new]
+        return [PiecePartition(piece) for piece in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         piece = partition.value
-        if not isinstance(piece, ReadPiece):  # Spark's stand-in when there is nothing to read
+        if not isinstance(piece, ReadPiece | NewPartitions):  # Spark's stand-in when there is nothing to read
             return
         options = self.options
         stable = StableOffsets() if options.read_committed else None
         with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
-            try:
-                offsets = piece_range(
-                    data_dir,
-                    piece,
-                    options.starting,
-                    options.ending,
-                    strategy=options.starting_strategy,
-                    fail_on_data_loss=options.fail_on_data_loss,
-                    stable=stable,
-                )
-            except UnknownTopicOrPartitionError:
-                if options.fail_on_data_loss:
-                    gone = f"{piece.topic}-{piece.partition}"
-                    raise DataLossError(f"{gone} was deleted before the query read it") from None
-                return
-            slices = plan_slices(data_dir, [offsets])
+            pieces: list[ReadPiece] = [piece] if isinstance(piece, ReadPiece) else []
+            new = piece if isinstance(piece, NewPartitions) else piece.new_partitions
+            if new is not None:
+                available = options.subscription.partitions(data_dir.topics())
+                pieces.extend(ReadPiece(*tp) for tp in available if tp not in new.planned)
+            ranges = []
+            for each in pieces:
+                try:
+                    ranges.append(
+                        piece_range(
+                            data_dir,
+                            each,
+                            options.starting,
+                            options.ending,
+                            strategy=options.starting_strategy,
+                            fail_on_data_loss=options.fail_on_data_loss,
+                            stable=stable,
+                        )
+                    )
+                except UnknownTopicOrPartitionError:
+                    if options.fail_on_data_loss:
+                        gone = f"{each.topic}-{each.partition}"
+                        raise DataLossError(f"{gone} was deleted before the query read it") from None
+            slices = plan_slices(data_dir, ranges)
             if stable is not None:
                 slices = stable.with_aborted(slices)
         for task in slices:

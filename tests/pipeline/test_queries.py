@@ -79,6 +79,21 @@ def test_a_dataframe_sees_records_appended_after_its_first_action(spark, tmp_pat
     )
 
 
+def test_the_next_query_reads_the_topics_and_partitions_a_subscription_gained(spark, tmp_path: Path) -> None:
+    data = new_orders(tmp_path / "data", records_per_partition=10)
+    df = spark.read.format("seglog").option("path", str(data)).option("subscribePattern", "ord.*").load()
+    assert df.count() == 30
+    seglogfs("topics", str(data), "create", "--topic", "ordinals", "--partitions", "2")
+    seglogfs("produce", str(data), "--topic", "ordinals", "--partition", "1", stdin="one\ntwo\n")
+    seglogfs("topics", str(data), "alter", "--topic", "orders", "--partitions", "4")
+    produce(data, 3, 0, 5)
+    rows = df.select("topic", "partition", "offset").collect()
+    assert len(rows) == 37
+    assert sorted((r.topic, r.partition, r.offset) for r in rows if r.partition > 2 or r.topic == "ordinals") == [
+        ("orders", 3, o) for o in range(5)
+    ] + [("ordinals", 1, 0), ("ordinals", 1, 1)]
+
+
 def test_min_partitions_is_a_minimum_and_the_tasks_split_the_range_exactly(spark, orders: Path) -> None:
     df = load(spark, orders, minPartitions="10")
     assert df.rdd.getNumPartitions() >= 10
