@@ -26,7 +26,8 @@ def register(spark: Any, *, filter_pushdown: bool = True) -> None:
     filters only with `spark.sql.python.filterPushdown.enabled`, and Spark then refuses any read
     of a source able to take them while it is off: this turns it on (sources that push nothing
     are unaffected), or with `filter_pushdown=False` registers a `seglog` that pushes nothing.
-    One query can also opt out with the option `pushFilters=false`."""
+    One query can also opt out with the option `pushFilters=false`. (`seglog` is offered the
+    filters and pushes none while Spark reuses a DataFrame's plan: see `source.PushdownSeglogReader`.)"""
     # (imported here: the package's other modules are usable without pyspark)
     from seglogfs.pipeline.source import SeglogDataSource, SeglogDataSourceWithoutPushdown  # noqa: PLC0415
 

@@ -1,5 +1,9 @@
 """Spark's pushed filters → `Constraints` the planner answers exactly.
 
+Not used by the batch reader today: Spark 4.3 answers a loaded DataFrame's later queries that
+push no filter from the plan made with an earlier query's pushed filters, so the reader pushes
+none (see `source.PushdownSeglogReader`). Kept for a Spark that plans each scan on its own.
+
 Pushed (ANDed, each answered exactly, so Spark does not evaluate them again):
 
 * `topic` = / IN (strings): only those topics are planned;

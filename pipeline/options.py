@@ -21,9 +21,10 @@ Nothing here imports pyspark: the planner and a streaming reader use these value
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -155,6 +156,89 @@ class ReadOptions:
 
 
 # -- parsing ------------------------------------------------------------------------------------
+# The options a read takes, as Spark's Kafka source spells them (Spark compares them
+# case-insensitively), and seglogfs's own. A batch read leaves the stream-only ones aside, as
+# Spark's does.
+READ_OPTIONS = (
+    "assign",
+    "subscribe",
+    "subscribePattern",
+    "startingOffsets",
+    "endingOffsets",
+    "startingTimestamp",
+    "endingTimestamp",
+    "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "failOnDataLoss",
+    "minPartitions",
+    "includeHeaders",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
+    "kafka.isolation.level",
+    "path",
+    "config",
+    "pushFilters",
+)
+OVERRIDE_PREFIX = "override."  # override.<setting>: as the CLI's --override setting=value
+
+# Options of Spark's Kafka source (or of a Kafka consumer) that mean nothing for a data dir or
+# that Spark's source refuses, and what to do instead.
+_REFUSED = {
+    "kafka.bootstrap.servers": "seglog reads the data dir named by the option path, not a broker",
+    "kafka.auto.offset.reset": "set startingOffsets to earliest or latest instead",
+    "kafka.group.id": "seglog joins no consumer group: a stream's checkpoint holds its offsets",
+    "groupidprefix": "seglog joins no consumer group: a stream's checkpoint holds its offsets",
+    "kafka.enable.auto.commit": "seglog commits no offsets: a stream's checkpoint holds them",
+    "kafka.key.deserializer": "keys are always byte arrays: deserialize them with DataFrame operations",
+    "kafka.value.deserializer": "values are always byte arrays: deserialize them with DataFrame operations",
+    "kafka.interceptor.classes": "seglog runs no Kafka consumer, so no interceptors",
+    "maxrecordsperpartition": "use minPartitions to cut partitions into more tasks",
+    "kafkaconsumer.polltimeoutms": "seglog reads files, not a broker: there is nothing to wait for",
+    "fetchoffset.numretries": "seglog reads files, not a broker: there is nothing to retry",
+    "fetchoffset.retryintervalms": "seglog reads files, not a broker: there is nothing to retry",
+}
+
+# A table property (TableCatalog.PROP_PROVIDER) among the options Spark passes when
+# `CREATE TABLE … USING seglog` asks for the schema (with `owner`, `location`, `option.<name>`).
+_TABLE_PROPERTY = "provider"
+
+TABLE_REFUSED = (
+    "CREATE TABLE … USING seglog makes a table Spark cannot read: Spark (4.3) gives a catalog table's "
+    "options to no read of a Python data source. Use CREATE TEMPORARY VIEW name USING seglog "
+    "OPTIONS (path '…', subscribe '…'), or spark.read.format('seglog')"
+)
+
+
+def _suggestion(word: str, choices: Iterable[str]) -> str:
+    """`: did you mean X?` for the closest of `choices` (compared case-insensitively), or ''."""
+    by_lower = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.75)
+    return f": did you mean {by_lower[close[0]]}?" if close else ""
+
+
+def check_read_option_names(raw: Mapping[str, str]) -> None:
+    """Refuse, in one line naming it, an option a read does not take: a typo (with the name
+    meant), a Kafka client setting or a Spark Kafka source option that means nothing here (with
+    what to use instead), or the table properties of `CREATE TABLE … USING seglog`."""
+    names = {key.lower(): key for key in raw}
+    if _TABLE_PROPERTY in names:
+        raise OptionError(TABLE_REFUSED)
+    known = {name.lower() for name in READ_OPTIONS}
+    for lower, given in sorted(names.items()):
+        if lower in known or (lower.startswith(OVERRIDE_PREFIX) and len(lower) > len(OVERRIDE_PREFIX)):
+            continue
+        if lower in _REFUSED:
+            raise OptionError(f"option {given} is not supported by seglog: {_REFUSED[lower]}")
+        if lower.startswith("kafka."):
+            raise OptionError(
+                f"option {given} is a Kafka client setting, which means nothing to seglog (it reads the data dir "
+                "named by the option path); of them only kafka.isolation.level is taken"
+            )
+        raise OptionError(f"unknown option {given} for seglog{_suggestion(given, READ_OPTIONS)}")
+
+
 def lowered(options: Mapping[str, str]) -> dict[str, str]:
     """Options with lower-case names (Spark's option maps are case-insensitive)."""
     return {key.lower(): value for key, value in options.items()}
@@ -166,7 +250,7 @@ def parse_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
         return default
     value = text.strip().lower()
     if value not in ("true", "false"):
-        raise OptionError(f"{name} must be true or false, not {text!r}")
+        raise OptionError(f"{name} must be true or false, not {text!r}{_suggestion(value, ('true', 'false'))}")
     return value == "true"
 
 
@@ -177,7 +261,10 @@ def parse_read_committed(options: Mapping[str, str]) -> bool:
         return False
     value = text.strip().lower()
     if value not in (READ_UNCOMMITTED, READ_COMMITTED):
-        raise OptionError(f"kafka.isolation.level must be {READ_UNCOMMITTED} or {READ_COMMITTED}, not {text!r}")
+        raise OptionError(
+            f"kafka.isolation.level must be {READ_UNCOMMITTED} or {READ_COMMITTED}, not {text!r}"
+            f"{_suggestion(value, (READ_UNCOMMITTED, READ_COMMITTED))}"
+        )
     return value == READ_COMMITTED
 
 
@@ -312,6 +399,11 @@ def parse_limit(
         return Latest()
     if text.lower() == "earliest":
         return Earliest()
+    if not text.startswith("{"):
+        raise OptionError(
+            f"{offsets_name} must be earliest, latest or a JSON object of offsets, not {text!r}"
+            f"{_suggestion(text, ('earliest', 'latest'))}"
+        )
     return SpecificOffsets(parse_partition_map(offsets_name, text))
 
 
@@ -334,7 +426,10 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
                 raise OptionError(f"endingOffsets for {topic}-{partition} can't be earliest (-2) for batch queries")
     strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
-        raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}")
+        raise OptionError(
+            f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}"
+            f"{_suggestion(strategy, ('error', 'latest'))}"
+        )
     min_partitions = parse_positive(options, "minPartitions")
     ignored = tuple(name for name in ("maxoffsetspertrigger", "minoffsetspertrigger") if name in options)
     return ReadOptions(

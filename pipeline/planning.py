@@ -7,16 +7,19 @@ micro-batch):
 1. `resolve_ranges`: the start and end limits of the options become offsets per partition, as
    Spark's KafkaOffsetReaderAdmin resolves them (`earliest`/-2 → log start offset, `latest`/-1 →
    log end offset, timestamps → the first offset whose record timestamp is ≥ it, Kafka's
-   ListOffsets by time). Offsets are resolved once, on the snapshot of the data dir that planning
-   opened: a writer appending meanwhile changes nothing. The checks Spark makes when a range is
+   ListOffsets by time), on the snapshot of the data dir that is open: a writer appending
+   meanwhile changes nothing. A batch query resolves them at planning (to check them and place
+   `minPartitions` cuts) and again in each task (`ReadPiece`, `piece_range`). The checks Spark makes when a range is
    read happen here: a start after the end fails; a range reaching below the log start offset or
    past the log end offset is data loss (an error with `failOnDataLoss`, else the range is cut
    to what exists, as Spark's consumer skips to what it can fetch).
 2. `narrow_ranges`: pushed-down filters (`Constraints`) shrink the ranges: topics, partitions,
    offset bounds, and a lower timestamp bound through the time and offset indexes.
 3. `plan_slices`: each range becomes one slice per segment it touches, with the byte positions of
-   the whole batches to read; with `minPartitions` larger slices are cut at offset-index entries
-   (Spark's KafkaOffsetRangeCalculator share, counted in bytes rather than offsets).
+   the whole batches to read (from the offset-index entry at or before the range's start); a
+   streaming reader's `minPartitions` cuts larger slices at offset-index entries. A batch
+   query's tasks (`plan_pieces`) are cut by offsets, exactly, as Spark's
+   KafkaOffsetRangeCalculator cuts them.
 
 With `kafka.isolation.level=read_committed` (`StableOffsets`), "the log end" is the last
 stable offset (the first offset of a transaction still open), as for Kafka's read_committed
@@ -170,7 +173,13 @@ class SegmentSlice:
 
 # -- 1. offsets from options ------------------------------------------------------------------------
 def open_read_only(location: Location, settings: EngineSettings, now_ms: int) -> DataDir:
-    """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written."""
+    """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written. A
+    log dir that is not a directory is refused by name (a read-only open would see no topics)."""
+    for log_dir in location.log_dirs:
+        if not log_dir.is_dir():
+            raise OptionError(
+                f"path {log_dir}: no such directory (expected a data dir, comma-separated log dirs or a seglogfs mount)"
+            )
     return DataDir.open(settings.broker_config(location.log_dirs), read_only=True, now_ms=now_ms)
 
 
@@ -277,29 +286,47 @@ def resolve_ranges(
             _check_named(f"{what}Offsets", limit.offsets, partitions)
         elif isinstance(limit, SpecificTimestamps):
             _check_named(f"{what}OffsetsByTimestamp", limit.timestamps, partitions)
-    ranges = []
-    for topic, partition in partitions:
-        log = data_dir.partition(topic, partition)
-        log_start = log.log_start_offset
-        log_end = log.log_end_offset if stable is None else stable.last_stable_offset(log)
-        start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end)
-        until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end)
-        if start > until:
-            raise OptionError(
-                f"Beginning offset {start} is after the ending offset {until} for topic {topic} partition "
-                f"{partition}. You either provided an invalid fromOffset, or the topic has been damaged"
+    return [
+        resolve_range(
+            data_dir, tp, starting, ending, strategy=strategy, fail_on_data_loss=fail_on_data_loss, stable=stable
+        )
+        for tp in partitions
+    ]
+
+
+def resolve_range(
+    data_dir: DataDir,
+    tp: TopicPartition,
+    starting: OffsetLimit,
+    ending: OffsetLimit,
+    *,
+    strategy: str = "error",
+    fail_on_data_loss: bool = True,
+    stable: StableOffsets | None = None,
+) -> OffsetRange:
+    """One partition's offset range (`resolve_ranges` without the check that JSON limits name
+    every partition read: a task resolving its own partition's limits calls this)."""
+    topic, partition = tp
+    log = data_dir.partition(topic, partition)
+    log_start = log.log_start_offset
+    log_end = log.log_end_offset if stable is None else stable.last_stable_offset(log)
+    start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end)
+    until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end)
+    if start > until:
+        raise OptionError(
+            f"Beginning offset {start} is after the ending offset {until} for topic {topic} partition "
+            f"{partition}. You either provided an invalid fromOffset, or the topic has been damaged"
+        )
+    if start < until and (start < log_start or until > log_end):
+        if fail_on_data_loss:
+            raise DataLossError(
+                f"{topic}-{partition}: offsets [{start}, {until}) were asked for, but the log holds "
+                f"[{log_start}, {log_end}){'' if stable is None else ' below its last stable offset'}. "
+                f"{_DATA_LOSS_HINT}"
             )
-        if start < until and (start < log_start or until > log_end):
-            if fail_on_data_loss:
-                raise DataLossError(
-                    f"{topic}-{partition}: offsets [{start}, {until}) were asked for, but the log holds "
-                    f"[{log_start}, {log_end}){'' if stable is None else ' below its last stable offset'}. "
-                    f"{_DATA_LOSS_HINT}"
-                )
-            start, until = max(start, log_start), min(until, log_end)
-            until = max(until, start)
-        ranges.append(OffsetRange(topic, partition, start, until))
-    return ranges
+        start, until = max(start, log_start), min(until, log_end)
+        until = max(until, start)
+    return OffsetRange(topic, partition, start, until)
 
 
 # -- 2. pushed filters -------------------------------------------------------------------------------
@@ -543,3 +570,93 @@ def latest_offsets(
     if stable is None:
         return {(t, p): data_dir.partition(t, p).log_end_offset for t, p in partitions}
     return {(t, p): stable.last_stable_offset(data_dir.partition(t, p)) for t, p in partitions}
+
+
+# -- 4. a batch query's tasks, resolved when they run ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ReadPiece:
+    """A batch task's share of one partition: offsets [from_offset, until_offset), where None
+    stands for the query's start (or end) limit, resolved by the task when it runs (`piece_range`).
+
+    Why the task resolves: Spark (4.3) keeps the partitions a Python source planned for a loaded
+    DataFrame and hands them again to every later query of that DataFrame (or of a temp view over
+    it) that pushes no filter, without asking the source. A plan holding offsets would pin every
+    such query to the records there were at the first one; Spark's Kafka source resolves
+    `latest` (and timestamps) again at every action. So the plan fixes only the points where a
+    partition is cut between tasks (`minPartitions`), and each partition's start and end limits
+    are resolved by the task that reads them, once per query: a query's view of a partition is
+    fixed while it runs, and the next query sees what was appended meanwhile."""
+
+    topic: str
+    partition: int
+    from_offset: int | None = None
+    until_offset: int | None = None
+    new_partitions: NewPartitions | None = None  # (the last task) reads these too
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class NewPartitions:
+    """A batch task reading the partitions of a `subscribe` or `subscribePattern` that the plan
+    did not know (created since, Spark reusing the plan: see `ReadPiece`), whole between the
+    query's limits, as Spark's Kafka source finds them at each action."""
+
+    planned: frozenset[TopicPartition]
+
+
+def _part_offsets(size: int, total: int, min_partitions: int) -> int:
+    """Spark's KafkaOffsetRangeCalculator.getPartCount."""
+    return max(math.ceil(size / total * min_partitions), 1) if total else 1
+
+
+def plan_pieces(ranges: Sequence[OffsetRange], min_partitions: int | None = None) -> list[ReadPiece]:
+    """The tasks of a batch query: one per partition read, or with `minPartitions` more than
+    there are partitions, ranges cut into parts of equal offset counts exactly as Spark's
+    KafkaOffsetRangeCalculator cuts them (ranges whose share is one part stay whole and keep
+    out of the share the others divide). `ranges` are resolved at planning, to place the cuts;
+    the first piece of each partition starts, and its last ends, at the limits its task
+    resolves."""
+    pieces: list[ReadPiece] = []
+    nonempty = [offsets for offsets in ranges if offsets.size > 0]
+    total = sum(offsets.size for offsets in nonempty)
+    split = min_partitions is not None and len(nonempty) < min_partitions
+    whole = {o.topic_partition for o in nonempty if not split or _part_offsets(o.size, total, min_partitions or 1) == 1}
+    whole_total = sum(o.size for o in nonempty if o.topic_partition in whole)
+    for offsets in ranges:
+        topic, partition = offsets.topic_partition
+        parts = 1
+        if split and offsets.size > 0 and offsets.topic_partition not in whole:
+            parts = _part_offsets(offsets.size, total - whole_total, (min_partitions or 1) - len(whole))
+        cuts = [offsets.from_offset + offsets.size * i // parts for i in range(1, parts)]
+        bounds: list[int | None] = [None, *cuts, None]
+        pieces.extend(ReadPiece(topic, partition, bounds[i], bounds[i + 1]) for i in range(parts))
+    return pieces
+
+
+def piece_range(
+    data_dir: DataDir,
+    piece: ReadPiece,
+    starting: OffsetLimit,
+    ending: OffsetLimit,
+    *,
+    strategy: str = "error",
+    fail_on_data_loss: bool = True,
+    stable: StableOffsets | None = None,
+) -> OffsetRange:
+    """The offsets `piece` reads now: its partition's limits resolved on `data_dir`, narrowed to
+    its cuts (an empty range when the limits fall outside them)."""
+    resolved = resolve_range(
+        data_dir,
+        piece.topic_partition,
+        starting,
+        ending,
+        strategy=strategy,
+        fail_on_data_loss=fail_on_data_loss,
+        stable=stable,
+    )
+    lo = resolved.from_offset if piece.from_offset is None else max(piece.from_offset, resolved.from_offset)
+    hi = resolved.until_offset if piece.until_offset is None else min(piece.until_offset, resolved.until_offset)
+    return replace(resolved, from_offset=lo, until_offset=max(lo, hi))

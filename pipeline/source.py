@@ -3,9 +3,11 @@
 
 Where each part runs: Spark creates the `DataSource` from the options in a Python worker of the
 driver; `reader()`, `pushFilters()` and `partitions()` run there when a query is planned (the
-offsets are resolved then), and the reader is pickled to the executors, whose `read()` gets one
-`SlicePartition` each. Likewise `writer()` runs on the driver, the writer is pickled to the
-executors for `write()`, and `commit()`/`abort()` run on the driver with the tasks' messages.
+options and limits are checked then), and the reader is pickled to the executors, whose `read()`
+gets one `PiecePartition` each and resolves its partition's limits when it runs (Spark 4.3
+reuses the planned partitions for a loaded DataFrame's later queries: `planning.ReadPiece`).
+Likewise `writer()` runs on the driver, the writer is pickled to the executors for `write()`, and
+`commit()`/`abort()` run on the driver with the tasks' messages.
 """
 
 from __future__ import annotations
@@ -38,17 +40,29 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from seglogfs.engine import DataDir
-from seglogfs.pipeline.filters import push_filters
-from seglogfs.pipeline.options import OptionError, ReadOptions, lowered, parse_bool, parse_read_options
+from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
+from seglogfs.pipeline.options import (
+    TABLE_REFUSED,
+    OptionError,
+    ReadOptions,
+    SpecificOffsets,
+    SpecificTimestamps,
+    check_read_option_names,
+    lowered,
+    parse_bool,
+    parse_read_options,
+)
 from seglogfs.pipeline.planning import (
-    Constraints,
+    DataLossError,
+    NewPartitions,
+    ReadPiece,
     SegmentSlice,
     StableOffsets,
     group_slices,
     latest_offsets,
-    narrow_ranges,
     open_read_only,
+    piece_range,
+    plan_pieces,
     plan_slices,
     resolve_ranges,
 )
@@ -102,6 +116,10 @@ def spark_schema(include_headers: bool) -> StructType:
     return StructType(fields)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 # -- reading --------------------------------------------------------------------------------------
 class SlicePartition(InputPartition):
     """One task's work (its `value`): consecutive `SegmentSlice`s of one partition
@@ -119,14 +137,23 @@ def _read_task(partition: InputPartition, spec: ReadSpec) -> Iterator[pa.RecordB
         yield from read_slice(piece, spec)
 
 
+class PiecePartition(InputPartition):
+    """One batch task's work (its `value`): a `ReadPiece`, whose limits the task resolves, or
+    the `NewPartitions` of its subscription."""
+
+    def __init__(self, piece: ReadPiece | NewPartitions) -> None:
+        super().__init__(piece)
+
+
 class SeglogReader(DataSourceReader):
-    """Plans a batch read when Spark asks for partitions; reads one slice per task. Takes no
-    filters (Spark refuses a reader that implements `pushFilters` while
+    """Plans a batch read when Spark asks for partitions: checks the options and the limits on
+    the data dir as it is, and cuts partitions for `minPartitions`; each task resolves its
+    partition's limits when it runs and reads what they hold then (see `planning.ReadPiece`
+    for why). Takes no filters (Spark refuses a reader that implements `pushFilters` while
     `spark.sql.python.filterPushdown.enabled` is off): see `PushdownSeglogReader`."""
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self.constraints = Constraints()
         self.spec = ReadSpec(
             options.location,
             options.engine,
@@ -136,9 +163,8 @@ class SeglogReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        with open_read_only(options.location, options.engine, int(time.time() * 1000)) as data_dir:
+        with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
             assigned = options.subscription.partitions(data_dir.topics())
-            stable = StableOffsets() if options.read_committed else None
             ranges = resolve_ranges(
                 data_dir,
                 assigned,
@@ -146,30 +172,64 @@ class SeglogReader(DataSourceReader):
                 options.ending,
                 strategy=options.starting_strategy,
                 fail_on_data_loss=options.fail_on_data_loss,
-                stable=stable,
+                stable=StableOffsets() if options.read_committed else None,
             )
-            ranges = narrow_ranges(data_dir, ranges, self.constraints)
-            slices = plan_slices(
-                data_dir,
-                ranges,
-                min_timestamp_ms=self.constraints.timestamp_lo_ms,
-                min_partitions=options.min_partitions,
-            )
-            if stable is not None:
-                slices = stable.with_aborted(slices)
-        return [SlicePartition(task) for task in group_slices(slices, options.min_partitions)]
+        pieces: list[ReadPiece | NewPartitions] = list(plan_pieces(ranges, options.min_partitions))
+        if options.subscription.kind != "assign" and not any(
+            isinstance(limit, SpecificOffsets | SpecificTimestamps) for limit in (options.starting, options.ending)
+        ):  # (limits per partition name every partition read: a new one cannot be read)
+            new = NewPartitions(frozenset(assigned))
+            last = pieces[-1] if pieces else None
+            pieces[-1:] = [replace(last, new_partitions=new) if isinstance(last, ReadPiece) else new]
+        return [PiecePartition(piece) for piece in pieces]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read_task(partition, self.spec)
+        piece = partition.value
+        if not isinstance(piece, ReadPiece | NewPartitions):  # Spark's stand-in when there is nothing to read
+            return
+        options = self.options
+        stable = StableOffsets() if options.read_committed else None
+        with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
+            pieces: list[ReadPiece] = [piece] if isinstance(piece, ReadPiece) else []
+            new = piece if isinstance(piece, NewPartitions) else piece.new_partitions
+            if new is not None:
+                available = options.subscription.partitions(data_dir.topics())
+                pieces.extend(ReadPiece(*tp) for tp in available if tp not in new.planned)
+            ranges = []
+            for each in pieces:
+                try:
+                    ranges.append(
+                        piece_range(
+                            data_dir,
+                            each,
+                            options.starting,
+                            options.ending,
+                            strategy=options.starting_strategy,
+                            fail_on_data_loss=options.fail_on_data_loss,
+                            stable=stable,
+                        )
+                    )
+                except UnknownTopicOrPartitionError:
+                    if options.fail_on_data_loss:
+                        gone = f"{each.topic}-{each.partition}"
+                        raise DataLossError(f"{gone} was deleted before the query read it") from None
+            slices = plan_slices(data_dir, ranges)
+            if stable is not None:
+                slices = stable.with_aborted(slices)
+        for task in slices:
+            yield from read_slice(task, self.spec)
 
 
 class PushdownSeglogReader(SeglogReader):
-    """A reader that answers the filters of `seglogfs.pipeline.filters` itself."""
+    """A reader offered Spark's filters, which pushes none of them: Spark evaluates every
+    filter itself. Spark (4.3) keeps the plan made with the pushed filters of one query for the
+    loaded DataFrame and answers its next queries that push nothing from it, so a plan narrowed
+    by one query's filters would answer a later query without them (`df.where("offset >= 50")`
+    then `df.count()` counted 150 of 300). Being offered filters still makes Spark plan the
+    query afresh."""
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:
-        self.constraints, rest = push_filters(filters)
-        self.spec = replace(self.spec, row_filter=self.constraints.row_filter())
-        return rest
+        return list(filters)
 
 
 # -- streaming reads ------------------------------------------------------------------------------
@@ -186,10 +246,6 @@ except ImportError:  # pragma: no cover - pyspark 4.1
 
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         """Stand-in: pyspark 4.1 knows no such mixin (AvailableNow then reads all in one batch)."""
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -348,9 +404,14 @@ class SeglogDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
+        """Asked when a read is loaded: its options are checked by name then."""
+        check_read_option_names(self.options)
         return spark_schema(parse_bool(lowered(self.options), "includeHeaders", False))
 
     def reader(self, schema: StructType) -> SeglogReader:
+        if not self.options:  # a table made with CREATE TABLE … USING seglog (and a schema)
+            raise OptionError(TABLE_REFUSED)
+        check_read_option_names(self.options)
         options = parse_read_options(self.options)
         if schema != spark_schema(options.include_headers):
             raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
@@ -359,6 +420,7 @@ class SeglogDataSource(DataSource):
         return SeglogReader(options)
 
     def streamReader(self, schema: StructType) -> SeglogStreamReader:
+        check_read_option_names(self.options)
         options = parse_stream_options(self.options)
         if schema != spark_schema(options.include_headers):
             raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")

@@ -250,7 +250,7 @@ def test_mixed_start_by_time_and_end_by_offset(spark, sample: Sample) -> None:
 
 
 # -- splitting -----------------------------------------------------------------------------------------
-def test_min_partitions_splits_at_index_entries_and_reads_the_same_rows(spark, sample: Sample) -> None:
+def test_min_partitions_splits_ranges_and_reads_the_same_rows(spark, sample: Sample) -> None:
     def frame(**options: str):
         reader = spark.read.format("seglog").option("path", str(sample.path)).option("subscribe", "alpha,beta")
         for key, value in options.items():
