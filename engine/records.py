@@ -402,6 +402,16 @@ def check_record_count(count: int, section_bytes: int) -> None:
         raise ValueError(f"a record count of {count} is too large for a records section of {section_bytes} bytes")
 
 
+def plausible_record_count(header: BatchHeader) -> bool:
+    """Whether an uncompressed v2 batch's records section can hold its record count (seven bytes
+    a record at least); a compressed section is checked when it is decompressed. Kafka's CRC
+    check passes such a batch (a writer computed the CRC over the lie): every reader refuses it,
+    and recovery cuts there."""
+    if header.magic != CURRENT_MAGIC or header.attributes & _CODEC_MASK != CompressionType.NONE:
+        return True
+    return 0 <= header.records_count <= (header.size_in_bytes - BATCH_OVERHEAD_BYTES) // MIN_RECORD_BYTES
+
+
 def records_section(header: BatchHeader, batch: bytes | bytearray | memoryview) -> bytes:
     """The uncompressed records section of a whole batch. For a legacy message: its records
     encoded as a v2 records section (offset deltas from `base_offset`, timestamp deltas from

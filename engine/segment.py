@@ -93,6 +93,7 @@ from seglogfs.engine.records import (
     check_batch,
     is_legacy_message,
     offset_of_max_timestamp,
+    plausible_record_count,
 )
 from seglogfs.engine.transaction_index import TransactionIndex
 
@@ -1049,13 +1050,14 @@ class LogSegment:
         previous ended, failing its checks, or whose offsets go backwards or do not fit the
         segment (Kafka's LogSegment.recover and its offset checks), or that reach the next
         segment's base offset (`next_base_offset`, where the loader knows it: a flipped bit in a
-        base offset, which no CRC covers, would otherwise leave a log whose offsets go back)."""
+        base offset, which no CRC covers, would otherwise leave a log whose offsets go back), or
+        whose record count its own bytes cannot hold (every reader refuses such a batch)."""
         valid_bytes = 0
         previous_last_offset = self.base_offset - 1
         for header, batch in batches:
             if header.position != valid_bytes:
                 return
-            if check_batch(header, batch) is not None:
+            if check_batch(header, batch) is not None or not plausible_record_count(header):
                 return
             if (
                 header.base_offset <= previous_last_offset

@@ -132,11 +132,11 @@ def test_offsets_past_int64_end_consume_naming_the_file_and_position(tmp_path: P
 
 
 def test_check_repair_of_a_lying_count_is_no_internal_error(tmp_path: Path) -> None:
-    """`check --repair` of a batch whose record count lies (CRC valid): its problem named with
-    the file and position on every run, the exit status a problem's, never `internal error`
-    (exit 70, on every run: the dir could not be repaired)."""
+    """`check --repair` of a batch whose record count lies (CRC valid): never `internal error`
+    (exit 70, on every run: the dir could not be repaired); the first run sets the batch aside
+    and names it, the next finds only what is set aside."""
     data = _data_dir(tmp_path, 3, lambda batch: struct.pack_into(">i", batch, 57, 4), good=False)
-    segment = data / "t-0" / SEGMENT
+    statuses = []
     for _ in range(2):
         done = subprocess.run(
             [SEGLOGFS, "check", str(data), "--repair"],
@@ -148,4 +148,24 @@ def test_check_repair_of_a_lying_count_is_no_internal_error(tmp_path: Path) -> N
         )
         assert done.returncode != 70 and "internal error" not in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
-        assert f"{segment}: invalid batch at position 0" in done.stdout + done.stderr, done.stdout + done.stderr
+        assert f"set aside in {data}.seglogfs-set-aside" in done.stdout, done.stdout + done.stderr
+        statuses.append(done.returncode)
+    assert statuses == [7, 7]  # (set aside, nothing else wrong)
+
+
+def test_check_repair_sets_a_count_too_large_for_its_batch_aside(tmp_path: Path) -> None:
+    """A record count that the batch's own bytes cannot hold (uncompressed, CRC valid), which every
+    reader refuses: recovery cuts there, so `check --repair` sets the batch aside, says where, and
+    `check` afterwards finds no problem (only what is set aside)."""
+    data = _data_dir(tmp_path, 3, _lying_count)
+    segment = data / "t-0" / SEGMENT
+    repaired = subprocess.run(
+        [SEGLOGFS, "check", str(data), "--repair"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    said = repaired.stdout + repaired.stderr
+    assert "internal error" not in said and "set aside" in said, said
+    assert segment.read_bytes() == bytes(GOOD)
+    again = subprocess.run(
+        [SEGLOGFS, "check", str(data)], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert again.returncode == 7 and ": no problems, but 88 bytes" in again.stdout, again.stdout + again.stderr
