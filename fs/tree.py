@@ -198,7 +198,10 @@ class Tree:
         measure the partition)."""
         key = (log.topic, log.partition, fmt, read_committed)
         with self._layouts_lock:
-            return self._layouts.get(key) or self._new_layout(key, log)
+            layout = self._layouts.get(key)
+            if layout is None or layout.detached:  # (a detached one is its readers' alone)
+                layout = self._new_layout(key, log)
+            return layout
 
     def _new_layout(self, key: tuple[str, int, str, bool], log: PartitionLog) -> Layout:
         _, _, fmt, read_committed = key
@@ -321,7 +324,9 @@ class Tree:
         changes = Changes()
         for topic, partitions in self.data_dir.topics().items():
             for partition in partitions:
-                changes += self.grown([self.data_dir.partition(topic, partition)])
+                log = self.data_dir.partition(topic, partition)
+                changes += self.follow_held(log)
+                changes += self.grown([log])
                 directory = self.find(("partition", topic, partition))
                 if isinstance(directory, PartitionDir):
                     changes.entries += directory.superseded_records()
@@ -350,17 +355,70 @@ class Tree:
                 if directory is not None:
                     gone = set(partitions) - set(after[topic])
                     changes.entries += [(directory.inode, str(partition)) for partition in sorted(gone)]
+        held = self._held_layouts()
         for log in list(self.data_dir.partitions()):
+            for layout in held.get((log.topic, log.partition), ()):
+                layout.keep_open()  # (before the look: a segment it finds gone is closed)
             try:
                 changed = log.refresh(now)
             except OSError as error:  # the partition's dir is gone, or unreadable: next time again
                 logger.debug("following %s-%d: %s", log.topic, log.partition, error)
                 continue
             if changed:
+                changes += self.follow_held(log)
                 changes += self.grown([log])
                 directory = self.find(("partition", log.topic, log.partition))
                 if isinstance(directory, PartitionDir):
                     changes.entries += directory.superseded_records()
+        return changes
+
+    def _held_layouts(self) -> dict[tuple[str, int], list[Layout]]:
+        """The layouts readers hold (open views), by partition."""
+        held: dict[tuple[str, int], list[Layout]] = {}
+        with self._layouts_lock:
+            for (topic, partition, _, _), layout in self._layouts.items():
+                if layout.held:
+                    held.setdefault((topic, partition), []).append(layout)
+        return held
+
+    def follow_held(self, log: PartitionLog) -> Changes:
+        """After the partition changed: bring the layouts its open views hold up to date now,
+        while the segments they laid out are still kept open (a follower falls behind only what
+        came and went between two looks). A layout the change detached (fs.views, "Readers
+        holding a view") stays its readers'; the names of its views name new files, on the
+        partition's current layout, at their next lookup (the kernel forgets them now), as a
+        rotated log file's name does."""
+        changes = Changes()
+        with self._layouts_lock:
+            layouts = [
+                (key, layout) for key, layout in self._layouts.items() if key[:2] == (log.topic, log.partition)
+            ]
+        detached = []
+        for key, layout in layouts:
+            if layout.held:
+                try:
+                    layout.snapshot()
+                except MeasureStopped:
+                    return changes
+                except (EngineError, OSError) as error:  # (its readers' requests say so too)
+                    logger.debug("following the views of %s-%d: %s", log.topic, log.partition, error)
+            if layout.detached:
+                detached.append(layout)
+                with self._layouts_lock:
+                    if self._layouts.get(key) is layout:
+                        del self._layouts[key]
+        if not detached:
+            return changes
+        with self._lock:
+            for node in list(self._nodes.values()):
+                if (
+                    isinstance(node, ViewFile)
+                    and node.view is not None
+                    and any(node.view.layout is layout for layout in detached)
+                    and self._by_key.get(node.key) == node.inode
+                ):
+                    del self._by_key[node.key]
+                    changes.entries.append((node.parent_inode, node.path.rsplit("/", 1)[-1]))
         return changes
 
     def prune_view_cache(self) -> None:

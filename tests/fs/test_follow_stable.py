@@ -1,0 +1,136 @@
+"""An open view is a stable file that only grows: followers (`tail -f`, a Python reader holding
+`records.jsonl` and `by-offset/0`) get every record once, in order, with no `file truncated`,
+while retention removes what they read and compaction rewrites it, on read-only mounts beside
+another writer and on writable mounts (fs.views, "Readers holding a view")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fs.conftest import Mount
+
+SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+FAR_FUTURE_MS = "9999999999999"  # `clean --now`: every segment is past retention
+ROUNDS = 6
+PER_ROUND = 30
+
+
+def cli(*args: str, stdin: bytes | None = None) -> None:
+    subprocess.run([*SEGLOGFS, *args], input=stdin, check=True, capture_output=True)
+
+
+class Reader:
+    """A Python follower: holds a view open and reads on from where it was, as `tail -f`
+    does; remembers the sizes `fstat` gave, to tell a shrink."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.data = b""
+        self.sizes: list[int] = []
+
+    def poll(self) -> None:
+        self.sizes.append(os.fstat(self.fd).st_size)
+        while chunk := os.pread(self.fd, 1 << 16, len(self.data)):
+            self.data += chunk
+
+    def lines(self) -> list[bytes]:
+        return self.data.splitlines()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Tail:
+    """`tail -n +1 -f` of a view, its output and its complaints kept."""
+
+    def __init__(self, path: Path, directory: Path) -> None:
+        self.out, self.err = directory / f"{path.name}.tail.out", directory / f"{path.name}.tail.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen(
+                ["tail", "-n", "+1", "-s", "0.2", "-f", str(path)], stdout=out, stderr=err
+            )
+
+    def lines(self) -> list[bytes]:
+        return self.out.read_bytes().splitlines()
+
+    def stop(self) -> bytes:
+        self.process.kill()
+        self.process.wait(timeout=10)
+        return self.err.read_bytes()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def values(jsonl: list[bytes]) -> list[str]:
+    return [json.loads(line)["value"] for line in jsonl]
+
+
+def never_shrank(sizes: list[int]) -> bool:
+    return all(a <= b for a, b in zip(sizes, sizes[1:], strict=False))
+
+
+def follow_through_retention(
+    m: Mount, tmp_path: Path, produce: Callable[[list[str]], None], remove_all: Callable[[], None]
+) -> None:
+    """The issue's loop: rounds of 30 records into segments of 300 bytes, each round removed
+    by retention once the followers had it; every follower gets all 180 records once."""
+    partition = m.path / "t" / "0"
+    tail = Tail(partition / "records", tmp_path)
+    readers = [Reader(partition / "records.jsonl"), Reader(partition / "by-offset" / "0")]
+    expected: list[str] = []
+    try:
+        for b in range(1, ROUNDS + 1):
+            batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
+            produce(batch)
+            expected += batch
+
+            def caught_up(count: int = len(expected)) -> bool:
+                for reader in readers:
+                    reader.poll()
+                return all(len(reader.lines()) >= count for reader in readers)
+
+            wait_for(caught_up, f"the readers' first {len(expected)} records")
+            remove_all()
+        for reader in readers:
+            reader.poll()
+        wait_for(lambda: len(tail.lines()) >= len(expected), f"tail's {len(expected)} lines")
+        time.sleep(0.5)  # (tail looks every 0.2 s: a line too many would show by now)
+    finally:
+        complaints = tail.stop()
+        for reader in readers:
+            reader.close()
+    assert b"truncated" not in complaints, complaints
+    assert [line.decode() for line in tail.lines()] == expected
+    assert values(readers[0].lines()) == expected
+    assert [line.decode() for line in readers[1].lines()] == expected
+    assert all(never_shrank(reader.sizes) for reader in readers)
+    # A new open sees the log as it is now: the records retention left (none but the last round's
+    # at most), not the held file's.
+    assert len((partition / "records").read_bytes().splitlines()) <= PER_ROUND
+
+
+def test_followers_on_a_read_only_mount_keep_every_record_through_retention(mount, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+
+    def produce(batch: list[str]) -> None:
+        cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+
+    def remove_all() -> None:
+        cli("clean", str(data), "--now", FAR_FUTURE_MS)
+
+    follow_through_retention(m, tmp_path, produce, remove_all)
