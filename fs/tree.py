@@ -390,9 +390,7 @@ class Tree:
         rotated log file's name does."""
         changes = Changes()
         with self._layouts_lock:
-            layouts = [
-                (key, layout) for key, layout in self._layouts.items() if key[:2] == (log.topic, log.partition)
-            ]
+            layouts = [(key, layout) for key, layout in self._layouts.items() if key[:2] == (log.topic, log.partition)]
         detached = []
         for key, layout in layouts:
             if layout.held:

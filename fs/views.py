@@ -44,6 +44,7 @@ import hashlib
 import itertools
 import logging
 import os
+import queue
 import re
 import struct
 import threading
@@ -708,6 +709,34 @@ class _RenderAhead:
         return run[passed:]
 
 
+class _LetClose:
+    """The thread that lets close the segments a layout's last holder kept open
+    (`Layout.let_go`)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[LogSegment]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, segments: list[LogSegment]) -> None:
+        self._queue.put(segments)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="let close", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            for segment in self._queue.get():
+                try:
+                    segment.let_close()
+                except Exception:  # (the others are let close all the same)
+                    logger.exception("letting %s close", segment.log_path)
+
+
+_LET_CLOSE = _LetClose()
+
+
 def held_segments() -> int:
     """How many segments a held layout keeps open at most (`Layout.keep_open`): half the
     process's budget of open segments (engine.handles), so that they never crowd out the rest."""
@@ -797,6 +826,9 @@ class Layout:
         # (`keep_open`), and whether it has left the log's changes behind for them (`detached`:
         # see `_append_only`). Guarded by `_hold_lock`, which is never held while measuring.
         self._holders = 0
+        # Held since the last look at the log: its first holder has been served nothing yet, and
+        # the next snapshot brings it up to date in place (the changes it missed are no reader's).
+        self.fresh = False
         self._kept: set[LogSegment] = set()
         self._kept_for: list[_SegmentLayout] | None = None  # the published order they were kept for
         self._hold_lock = threading.Lock()
@@ -828,7 +860,8 @@ class Layout:
         if self.transactions is not None:
             self._track()
         segments = self.log.segments
-        if self.detached or (self._holders and self._moves_under_holders(segments)):
+        fresh, self.fresh = self.fresh, False
+        if self.detached or (self._holders and not fresh and self._moves_under_holders(segments)):
             if not self.detached:
                 self.detached = True
                 logger.debug("%s-%d (%s): held by readers, laid out on alone", *self._name())
@@ -837,9 +870,7 @@ class Layout:
         if not self.measured:
             self._progress = (0, sum(segment.size for segment in segments))
         order = self._order
-        unchanged = len(segments) == len(order) and all(
-            a is b.segment for a, b in zip(segments, order, strict=True)
-        )
+        unchanged = len(segments) == len(order) and all(a is b.segment for a, b in zip(segments, order, strict=True))
         if not unchanged:
             order = self._relayout(segments)
         changed = not unchanged
@@ -896,17 +927,21 @@ class Layout:
         where it is (see `_append_only`) and its segments are kept open (`keep_open`). No
         syscall, no wait: an open on the event loop calls it."""
         with self._hold_lock:
+            if not self._holders:
+                self.fresh = True
             self._holders += 1
 
     def let_go(self) -> None:
-        """A view opened with `hold` is closed; at the last, its segments are let close."""
+        """A view opened with `hold` is closed; at the last, its segments are let close, on a
+        thread of their own (a close of a view, on the event loop, waits for nothing; closing a
+        segment may wait for its locks)."""
         with self._hold_lock:
             self._holders -= 1
             if self._holders:
                 return
             kept, self._kept, self._kept_for = self._kept, set(), None
-        for segment in kept:
-            segment.let_close()
+        if kept:
+            _LET_CLOSE.put(list(kept))
 
     @property
     def held(self) -> bool:
@@ -983,6 +1018,8 @@ class Layout:
                 self._extend(last, last=slot == len(segments) - 1)
                 changed = last.size != before
             elif not last.sealed:
+                if slot is None and not cut_back:
+                    self._finish_removed(last)
                 last.sealed = True  # (left the log, or cut back under it: laid out as it was)
             following = segments[slot + 1 :] if growing and slot is not None else segments
         next_offset = self._end_offset_of(last) if last is not None else self.log.log_start_offset
@@ -1011,6 +1048,21 @@ class Layout:
             self._order, self._starts = order, starts
             self._bases = [layout.first_offset for layout in order]
             self._published = (order, starts)
+
+    def _finish_removed(self, layout: _SegmentLayout) -> None:
+        """Lay out what the last segment laid out gained before it left the log (another
+        process appended to it, then removed it, between two looks), when it is kept open: read
+        through its descriptor, its file as it was when removed."""
+        segment = layout.segment
+        with self._hold_lock:
+            kept = segment in self._kept
+        if not kept:
+            return
+        try:
+            segment.refresh_size(sealed=True)  # (read-only; a writable segment's size is exact)
+            self._extend(layout, last=False)
+        except (EngineError, OSError) as error:  # (its readers get what was laid out before)
+            logger.debug("%s-%d (%s): the end of %s: %s", *self._name(), segment.log_path, error)
 
     def _end_offset_of(self, layout: _SegmentLayout) -> int:
         """The offset after the last batch laid out in a segment layout."""
@@ -1629,6 +1681,6 @@ class View:
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin
-        if generation != self.layout.generation:
+        if generation != self.layout.generation or self.layout.fresh:  # (a worker's read looks at the log first)
             return None
         return self.layout.read_now(begin + position, length)

@@ -5,6 +5,7 @@ another writer and on writable mounts (fs.views, "Readers holding a view")."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -12,8 +13,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from tests.fs.conftest import Mount
 
@@ -77,7 +76,7 @@ def values(jsonl: list[bytes]) -> list[str]:
 
 
 def never_shrank(sizes: list[int]) -> bool:
-    return all(a <= b for a, b in zip(sizes, sizes[1:], strict=False))
+    return all(a <= b for a, b in itertools.pairwise(sizes))
 
 
 def follow_through_retention(
@@ -87,7 +86,13 @@ def follow_through_retention(
     by retention once the followers had it; every follower gets all 180 records once."""
     partition = m.path / "t" / "0"
     tail = Tail(partition / "records", tmp_path)
-    readers = [Reader(partition / "records.jsonl"), Reader(partition / "by-offset" / "0")]
+    # JSON Lines, then text: every kind of view, at both isolation levels.
+    readers = [
+        Reader(partition / "records.jsonl"),
+        Reader(partition / "by-time" / "0.jsonl"),
+        Reader(partition / "by-offset" / "0"),
+        Reader(partition / "read_committed" / "records"),
+    ]
     expected: list[str] = []
     try:
         for b in range(1, ROUNDS + 1):
@@ -112,8 +117,10 @@ def follow_through_retention(
             reader.close()
     assert b"truncated" not in complaints, complaints
     assert [line.decode() for line in tail.lines()] == expected
-    assert values(readers[0].lines()) == expected
-    assert [line.decode() for line in readers[1].lines()] == expected
+    for reader in readers[:2]:
+        assert values(reader.lines()) == expected
+    for reader in readers[2:]:
+        assert [line.decode() for line in reader.lines()] == expected
     assert all(never_shrank(reader.sizes) for reader in readers)
     # A new open sees the log as it is now: the records retention left (none but the last round's
     # at most), not the held file's.
