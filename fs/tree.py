@@ -322,10 +322,11 @@ class Tree:
         """After retention or compaction: every view may have changed size, and `records` of a
         partition whose log start moved names a new file."""
         changes = Changes()
+        layouts = self._layouts_by_partition()
         for topic, partitions in self.data_dir.topics().items():
             for partition in partitions:
                 log = self.data_dir.partition(topic, partition)
-                changes += self.follow_held(log)
+                changes += self.follow_held(log, layouts.get((topic, partition), []))
                 changes += self.grown([log])
                 directory = self.find(("partition", topic, partition))
                 if isinstance(directory, PartitionDir):
@@ -355,9 +356,10 @@ class Tree:
                 if directory is not None:
                     gone = set(partitions) - set(after[topic])
                     changes.entries += [(directory.inode, str(partition)) for partition in sorted(gone)]
-        held = self._held_layouts()
+        layouts = self._layouts_by_partition()
         for log in list(self.data_dir.partitions()):
-            for layout in held.get((log.topic, log.partition), ()):
+            held = layouts.get((log.topic, log.partition), [])
+            for _, layout in held:
                 layout.keep_open()  # (before the look: a segment it finds gone is closed)
             try:
                 changed = log.refresh(now)
@@ -365,32 +367,31 @@ class Tree:
                 logger.debug("following %s-%d: %s", log.topic, log.partition, error)
                 continue
             if changed:
-                changes += self.follow_held(log)
+                changes += self.follow_held(log, held)
                 changes += self.grown([log])
                 directory = self.find(("partition", log.topic, log.partition))
                 if isinstance(directory, PartitionDir):
                     changes.entries += directory.superseded_records()
         return changes
 
-    def _held_layouts(self) -> dict[tuple[str, int], list[Layout]]:
-        """The layouts readers hold (open views), by partition."""
-        held: dict[tuple[str, int], list[Layout]] = {}
+    def _layouts_by_partition(self) -> dict[tuple[str, int], list[tuple[tuple[str, int, str, bool], Layout]]]:
+        """The layouts readers hold (open views), or that are detached, by partition, with
+        their keys (one look at the layouts for every partition)."""
+        found: dict[tuple[str, int], list[tuple[tuple[str, int, str, bool], Layout]]] = {}
         with self._layouts_lock:
-            for (topic, partition, _, _), layout in self._layouts.items():
-                if layout.held:
-                    held.setdefault((topic, partition), []).append(layout)
-        return held
+            for key, layout in self._layouts.items():
+                if layout.held or layout.detached:
+                    found.setdefault(key[:2], []).append((key, layout))
+        return found
 
-    def follow_held(self, log: PartitionLog) -> Changes:
-        """After the partition changed: bring the layouts its open views hold up to date now,
-        while the segments they laid out are still kept open (a follower falls behind only what
-        came and went between two looks). A layout the change detached (fs.views, "Readers
-        holding a view") stays its readers'; the names of its views name new files, on the
-        partition's current layout, at their next lookup (the kernel forgets them now), as a
-        rotated log file's name does."""
+    def follow_held(self, log: PartitionLog, layouts: list[tuple[tuple[str, int, str, bool], Layout]]) -> Changes:
+        """After the partition changed: bring the layouts its open views hold (`layouts`, from
+        `_layouts_by_partition`) up to date now, while the segments they laid out are still
+        kept open (a follower falls behind only what came and went between two looks). A layout
+        the change detached (fs.views, "Readers holding a view") stays its readers'; the names
+        of its views name new files, on the partition's current layout, at their next lookup
+        (the kernel forgets them now), as a rotated log file's name does."""
         changes = Changes()
-        with self._layouts_lock:
-            layouts = [(key, layout) for key, layout in self._layouts.items() if key[:2] == (log.topic, log.partition)]
         detached = []
         for key, layout in layouts:
             if layout.held:

@@ -34,6 +34,38 @@ nothing (control batches render as nothing in every layout) and ends at the last
 (LSO) of what it tracked. Below the LSO every transaction has ended, so what the layout shows
 there is final: it only grows, as the LSO moves when transactions end, and an open view's bytes
 stay as they were. Only these layouts track transactions; the others render every data batch.
+
+Readers holding a view. An open descriptor of a view is a stable file that only grows, as a
+rotated log file is to a process holding it: the bytes it served, or could have served at its
+last size, stay where they are with the same content, and records past the last offset it laid
+out are added at its end, whatever retention, compaction or delete-records do meanwhile. An open
+view holds its layout (`Layout.hold`, until `let_go`: `fs.view_file.ViewHandle`). While a layout
+is held:
+
+* its segments are kept open (`keep_open`: their `.log` descriptors leased, `LogSegment.hold_open`),
+  the newest `held_segments()` of them (half the process's open-segment budget), so that a
+  segment the log removes stays readable to it. A read-only mount keeps them open before each
+  look at the other writer's changes (`Tree.follow`), which is what closes a removed segment;
+* a change of the log that would move bytes it laid out (a segment of it removed or replaced,
+  or cut back) detaches it (`detached`): from then on it is its readers' alone and only grows
+  (`_append_only`): the segments it laid out stay, and what the log holds past its last offset
+  is added after them. Offsets that came and went between two looks are named in the mount's
+  log (a follower that fell behind retention gets the records still there);
+* the tree then drops the layout and the names of the views on it (`Tree.follow_held`, after a
+  read-only mount's look or a writable mount's retention or compaction): the next lookup of
+  `records` or `by-offset/N` is a new inode on a new layout of the log as it is now (`tail -F`
+  moves to it, as to a rotated file), while the old inode, and the size the kernel has for it,
+  keeps growing for the descriptors that hold it. The kernel's size is per inode: an inode's
+  layout never changes, so its size never goes down while any descriptor holds it.
+
+A layout no view holds is brought up to date in place, as is a layout whose first holder has not
+been served yet (`fresh`: opened after the change, before the next look). The segments kept open
+are let close once the last holder is gone, on a thread of their own (`_LET_CLOSE`). Not covered:
+a segment past `held_segments()` of a held layout that the log removes reads as an error (EIO,
+named in the log), and a writer's cut-back of the segment a held layout grows in (recovery, a
+failed append) ends that segment for the layout where it was laid out: bytes laid out past the
+cut are not served, and records appended to that segment after the cut are not added (those of
+the segments after it are).
 """
 
 from __future__ import annotations
