@@ -8,12 +8,16 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from seglogfs.engine import BrokerConfig, DataDir
 from tests.fs.conftest import Mount
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
@@ -226,3 +230,52 @@ def test_followers_of_a_compacted_topic_never_repeat_a_record(mount, tmp_path: P
     # A new open sees the log as compaction left it: each key's last value once.
     now = [json.loads(line)["value"] for line in (partition / "records.jsonl").read_bytes().splitlines()]
     assert now[-2:] == produced[-2:] and len(now) == len(set(now))
+
+
+@pytest.mark.expect_warnings(r"t-0 \((jsonl|text)\): offsets 30 to 59 were removed before the readers")
+def test_a_follower_behind_retention_gets_what_is_left_and_the_log_names_the_rest(mount, tmp_path: Path) -> None:
+    """Records appended and removed between two looks of a read-only mount (the mount stopped
+    meanwhile) never reach a held view: it goes on with the records still there, and the mount's
+    log names the offsets it could not give."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+    partition = m.path / "t" / "0"
+
+    def produce(first: int) -> list[str]:
+        batch = [str(n) for n in range(first, first + PER_ROUND)]
+        cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+        return batch
+
+    readers = [Reader(partition / "records.jsonl"), Reader(partition / "records")]
+    try:
+        kept = produce(1000)
+
+        def caught_up(count: int) -> Callable[[], bool]:
+            def check() -> bool:
+                for reader in readers:
+                    reader.poll()
+                return all(len(reader.lines()) >= count for reader in readers)
+
+            return check
+
+        wait_for(caught_up(PER_ROUND), "the first records")
+        # No look at the data dir until it goes on. (Appended and removed here: a child process
+        # would close this one's descriptors of the mount at its exec, which waits for the mount.)
+        m.process.send_signal(signal.SIGSTOP)
+        try:
+            now_ms = int(time.time() * 1000)
+            with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=now_ms) as writer:
+                writer.partition("t", 0).append_records([b"%d" % n for n in range(2000, 2030)], now_ms=now_ms)
+                assert writer.delete_old_segments(int(FAR_FUTURE_MS))
+        finally:
+            m.process.send_signal(signal.SIGCONT)
+        kept += produce(3000)
+        wait_for(caught_up(2 * PER_ROUND), "the records after the removed ones")
+    finally:
+        for reader in readers:
+            reader.close()
+    assert values(readers[0].lines()) == kept
+    assert [line.decode() for line in readers[1].lines()] == kept
+    assert all(never_shrank(reader.sizes) for reader in readers)
+    wait_for(lambda: m.output().count("offsets 30 to 59 were removed") == 2, "the log naming the offsets")
