@@ -52,12 +52,14 @@ class Reader:
 
 
 class Tail:
-    """`tail -n +1 -f` of a view, its output and its complaints kept."""
+    """`tail -n +1 -f` of a view (`-F`: by name), its output and its complaints kept."""
 
-    def __init__(self, path: Path, directory: Path) -> None:
-        self.out, self.err = directory / f"{path.name}.tail.out", directory / f"{path.name}.tail.err"
+    def __init__(self, path: Path, directory: Path, follow: str = "-f") -> None:
+        self.out, self.err = directory / f"{path.name}{follow}.out", directory / f"{path.name}{follow}.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.process = subprocess.Popen(["tail", "-n", "+1", "-s", "0.2", "-f", str(path)], stdout=out, stderr=err)
+            self.process = subprocess.Popen(
+                ["tail", "-n", "+1", "-s", "0.2", follow, str(path)], stdout=out, stderr=err
+            )
 
     def lines(self) -> list[bytes]:
         return self.out.read_bytes().splitlines()
@@ -90,6 +92,7 @@ def follow_through_retention(
     by retention once the followers had it; every follower gets all 180 records once."""
     partition = m.path / "t" / "0"
     tail = Tail(partition / "records", tmp_path)
+    by_name = Tail(partition / "records", tmp_path, "-F")
     # JSON Lines, then text: every kind of view, at both isolation levels.
     readers = [
         Reader(partition / "records.jsonl"),
@@ -114,13 +117,20 @@ def follow_through_retention(
         for reader in readers:
             reader.poll()
         wait_for(lambda: len(tail.lines()) >= len(expected), f"tail's {len(expected)} lines")
+        wait_for(lambda: by_name.lines()[-1:] == [expected[-1].encode()], "tail -F reaching the last record")
         time.sleep(0.5)  # (tail looks every 0.2 s: a line too many would show by now)
     finally:
         complaints = tail.stop()
+        by_name_complaints = by_name.stop()
         for reader in readers:
             reader.close()
     assert b"truncated" not in complaints, complaints
     assert [line.decode() for line in tail.lines()] == expected
+    # `tail -F` moves to the file the name now names, as after a log rotation: never a record
+    # twice, nor one before a record it printed.
+    assert b"truncated" not in by_name_complaints, by_name_complaints
+    order = [expected.index(line.decode()) for line in by_name.lines()]
+    assert order == sorted(set(order)), by_name.lines()
     for reader in readers[:2]:
         assert values(reader.lines()) == expected
     for reader in readers[2:]:
