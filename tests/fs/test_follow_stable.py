@@ -289,3 +289,40 @@ def test_a_follower_behind_retention_gets_what_is_left_and_the_log_names_the_res
     assert [line.decode() for line in readers[1].lines()] == kept
     assert all(never_shrank(reader.sizes) for reader in readers)
     wait_for(lambda: m.output().count("offsets 30 to 59 were removed") == 2, "the log naming the offsets")
+
+
+def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
+    """`less +F` (in a tmux pane) follows `records` on a read-only mount through the issue's
+    loop: its screen ends with the last records, in order, each once."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+    records = m.path / "t" / "0" / "records"
+    tmux = ["tmux", "-L", f"seglogfs-{os.getpid()}"]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "40", f"less +F {records}"], check=True)
+    reader = Reader(records)
+    expected: list[str] = []
+    try:
+        for b in range(1, ROUNDS + 1):
+            batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
+            cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+            expected += batch
+
+            def caught_up(count: int = len(expected)) -> bool:
+                reader.poll()
+                return len(reader.lines()) >= count
+
+            wait_for(caught_up, f"the first {len(expected)} records")
+            cli("clean", str(data), "--now", FAR_FUTURE_MS)
+
+        def screen() -> list[str]:
+            shown = subprocess.run([*tmux, "capture-pane", "-p"], check=True, capture_output=True, text=True)
+            return [line.strip() for line in shown.stdout.splitlines() if line.strip()]
+
+        wait_for(lambda: expected[-1] in screen()[-3:], "less showing the last record")
+        lines = [line for line in screen() if line.isdigit()]
+    finally:
+        subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
+        reader.close()
+    assert len(lines) >= 30
+    assert lines == expected[-len(lines) :], lines
