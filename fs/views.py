@@ -1038,28 +1038,33 @@ class Layout:
         cut_back = self.log.truncations != self._truncations
         self._truncations = self.log.truncations
         self._tail = None if cut_back else self._tail
-        last = order[-1] if order else None
         present = {segment: i for i, segment in enumerate(segments)}
+        laid_out = {layout.segment for layout in order}
         changed = False
-        following = segments
-        if last is not None:
-            slot = present.get(last.segment)
-            growing = slot is not None and not cut_back and last.segment.size >= last.scanned_to
-            if growing and not last.sealed:
-                before = last.size
-                self._extend(last, last=slot == len(segments) - 1)
-                changed = last.size != before
-            elif not last.sealed:
-                if slot is None and not cut_back:
-                    self._finish_removed(last)
-                last.sealed = True  # (left the log, or cut back under it: laid out as it was)
-            following = segments[slot + 1 :] if growing and slot is not None else segments
-        next_offset = self._end_offset_of(last) if last is not None else self.log.log_start_offset
-        total = (self._starts[-1] + order[-1].size) if order else self._front
-        starts = list(self._starts)
-        for segment in following:
-            if any(layout.segment is segment for layout in order):
+        # The segments still growing for it: its last, and (read_committed) those held back by a
+        # transaction still open, whose growth is at the end of its rendering too (what is past
+        # the last stable offset is not laid out yet, in any segment).
+        for index, layout in enumerate(order):
+            if layout.sealed:
                 continue
+            slot = present.get(layout.segment)
+            if slot is not None and not cut_back and layout.segment.size >= layout.scanned_to:
+                before = layout.size
+                self._extend(layout, last=slot == len(segments) - 1)
+                changed = changed or layout.size != before
+                continue
+            if slot is None and not cut_back and index == len(order) - 1:
+                self._finish_removed(layout)
+            layout.sealed = True  # (left the log, or cut back under it: laid out as it was)
+        last = order[-1] if order else None
+        slot = present.get(last.segment) if last is not None else None
+        following = segments[slot + 1 :] if slot is not None else segments
+        next_offset = self._end_offset_of(last) if last is not None else self.log.log_start_offset
+        for i, segment in enumerate(following):
+            if segment in laid_out:
+                continue
+            if i + 1 < len(following) and following[i + 1].base_offset <= next_offset:
+                continue  # (wholly below what it laid out: a compacted segment, not read)
             layout = self._layout_from(segment, next_offset)
             if layout is None:
                 continue
@@ -1072,11 +1077,13 @@ class Layout:
                 )
             self._extend(layout, last=segment is segments[-1])
             order.append(layout)
-            starts.append(total)
-            total += layout.size
             next_offset = max(next_offset, self._end_offset_of(layout))
             changed = True
         if changed:
+            starts, total = [], self._starts[0] if self._starts else self._front
+            for layout in order:
+                starts.append(total)
+                total += layout.size
             self._order, self._starts = order, starts
             self._bases = [layout.first_offset for layout in order]
             self._published = (order, starts)
