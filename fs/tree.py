@@ -15,7 +15,8 @@
 
 A node is made when it is first looked up and keeps its inode for good, except by-offset and
 by-time views and `.logdir` entries (there can be any number of them: dropped when the kernel
-forgets them) and a `records` file whose start retention removed (superseded by a new inode).
+forgets them), a `records` file whose start retention removed, and a view whose open readers'
+layout the log's changes detached (fs.views): each superseded by a new inode.
 
 Thread-safety: lookups, stats and listings run in worker threads at once; the inode table and
 the per-partition view index are guarded by one lock (`_lock`), held only for dictionary work.

@@ -1065,19 +1065,19 @@ class Layout:
                 continue
             if i + 1 < len(following) and following[i + 1].base_offset <= next_offset:
                 continue  # (wholly below what it laid out: a compacted segment, not read)
-            layout = self._layout_from(segment, next_offset)
-            if layout is None:
+            added = self._layout_from(segment, next_offset)
+            if added is None:
                 continue
-            if layout.first_offset > next_offset:
+            if added.first_offset > next_offset:
                 logger.warning(
                     "%s-%d (%s): offsets %d to %d were removed before the readers holding its views were given them",
                     *self._name(),
                     next_offset,
-                    layout.first_offset - 1,
+                    added.first_offset - 1,
                 )
-            self._extend(layout, last=segment is segments[-1])
-            order.append(layout)
-            next_offset = max(next_offset, self._end_offset_of(layout))
+            self._extend(added, last=segment is segments[-1])
+            order.append(added)
+            next_offset = max(next_offset, self._end_offset_of(added))
             changed = True
         if changed:
             starts, total = [], self._starts[0] if self._starts else self._front

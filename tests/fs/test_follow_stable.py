@@ -322,7 +322,10 @@ def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
         wait_for(lambda: expected[-1] in screen()[-3:], "less showing the last record")
         lines = [line for line in screen() if line.isdigit()]
     finally:
+        shown = subprocess.run([*tmux, "display", "-p", "#{pane_pid}"], check=False, capture_output=True, text=True)
         subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
         reader.close()
+        if shown.stdout.strip().isdigit():  # (less gone: it closed the view before the mount ends)
+            wait_for(lambda: not Path(f"/proc/{shown.stdout.strip()}").exists(), "less to end")
     assert len(lines) >= 30
     assert lines == expected[-len(lines) :], lines
