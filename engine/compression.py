@@ -106,8 +106,18 @@ def compress(codec: CompressionType, data: bytes | bytearray | memoryview) -> by
 
 
 def decompress(codec: CompressionType, data: bytes | memoryview) -> bytes:
-    """Inverse of compress(); raises ValueError-derived codec errors on damaged input (callers
-    turn them into CorruptRecordError with the position they know). Thread-safe."""
+    """Inverse of compress(); ValueError on damaged input, whatever the codec library raises
+    (zlib.error, lz4's RuntimeError, ZstdError, cramjam's errors): callers turn it into
+    CorruptRecordError with the position they know. Thread-safe."""
+    try:
+        return _decompress(codec, data)
+    except (ValueError, MemoryError, UnsupportedCompressionError):
+        raise
+    except Exception as error:  # the codec libraries' own error types
+        raise ValueError(f"{codec.name.lower()} data does not decompress: {error}") from None
+
+
+def _decompress(codec: CompressionType, data: bytes | memoryview) -> bytes:
     if codec is CompressionType.NONE:
         return bytes(data)
     if codec is CompressionType.GZIP:

@@ -1306,12 +1306,18 @@ class Layout:
                 with self._progress_lock:
                     done, total = self._progress
                     self._progress = (done + header.next_position - header.position, total)
-            if sibling is None or companion is None:
-                self._note(layout, header, self._measure_batch(header, batch))
-                continue
-            columns = None if header.is_control else record_columns(header, batch)
-            self._note(layout, header, self.renderer.measure(header, batch, columns))
-            sibling._note(companion, header, sibling.renderer.measure(header, batch, columns))
+            try:
+                if sibling is None or companion is None:
+                    self._note(layout, header, self._measure_batch(header, batch))
+                    continue
+                columns = None if header.is_control else record_columns(header, batch)
+                sizes = self.renderer.measure(header, batch, columns), sibling.renderer.measure(header, batch, columns)
+            except ValueError as error:  # a codec or varint error inside a batch whose CRC held
+                raise CorruptRecordError(
+                    layout.segment.log_path, header.position, f"undecodable records: {error}"
+                ) from None
+            self._note(layout, header, sizes[0])
+            sibling._note(companion, header, sizes[1])
         return False
 
     @staticmethod

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.records import build_batch, compute_crc
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, REPO
@@ -32,12 +33,16 @@ GOOD = build_batch([b"good-%d" % i for i in range(3)], timestamps=NOW_MS)
 AT = len(GOOD)  # where the lying batch starts
 
 
-def _data_dir(tmp_path: Path, records: int, mutate, *, good: bool = True) -> Path:
+def _data_dir(
+    tmp_path: Path, records: int, mutate, *, good: bool = True, compression: CompressionType = CompressionType.NONE
+) -> Path:
     """A data dir whose topic t's one segment holds a good batch (unless not `good`), then (at
     `AT`, or 0) a batch of `records` records changed by `mutate` (its CRC recomputed)."""
     partition = tmp_path / "data" / "t-0"
     partition.mkdir(parents=True)
-    lying = build_batch([b"v%d" % i for i in range(records)], timestamps=NOW_MS, base_offset=3 if good else 0)
+    lying = build_batch(
+        [b"v%d" % i for i in range(records)], timestamps=NOW_MS, base_offset=3 if good else 0, compression=compression
+    )
     mutate(lying)
     struct.pack_into(">I", lying, 17, compute_crc(lying))
     (partition / SEGMENT).write_bytes((bytes(GOOD) if good else b"") + bytes(lying))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from seglogfs.engine.compression import CompressionType
 from tests.engine.test_bounded_files import (
     SECONDS,
     TOPIC,
@@ -71,3 +72,38 @@ def test_a_read_only_mount_answers_status_over_a_sparse_terabyte_index(
         assert status[key] == valid[key], key
     assert fingerprint(damaged) == before
     assert f"{damaged}: corrupt index" in m.output()
+
+
+def _garbled_compressed_section(batch: bytearray) -> None:
+    """An lz4 batch whose records section is not lz4 (its CRC recomputed by `_data_dir`)."""
+    batch[61:] = bytes(len(batch) - 61)
+
+
+@pytest.mark.expect_warnings(r"00000000000000000000\.log: corrupt record batch at position \d+")
+@pytest.mark.parametrize("damage", ["count-0x7fffffff", "lz4-garbage"])
+def test_a_read_only_mount_answers_status_and_eio_over_a_batch_whose_crc_holds_over_lies(
+    mount, tmp_path: Path, damage: str
+) -> None:
+    """A batch whose record count says 0x7fffffff, or whose lz4 section is not lz4 (its CRC valid
+    either way): `status` answers within the issue's figures, `records` answers EIO where the batch
+    is (its page holds the good batch before it too) quickly and without sizing anything by the
+    count (it asked for 32 GiB of columns), the mount logs the file and position (no traceback:
+    the codec's own error types were an unexpected error) and stays up."""
+    from tests.cli.test_lying_batches import AT, _data_dir, _lying_count
+
+    if damage == "lz4-garbage":
+        data = _data_dir(tmp_path, 3, _garbled_compressed_section, compression=CompressionType.LZ4)
+    else:
+        data = _data_dir(tmp_path, 3, _lying_count)
+    m: Mount = mount(data, "-o", "ro")
+    content, seconds = timed_cat(m.path / "t" / "0" / "status")
+    assert seconds < SECONDS, f"status took {seconds:.2f} s"
+    assert json.loads(content)["logStartOffset"] == 0
+
+    started = time.monotonic()
+    done = subprocess.run(["cat", str(m.path / "t" / "0" / "records")], capture_output=True, timeout=60, check=False)
+    assert time.monotonic() - started < SECONDS
+    assert done.returncode == 1 and b"Input/output error" in done.stderr, done.stderr
+    assert peak_rss_bytes(m.process.pid) < RSS_BYTES
+    assert f"corrupt record batch at position {AT}" in m.output()
+    assert (m.path / "t" / "0" / "status").read_bytes()  # the mount still answers
