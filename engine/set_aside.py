@@ -153,6 +153,17 @@ class BatchCount:
     valid_bytes: int
 
 
+def _count_kept(directory: Path, base_offset: int) -> BatchCount:
+    """`count_batches` of a segment just set aside (its copy in `directory`), read-only."""
+    copy = LogSegment(
+        directory, base_offset, index_interval_bytes=4096, max_index_bytes=1 << 20, writable=False, created_ms=0
+    )
+    try:
+        return count_batches(copy, 0)
+    finally:
+        copy.close_handlers()
+
+
 def count_batches(segment: LogSegment, position: int, end: int | None = None) -> BatchCount:
     """The records and offsets of the batches of `segment` from `position` (to `end`) that
     pass their CRC check; a batch that fails it is passed over when its length can be trusted,
@@ -261,13 +272,7 @@ class SetAside:
                 f"the {size - position} bytes of {source} from position {position}",
                 error.strerror or str(error),
             ) from None
-        copy = LogSegment(
-            directory, next_offset, index_interval_bytes=4096, max_index_bytes=1 << 20, writable=False, created_ms=0
-        )
-        try:
-            count = count_batches(copy, 0)
-        finally:
-            copy.close_handlers()
+        count = _count_kept(directory, next_offset)
         return self._add(
             SetAsidePiece(
                 place,
@@ -321,11 +326,7 @@ class SetAside:
             fsync_dir(self.partition_dir)
         except OSError as error:
             raise SetAsideError(place, f"segment {segment.log_path}", error.strerror or str(error)) from None
-        copy = LogSegment(place, base, index_interval_bytes=4096, max_index_bytes=1 << 20, writable=False, created_ms=0)
-        try:
-            count = count_batches(copy, 0)
-        finally:
-            copy.close_handlers()
+        count = _count_kept(place, base)
         return self._add(
             SetAsidePiece(
                 place,

@@ -124,6 +124,17 @@ def _listed_files(directory: Path) -> set[str]:
         return {entry.name for entry in entries if entry.is_file(follow_symlinks=False) or entry.is_symlink()}
 
 
+def _directory_entry(status: os.stat_result) -> MirrorEntry:
+    """A directory as its status shows it: its own times, owner, group and mode."""
+    return MirrorEntry(
+        is_dir=True,
+        mtime_ns=status.st_mtime_ns,
+        mode=stat.S_IMODE(status.st_mode),
+        uid=status.st_uid,
+        gid=status.st_gid,
+    )
+
+
 def _link(path: Path, status: os.stat_result) -> MirrorEntry:
     """A symbolic link's entry: its target's name, read with readlink (nothing of the target)."""
     target = os.readlink(path)
@@ -238,14 +249,7 @@ class Mirror:
         log_dir, rest = resolved
         if not rest:
             # (the root as the user named it: it may be a link, as /var/lib/kafka often is)
-            status = os.stat(log_dir)
-            return MirrorEntry(
-                is_dir=True,
-                mtime_ns=status.st_mtime_ns,
-                mode=stat.S_IMODE(status.st_mode),
-                uid=status.st_uid,
-                gid=status.st_gid,
-            )
+            return _directory_entry(os.stat(log_dir))
         logs = self._logs_in(log_dir)
         if len(rest) == 1:
             name = rest[0]
@@ -265,13 +269,7 @@ class Mirror:
         status = os.lstat(path)
         if stat.S_ISLNK(status.st_mode):
             return _link(path, status)
-        return MirrorEntry(
-            is_dir=True,
-            mtime_ns=status.st_mtime_ns,
-            mode=stat.S_IMODE(status.st_mode),
-            uid=status.st_uid,
-            gid=status.st_gid,
-        )
+        return _directory_entry(status)
 
     @staticmethod
     def _file(path: Path, size: int | None = None) -> MirrorEntry:
