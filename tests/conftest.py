@@ -6,7 +6,10 @@ import logging
 import re
 import shutil
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,36 @@ def _fail_on_unexpected_warnings(request: pytest.FixtureRequest, caplog: pytest.
         if r.levelno >= logging.WARNING and not any(re.search(p, r.getMessage()) for p in patterns)
     ]
     assert not unexpected, f"unexpected log warnings: {unexpected}"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A command's exit status, output, wall time, CPU time (user + system) and peak RSS."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    cpu_seconds: float
+    max_rss_bytes: int
+
+
+def run_measured(args: list[str], *, timeout: float = 60) -> Measured:
+    """`args` run by GNU time, which forks it from its own small process: the peak RSS is the
+    command's own. (A child forked from pytest itself reports pytest's RSS as its peak: the copy
+    it was before its exec counts, and pytest grows past 300 MB over the suite.)"""
+    with tempfile.NamedTemporaryFile("r") as figures:
+        start = time.monotonic()
+        done = subprocess.run(
+            ["/usr/bin/time", "-q", "-f", "%U %S %M", "-o", figures.name, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        seconds = time.monotonic() - start
+        user, system, rss_kib = figures.read().split()[-3:]
+    return Measured(
+        done.returncode, done.stdout, done.stderr, seconds, float(user) + float(system), int(rss_kib) * 1024
+    )

@@ -14,7 +14,6 @@ records with wrapped offsets.
 
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.records import build_batch, compute_crc
 from tests.cli.support import SEGLOGFS
-from tests.conftest import NOW_MS, REPO
+from tests.conftest import NOW_MS, REPO, run_measured
 
 SEGMENT = "00000000000000000000.log"
 
@@ -54,28 +53,11 @@ def _lying_count(batch: bytearray) -> None:
 
 
 def _run_accounted(*args: str) -> tuple[subprocess.CompletedProcess[str], float, int]:
-    """`seglogfs ARGS`, with its CPU time (user + system, seconds) and peak RSS (bytes), from
-    wait4's rusage of this child alone."""
-    read_out, write_out = os.pipe()
-    read_err, write_err = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: exec the command with stdout and stderr on the pipes
-        try:
-            os.chdir(REPO)
-            os.dup2(write_out, 1)
-            os.dup2(write_err, 2)
-            os.execv(SEGLOGFS, [SEGLOGFS, *args])
-        finally:
-            os._exit(127)
-    os.close(write_out)
-    os.close(write_err)
-    with os.fdopen(read_out, "rb") as out_file, os.fdopen(read_err, "rb") as err_file:
-        out = out_file.read()  # (the commands print little: no deadlock on the other pipe)
-        err = err_file.read()
-    _, status, usage = os.wait4(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    done = subprocess.CompletedProcess([SEGLOGFS, *args], code, out.decode(), err.decode())
-    return done, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+    """`seglogfs ARGS`, with its CPU time (user + system, seconds) and peak RSS (bytes), its own
+    (measured by GNU time)."""
+    result = run_measured([SEGLOGFS, *args])
+    done = subprocess.CompletedProcess([SEGLOGFS, *args], result.returncode, result.stdout, result.stderr)
+    return done, result.cpu_seconds, result.max_rss_bytes
 
 
 @pytest.mark.parametrize("records", [3, 20])

@@ -11,10 +11,7 @@ import os
 import random
 import shutil
 import struct
-import subprocess
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +22,7 @@ from seglogfs.engine.errors import CorruptIndexError
 from seglogfs.engine.index import BLOCK_ENTRIES, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
 from seglogfs.engine.segment import LogSegment
 from tests.cli.support import SEGLOGFS
-from tests.conftest import NOW_MS, REPO, broker_config
+from tests.conftest import NOW_MS, Measured, broker_config, run_measured
 
 TERABYTE = 1 << 40
 SECONDS = 2.0  # the issue's acceptance figures
@@ -34,33 +31,10 @@ TOPIC = "t"
 RECORDS = 2000
 
 
-@dataclass(frozen=True)
-class Measured:
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-    cpu_seconds: float
-    max_rss_bytes: int
-
-
 def measured(*args: str, tmp_path: Path) -> Measured:
     """`seglogfs ARGS` in a subprocess: its exit status, output, wall time, CPU time and peak
-    RSS (the child's own, from wait4's rusage)."""
-    out, err = tmp_path / "measured.out", tmp_path / "measured.err"
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        start = time.monotonic()
-        process = subprocess.Popen([SEGLOGFS, *args], stdout=stdout, stderr=stderr, cwd=REPO)
-        watchdog = threading.Timer(60, process.kill)  # a hang fails the test, never the suite
-        watchdog.start()
-        try:
-            _, status, usage = os.wait4(process.pid, 0)
-        finally:
-            watchdog.cancel()
-        seconds = time.monotonic() - start
-    process.returncode = os.waitstatus_to_exitcode(status)
-    cpu = usage.ru_utime + usage.ru_stime
-    return Measured(process.returncode, out.read_text(), err.read_text(), seconds, cpu, usage.ru_maxrss * 1024)
+    RSS (its own, measured by GNU time)."""
+    return run_measured([SEGLOGFS, *args])
 
 
 def within_bounds(result: Measured) -> None:
