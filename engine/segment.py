@@ -286,6 +286,12 @@ class LogSegment:
         return not (self._leases or self._active or self._writing)
 
     @property
+    def closed(self) -> bool:
+        """Whether the segment left its log (deleted, replaced, or its log closed): its files
+        cannot be opened again."""
+        return self._closed
+
+    @property
     def leased(self) -> bool:
         """Whether a read, an iteration or a write holds the `.log` open now."""
         return self._leases > 0

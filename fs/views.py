@@ -93,6 +93,7 @@ _MEASURE_DELAY_S = float(os.environ.get(MEASURE_DELAY_ENV, "0") or 0) / 1000
 AHEAD_DELAY_ENV = "SEGLOGFS_TEST_AHEAD_DELAY_MS"
 _AHEAD_DELAY_S = float(os.environ.get(AHEAD_DELAY_ENV, "0") or 0) / 1000
 _SLOW_MEASURE_S = 1.0  # a first measure longer than this is logged
+_SNAPSHOT_ATTEMPTS = 3  # looks at a log whose segments leave it while they are measured, before one fails
 # Threads measuring a partition's sealed segments at once: the cores this process may run on (at
 # most 4), as consume's JSON Lines renderers are counted.
 MEASURE_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
@@ -783,22 +784,31 @@ class Layout:
         Sealed segments cost nothing: only the last segment is looked at again (read_committed:
         and those not measured to their end yet, held back by a transaction still open). What
         made it fail (damage, the OS) is kept for `progress` until one succeeds."""
-        try:
-            snapshot = self._snapshot()
-        except MeasureStopped:
-            raise
-        except (EngineError, OSError) as error:
-            self._failure = str(error)
-            raise
+        for attempt in range(_SNAPSHOT_ATTEMPTS):
+            segments = self.log.segments
+            try:
+                snapshot = self._snapshot(segments)
+                break
+            except MeasureStopped:
+                raise
+            except OSError as error:
+                # A segment left the log while it was measured (retention, a compaction's swap):
+                # its file is gone with it, and the log's segments now are measured instead.
+                if attempt + 1 < _SNAPSHOT_ATTEMPTS and any(segment.closed for segment in segments):
+                    continue
+                self._failure = str(error)
+                raise
+            except EngineError as error:
+                self._failure = str(error)
+                raise
         self._failure = None
         return snapshot
 
-    def _snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+    def _snapshot(self, segments: list[LogSegment]) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         with self._lock:
             started = time.monotonic()
             if self.transactions is not None:
                 self._track()
-            segments = self.log.segments
             if not self.measured:
                 self._progress = (0, sum(segment.size for segment in segments))
             order = self._order

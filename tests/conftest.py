@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
+import os
 import re
 import shutil
 import subprocess
@@ -90,6 +93,43 @@ def unmount(where: Path) -> None:
     if subprocess.run(["umount", str(where)], check=False).returncode != 0:
         subprocess.run(["umount", "-l", str(where)], check=True)
         raise AssertionError(f"{where} was busy at the end of the test")
+
+
+def resident_pages(fd: int) -> int:
+    """How many of the file's pages the OS page cache holds now (mincore(2) over a mapping of
+    it, which faults nothing in)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap for mincore")
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vector = ctypes.create_string_buffer(pages)
+        if libc.mincore(ctypes.c_void_p(address), size, vector) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        return sum(byte & 1 for byte in vector.raw[:pages])
+    finally:
+        libc.munmap(ctypes.c_void_p(address), size)
+
+
+def drop_from_page_cache(fd: int) -> None:
+    """Have the OS forget the file's bytes, and make sure it did: written back first (only clean
+    pages can go), then dropped, again while any page stays (a page still in a CPU's batch of
+    new pages, or brought back by read-ahead that a read which would not wait started)."""
+    os.fsync(fd)
+    for _ in range(100):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        if resident_pages(fd) == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the OS keeps {resident_pages(fd)} pages of descriptor {fd} in memory")
 
 
 @pytest.fixture(autouse=True)

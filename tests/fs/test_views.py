@@ -24,7 +24,7 @@ from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.segment import LogSegment, read_cached
 from seglogfs.fs import views
 from seglogfs.fs.views import Layout, LayoutStore, View
-from tests.conftest import NOW_MS
+from tests.conftest import NOW_MS, drop_from_page_cache
 
 
 def make_log(directory: Path, **overrides: str) -> PartitionLog:
@@ -246,14 +246,42 @@ def test_an_open_view_keeps_its_bytes_when_retention_removes_older_segments(tmp_
     log.close()
 
 
-def drop_from_page_cache(log: PartitionLog) -> None:
-    """Have the OS forget the log's bytes (written back first: only clean pages can go)."""
+def test_a_first_measure_goes_on_when_retention_removes_segments_under_it(tmp_path: Path, monkeypatch) -> None:
+    """Retention deletes (and closes) old segments while the first measure walks them: the
+    measure looks again at the log's segments, not failing on a closed one."""
+    log = make_log(tmp_path / "t-0", **{"retention.ms": "1000", "segment.bytes": "300"})
+    for i in range(30):
+        stamp = NOW_MS - 10_000 if i < 20 else NOW_MS
+        log.append_records([b"r-%d-%d" % (i, j) for j in range(5)], timestamps=stamp, now_ms=NOW_MS)
+    assert len(log.segments) > 4
+    layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64)
+    extend, deleted = Layout._extend, []
+
+    def extend_after_retention(self: Layout, segment_layout, *, last: bool) -> None:
+        if not deleted:  # retention on another thread, between the measure's list and its reads
+            deleted.append(log.delete_old_segments(NOW_MS).segments)
+            log.delete_pending(NOW_MS, all_of_them=True)  # (file.delete.delay.ms over: closed)
+        extend(self, segment_layout, last=last)
+
+    monkeypatch.setattr(Layout, "_extend", extend_after_retention)
+    monkeypatch.setattr(views, "MEASURE_THREADS", 1)
+    view = View(layout, 0)
+    size = view.size()
+    assert deleted[0] and log.log_start_offset > 0
+    expected = expected_text(log, log.log_start_offset, TextFormat())
+    assert size == len(expected)
+    assert view.read(0, len(expected)) == expected
+    assert layout.progress().error is None
+    log.close()
+
+
+def drop_log_from_page_cache(log: PartitionLog) -> None:
+    """Have the OS forget the log's bytes."""
     log.flush()
     for segment in log.segments:
         fd = os.open(segment.log_path, os.O_RDONLY)
         try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            drop_from_page_cache(fd)
         finally:
             os.close(fd)
 
@@ -294,7 +322,7 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
 
     # Bytes only on disk: not on the loop, until a worker thread has read and rendered them.
     view = fresh_view()
-    drop_from_page_cache(log)
+    drop_log_from_page_cache(log)
     assert view.read_now(0, len(expected)) is None
     assert view.read(0, len(expected)) == expected
     assert view.read_now(0, len(expected)) == expected
