@@ -38,7 +38,9 @@ the last refresh found. Its index files are cut to match: offset-index entries w
 starts below that size, time-index entries whose offset is below the log end offset read
 *before* the size (a writer publishes the log end offset after the bytes, and an index entry
 before the size), so every entry shown points into the bytes shown, then or at any later look.
-Mirror objects are thread-safe: they keep no state but the data dir.
+The index files are cut to the `.log` as last shown, if it was shown since: rsync copies a
+partition's files in name order, the `.timeindex` after the `.log`, and a writer appends between.
+Mirror objects are thread-safe: they keep no state but the data dir and that bound.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,6 +200,11 @@ class Mirror:
     def __init__(self, data_dir: DataDir) -> None:
         self.data_dir = data_dir
         self.log_dirs = list(data_dir.config.log_dirs)
+        # The active segments' `.log` as last shown: (size, log end offset read before it). Their
+        # index files are cut to it, so that an index copied after its `.log` (rsync copies a
+        # partition's files in name order: `.index`, `.log`, `.timeindex`) never points past
+        # the bytes copied, while a writer appends between the two.
+        self._shown: weakref.WeakKeyDictionary[LogSegment, tuple[int, int]] = weakref.WeakKeyDictionary()
 
     def _log_dir(self, parts: tuple[str, ...]) -> tuple[Path, tuple[str, ...]] | None:
         if len(self.log_dirs) == 1:
@@ -345,7 +353,10 @@ class Mirror:
             return self._file(path)
         size = segment.size
         if suffix == LOG_SUFFIX:
+            self._shown[segment] = (size, end_offset)
             return self._file(path, size)
+        shown_size, shown_end = self._shown.get(segment, (size, end_offset))
+        size, end_offset = min(size, shown_size), min(end_offset, shown_end)
         if suffix == TXN_INDEX_SUFFIX:
             status = os.lstat(path)
             if not stat.S_ISREG(status.st_mode):

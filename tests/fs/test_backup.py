@@ -11,7 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from tests.conftest import REPO
+import numpy as np
+
+from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.index import TIME_INDEX_DTYPE
+from seglogfs.fs.mirror import Mirror, MirrorFile
+from tests.conftest import NOW_MS, REPO
 from tests.fs.conftest import Mount
 from tests.fs.test_concurrency import acknowledged, start_writer
 
@@ -94,3 +99,44 @@ def test_rsync_of_the_logdir_mirror(mount, tmp_path: Path) -> None:
         assert (copy_mount.path / "t" / str(p) / "records").read_bytes() == (
             m.path / "t" / str(p) / "records"
         ).read_bytes()
+
+
+def test_an_active_segment_s_indexes_are_cut_to_its_log_as_last_shown(tmp_path: Path) -> None:
+    """rsync copies `.index`, `.log`, `.timeindex` in that order while a writer appends: the
+    `.timeindex` read after the `.log` holds no entry past the `.log` copied, and the copy checks
+    clean; the next look at the `.log` moves the bound on."""
+    config = BrokerConfig.load(overrides=["log.index.interval.bytes=100"], log_dirs=[tmp_path / "data"])
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", 1, now_ms=NOW_MS)
+        log = data_dir.partition("t", 0)
+        mirror = Mirror(data_dir)
+        names = ("t-0", "00000000000000000000")
+        stamp = iter(range(NOW_MS, NOW_MS + 1000))
+
+        def append(count: int) -> None:
+            for _ in range(count):
+                log.append_records([b"x" * 150], timestamps=[next(stamp)], now_ms=NOW_MS)
+
+        def content(suffix: str) -> bytes:
+            handle = MirrorFile(mirror, (*names[:1], names[1] + suffix))
+            try:
+                return handle.read(0, handle.entry.size)
+            finally:
+                handle.close()
+
+        append(10)
+        backup = tmp_path / "backup" / "t-0"
+        backup.mkdir(parents=True)
+        for suffix in (".index", ".log"):
+            (backup / f"{names[1]}{suffix}").write_bytes(content(suffix))
+        append(10)  # between the `.log` and the `.timeindex`
+        (backup / f"{names[1]}.timeindex").write_bytes(content(".timeindex"))
+        shown_log = (backup / f"{names[1]}.log").read_bytes()
+        entries = np.frombuffer((backup / f"{names[1]}.timeindex").read_bytes(), dtype=TIME_INDEX_DTYPE)
+        assert len(entries) > 0
+        assert int(entries["relative_offset"].max()) < 10, "a time index entry past the .log copied"
+        assert len(shown_log) < log.active_segment.size
+        assert len(np.frombuffer(content(".timeindex"), dtype=TIME_INDEX_DTYPE)) == len(entries)
+        content(".log")  # looked at again: the bound moves on
+        later = np.frombuffer(content(".timeindex"), dtype=TIME_INDEX_DTYPE)
+        assert int(later["relative_offset"].max()) >= 10
