@@ -82,8 +82,8 @@ def metadata_dir(tmp_path: Path) -> Path:
     return directory
 
 
-ID_A = uuid.uuid4().bytes
-ID_B = uuid.uuid4().bytes
+ID_A = uuid.UUID("6f1c2a4e-8d3b-4c5a-9e7f-0a1b2c3d4e5f").bytes  # (fixed: test ids name them)
+ID_B = uuid.UUID("1d2e3f40-5a6b-4c7d-8e9f-a0b1c2d3e4f5").bytes
 
 
 # -- decoding one record -----------------------------------------------------------------------------
