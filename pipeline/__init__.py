@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from seglogfs.pipeline.streaming import source_metrics
+
+__all__ = ["register", "source_metrics"]
+
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 

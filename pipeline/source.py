@@ -74,13 +74,14 @@ from seglogfs.pipeline.stream_writing import (
     stream_identity,
 )
 from seglogfs.pipeline.streaming import (
+    Admission,
     StreamOffset,
     StreamOptions,
+    available_offsets,
     current_partitions,
     from_json,
     initial_offsets,
     micro_batch_ranges,
-    next_offsets,
     parse_stream_options,
     to_json,
 )
@@ -233,10 +234,11 @@ class PushdownSeglogReader(SeglogReader):
 
 
 # -- streaming reads ------------------------------------------------------------------------------
-try:  # admission control (maxOffsetsPerTrigger) and Trigger.AvailableNow: pyspark ≥ 4.2
+try:  # admission control (maxOffsetsPerTrigger…), Trigger.AvailableNow, latestOffset: pyspark ≥ 4.2
     from pyspark.sql.streaming.datasource import (
         ReadAllAvailable,
         ReadMaxRows,
+        ReadMinRows,
         SupportsTriggerAvailableNow,
     )
 
@@ -252,7 +254,8 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """`spark.readStream.format("seglog")`: offsets from `streaming`, slices from `planning`,
     tasks from `reading`. `initialOffset`, `latestOffset`, `partitions` and `commit` run in one
     long-lived Python worker of the driver (so the AvailableNow target set by
-    `prepareForTriggerAvailableNow` stays for the query's run); `read` runs in the executors."""
+    `prepareForTriggerAvailableNow`, the admission's clock and the latest offsets stay for the
+    query's run); `read` runs in the executors."""
 
     def __init__(self, options: StreamOptions) -> None:
         self.options = options
@@ -263,6 +266,9 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fail_on_data_loss=options.fail_on_data_loss,
         )
         self.target: dict[tuple[str, int], int] | None = None
+        self.admission = Admission(options)
+        # The log ends the last latestOffset saw: the progress's latestOffset.
+        self.latest: dict[tuple[str, int], int] = {}
         # read_committed: each partition's transactions, followed for the query's run (this
         # object lives in one driver worker as long as the query).
         self.stable = StableOffsets() if options.read_committed else None
@@ -274,9 +280,17 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._open() as data_dir:
             return to_json(initial_offsets(self.options, data_dir, self.stable))
 
-    def getDefaultReadLimit(self) -> Any:  # a ReadLimit where pyspark has admission control
-        if ADMISSION_CONTROL and self.options.max_offsets_per_trigger is not None:
+    def getDefaultReadLimit(self) -> Any:
+        """A limit other than ReadAllAvailable when the options set one: Spark gives it back to
+        `latestOffset`, which applies them all (`streaming.Admission`), unless the trigger asks
+        for everything (Trigger.Once). pyspark has no limit that carries maxTriggerDelay, nor a
+        composite one, as Spark's Kafka source's has."""
+        if not ADMISSION_CONTROL:
+            return None
+        if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -285,15 +299,18 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.target = dict(latest_offsets(data_dir, partitions, self.stable))
 
     def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
-        max_rows = limit.max_rows if ADMISSION_CONTROL and isinstance(limit, ReadMaxRows) else None
-        if start is None and limit is None:  # pyspark 4.1's latestOffset(): no admission control
-            max_rows = None
+        begin = from_json(start)
         with self._open() as data_dir:
-            return to_json(
-                next_offsets(
-                    self.options, data_dir, from_json(start), max_rows=max_rows, target=self.target, stable=self.stable
-                )
-            )
+            available = available_offsets(self.options, data_dir, begin, target=self.target, stable=self.stable)
+        self.latest = available.latest
+        if not ADMISSION_CONTROL or limit is None or isinstance(limit, ReadAllAvailable):
+            return to_json(available.latest)  # (pyspark 4.1 calls latestOffset(): no admission control)
+        return to_json(self.admission.end(begin, available, _now_ms(), hold_back=self.target is None))
+
+    def reportLatestOffset(self) -> StreamOffset | None:
+        """The log ends the last micro-batch was planned against (under AvailableNow, its
+        target): the progress's `latestOffset`, as Spark's Kafka source reports it."""
+        return to_json(self.latest) if self.latest else None
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
         with self._open() as data_dir:
@@ -312,6 +329,30 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: StreamOffset) -> None:
         """Nothing to do: a log dir keeps no consumer positions (the checkpoint holds them)."""
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """A stream whose options were refused: its first call from Spark raises the refusal.
+    pyspark (4.3) meets an error raised by `streamReader()` itself with an UnboundLocalError of
+    its own (its clean-up stops a reader never made), printed last, after ours."""
+
+    def __init__(self, error: OptionError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> StreamOffset:
+        raise self.error.with_traceback(None)
+
+    def getDefaultReadLimit(self) -> Any:
+        raise self.error.with_traceback(None)
+
+    def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
+        raise self.error.with_traceback(None)
+
+    def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
+        raise self.error.with_traceback(None)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self.error.with_traceback(None)
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -419,11 +460,18 @@ class SeglogDataSource(DataSource):
             return PushdownSeglogReader(options)
         return SeglogReader(options)
 
-    def streamReader(self, schema: StructType) -> SeglogStreamReader:
-        check_read_option_names(self.options)
-        options = parse_stream_options(self.options)
-        if schema != spark_schema(options.include_headers):
-            raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """Asked when a started query sets up its source, in the query's thread: the first
+        moment a Python source can tell a stream's options from a batch read's (`schema()`,
+        asked at `load()`, is the same call for both), so a stream's option that a batch read
+        takes (`endingOffsets`) fails the query as it initialises, before any micro-batch."""
+        try:
+            check_read_option_names(self.options)
+            options = parse_stream_options(self.options)
+            if schema != spark_schema(options.include_headers):
+                raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
+        except OptionError as error:
+            return RefusedStreamReader(error)
         return SeglogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> SeglogWriter:
