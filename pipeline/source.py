@@ -28,6 +28,13 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
+from pyspark.sql.streaming.datasource import (  # (pyspark ≥ 4.2: admission control, AvailableNow)
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -234,22 +241,6 @@ class PushdownSeglogReader(SeglogReader):
 
 
 # -- streaming reads ------------------------------------------------------------------------------
-try:  # admission control (maxOffsetsPerTrigger…), Trigger.AvailableNow, latestOffset: pyspark ≥ 4.2
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadMaxRows,
-        ReadMinRows,
-        SupportsTriggerAvailableNow,
-    )
-
-    ADMISSION_CONTROL = True
-except ImportError:  # pragma: no cover - pyspark 4.1
-    ADMISSION_CONTROL = False
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        """Stand-in: pyspark 4.1 knows no such mixin (AvailableNow then reads all in one batch)."""
-
-
 class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """`spark.readStream.format("seglog")`: offsets from `streaming`, slices from `planning`,
     tasks from `reading`. `initialOffset`, `latestOffset`, `partitions` and `commit` run in one
@@ -280,13 +271,11 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._open() as data_dir:
             return to_json(initial_offsets(self.options, data_dir, self.stable))
 
-    def getDefaultReadLimit(self) -> Any:
+    def getDefaultReadLimit(self) -> ReadLimit:
         """A limit other than ReadAllAvailable when the options set one: Spark gives it back to
         `latestOffset`, which applies them all (`streaming.Admission`), unless the trigger asks
         for everything (Trigger.Once). pyspark has no limit that carries maxTriggerDelay, nor a
         composite one, as Spark's Kafka source's has."""
-        if not ADMISSION_CONTROL:
-            return None
         if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
         if self.options.min_offsets_per_trigger is not None:
@@ -298,13 +287,13 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             partitions = current_partitions(self.options.subscription, data_dir)
             self.target = dict(latest_offsets(data_dir, partitions, self.stable))
 
-    def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
         begin = from_json(start)
         with self._open() as data_dir:
             available = available_offsets(self.options, data_dir, begin, target=self.target, stable=self.stable)
         self.latest = available.latest
-        if not ADMISSION_CONTROL or limit is None or isinstance(limit, ReadAllAvailable):
-            return to_json(available.latest)  # (pyspark 4.1 calls latestOffset(): no admission control)
+        if isinstance(limit, ReadAllAvailable):
+            return to_json(available.latest)
         return to_json(self.admission.end(begin, available, _now_ms(), hold_back=self.target is None))
 
     def reportLatestOffset(self) -> StreamOffset | None:
@@ -345,7 +334,7 @@ class RefusedStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self) -> Any:
         raise self.error.with_traceback(None)
 
-    def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
         raise self.error.with_traceback(None)
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:

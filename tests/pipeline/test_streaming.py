@@ -263,6 +263,22 @@ def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(spark, t
     assert delayed.arrived[1] - delayed.arrived[0] >= 1.5  # held back until 2 s after the first
 
 
+@pytest.mark.parametrize("option", ["endingOffsets", "endingTimestamp"])
+def test_an_option_a_stream_cannot_take_fails_the_query_before_any_micro_batch(spark, tmp_path: Path, option) -> None:
+    path = new_data_dir(tmp_path / "data", {"t": 1})
+    value = "latest" if option == "endingOffsets" else "0"
+    query = (
+        stream(spark, path, subscribe="t", **{option: value})
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    with pytest.raises(Exception, match=f"OptionError: {option} option not valid for streaming queries") as failure:
+        finish(query)
+    assert "UnboundLocalError" not in str(failure.value)  # pyspark's own, after a streamReader() that raised
+    assert query.recentProgress == []
+
+
 def test_offsets_deleted_before_they_were_read(spark, tmp_path: Path) -> None:
     path = new_data_dir(tmp_path / "data", {"t": 1})
     append(path, "t", 0, 3)
