@@ -12,6 +12,7 @@ Likewise `writer()` runs on the driver, the writer is pickled to the executors f
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -220,7 +221,11 @@ class SeglogReader(DataSourceReader):
                 except UnknownTopicOrPartitionError:
                     if options.fail_on_data_loss:
                         gone = f"{each.topic}-{each.partition}"
-                        raise DataLossError(f"{gone} was deleted before the query read it") from None
+                        where = ",".join(str(log_dir) for log_dir in options.location.log_dirs)
+                        raise DataLossError(
+                            f"{gone} was deleted before the query read it, or host {socket.gethostname()} sees "
+                            f"another data dir at {where} (every executor must see the driver's data dir at its path)"
+                        ) from None
             slices = plan_slices(data_dir, ranges)
             if stable is not None:
                 slices = stable.with_aborted(slices)
