@@ -16,7 +16,6 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -336,7 +335,7 @@ class RefusedStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> StreamOffset:
         raise self.error.with_traceback(None)
 
-    def getDefaultReadLimit(self) -> Any:
+    def getDefaultReadLimit(self) -> ReadLimit:
         raise self.error.with_traceback(None)
 
     def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
