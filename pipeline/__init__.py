@@ -6,6 +6,7 @@ and options of Spark's own Kafka source.
     df = (spark.read.format("seglog").option("path", "/var/lib/kafka-logs")
           .option("subscribe", "orders").option("startingTimestamp", "1763800000000").load())
     df.write.format("seglog").option("path", "/var/lib/seglogfs").option("topic", "copy").mode("append").save()
+    source_metrics(query.lastProgress.sources[0])   # a stream's Spark Kafka metrics
 
 Modules: `options` (names, checks, precedence), `planning` (offsets and segment slices; no
 pyspark, reusable by a streaming reader), `streaming` (micro-batch offsets of
@@ -17,6 +18,10 @@ commit) and `source` (the pyspark classes).
 from __future__ import annotations
 
 from typing import Any
+
+from seglogfs.pipeline.streaming import source_metrics
+
+__all__ = ["register", "source_metrics"]
 
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 

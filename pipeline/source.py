@@ -12,10 +12,10 @@ Likewise `writer()` runs on the driver, the writer is pickled to the executors f
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -27,6 +27,13 @@ from pyspark.sql.datasource import (
     Filter,
     InputPartition,
     WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (  # (pyspark ≥ 4.2: admission control, AvailableNow)
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
     ArrayType,
@@ -74,13 +81,14 @@ from seglogfs.pipeline.stream_writing import (
     stream_identity,
 )
 from seglogfs.pipeline.streaming import (
+    Admission,
     StreamOffset,
     StreamOptions,
+    available_offsets,
     current_partitions,
     from_json,
     initial_offsets,
     micro_batch_ranges,
-    next_offsets,
     parse_stream_options,
     to_json,
 )
@@ -212,7 +220,11 @@ class SeglogReader(DataSourceReader):
                 except UnknownTopicOrPartitionError:
                     if options.fail_on_data_loss:
                         gone = f"{each.topic}-{each.partition}"
-                        raise DataLossError(f"{gone} was deleted before the query read it") from None
+                        where = ",".join(str(log_dir) for log_dir in options.location.log_dirs)
+                        raise DataLossError(
+                            f"{gone} was deleted before the query read it, or host {socket.gethostname()} sees "
+                            f"another data dir at {where} (every executor must see the driver's data dir at its path)"
+                        ) from None
             slices = plan_slices(data_dir, ranges)
             if stable is not None:
                 slices = stable.with_aborted(slices)
@@ -233,26 +245,12 @@ class PushdownSeglogReader(SeglogReader):
 
 
 # -- streaming reads ------------------------------------------------------------------------------
-try:  # admission control (maxOffsetsPerTrigger) and Trigger.AvailableNow: pyspark ≥ 4.2
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadMaxRows,
-        SupportsTriggerAvailableNow,
-    )
-
-    ADMISSION_CONTROL = True
-except ImportError:  # pragma: no cover - pyspark 4.1
-    ADMISSION_CONTROL = False
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        """Stand-in: pyspark 4.1 knows no such mixin (AvailableNow then reads all in one batch)."""
-
-
 class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """`spark.readStream.format("seglog")`: offsets from `streaming`, slices from `planning`,
     tasks from `reading`. `initialOffset`, `latestOffset`, `partitions` and `commit` run in one
     long-lived Python worker of the driver (so the AvailableNow target set by
-    `prepareForTriggerAvailableNow` stays for the query's run); `read` runs in the executors."""
+    `prepareForTriggerAvailableNow`, the admission's clock and the latest offsets stay for the
+    query's run); `read` runs in the executors."""
 
     def __init__(self, options: StreamOptions) -> None:
         self.options = options
@@ -263,6 +261,9 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fail_on_data_loss=options.fail_on_data_loss,
         )
         self.target: dict[tuple[str, int], int] | None = None
+        self.admission = Admission(options)
+        # The log ends the last latestOffset saw: the progress's latestOffset.
+        self.latest: dict[tuple[str, int], int] = {}
         # read_committed: each partition's transactions, followed for the query's run (this
         # object lives in one driver worker as long as the query).
         self.stable = StableOffsets() if options.read_committed else None
@@ -274,9 +275,15 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._open() as data_dir:
             return to_json(initial_offsets(self.options, data_dir, self.stable))
 
-    def getDefaultReadLimit(self) -> Any:  # a ReadLimit where pyspark has admission control
-        if ADMISSION_CONTROL and self.options.max_offsets_per_trigger is not None:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """A limit other than ReadAllAvailable when the options set one: Spark gives it back to
+        `latestOffset`, which applies them all (`streaming.Admission`), unless the trigger asks
+        for everything (Trigger.Once). pyspark has no limit that carries maxTriggerDelay, nor a
+        composite one, as Spark's Kafka source's has."""
+        if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -284,16 +291,19 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             partitions = current_partitions(self.options.subscription, data_dir)
             self.target = dict(latest_offsets(data_dir, partitions, self.stable))
 
-    def latestOffset(self, start: StreamOffset | None = None, limit: object = None) -> StreamOffset:
-        max_rows = limit.max_rows if ADMISSION_CONTROL and isinstance(limit, ReadMaxRows) else None
-        if start is None and limit is None:  # pyspark 4.1's latestOffset(): no admission control
-            max_rows = None
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
+        begin = from_json(start)
         with self._open() as data_dir:
-            return to_json(
-                next_offsets(
-                    self.options, data_dir, from_json(start), max_rows=max_rows, target=self.target, stable=self.stable
-                )
-            )
+            available = available_offsets(self.options, data_dir, begin, target=self.target, stable=self.stable)
+        self.latest = available.latest
+        if isinstance(limit, ReadAllAvailable):
+            return to_json(available.latest)
+        return to_json(self.admission.end(begin, available, _now_ms(), hold_back=self.target is None))
+
+    def reportLatestOffset(self) -> StreamOffset | None:
+        """The log ends the last micro-batch was planned against (under AvailableNow, its
+        target): the progress's `latestOffset`, as Spark's Kafka source reports it."""
+        return to_json(self.latest) if self.latest else None
 
     def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
         with self._open() as data_dir:
@@ -312,6 +322,30 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: StreamOffset) -> None:
         """Nothing to do: a log dir keeps no consumer positions (the checkpoint holds them)."""
+
+
+class RefusedStreamReader(DataSourceStreamReader):
+    """A stream whose options were refused: its first call from Spark raises the refusal.
+    pyspark (4.3) meets an error raised by `streamReader()` itself with an UnboundLocalError of
+    its own (its clean-up stops a reader never made), printed last, after ours."""
+
+    def __init__(self, error: OptionError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> StreamOffset:
+        raise self.error.with_traceback(None)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raise self.error.with_traceback(None)
+
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
+        raise self.error.with_traceback(None)
+
+    def partitions(self, start: StreamOffset, end: StreamOffset) -> Sequence[InputPartition]:
+        raise self.error.with_traceback(None)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self.error.with_traceback(None)
 
 
 # -- writing --------------------------------------------------------------------------------------
@@ -419,11 +453,18 @@ class SeglogDataSource(DataSource):
             return PushdownSeglogReader(options)
         return SeglogReader(options)
 
-    def streamReader(self, schema: StructType) -> SeglogStreamReader:
-        check_read_option_names(self.options)
-        options = parse_stream_options(self.options)
-        if schema != spark_schema(options.include_headers):
-            raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """Asked when a started query sets up its source, in the query's thread: the first
+        moment a Python source can tell a stream's options from a batch read's (`schema()`,
+        asked at `load()`, is the same call for both), so a stream's option that a batch read
+        takes (`endingOffsets`) fails the query as it initialises, before any micro-batch."""
+        try:
+            check_read_option_names(self.options)
+            options = parse_stream_options(self.options)
+            if schema != spark_schema(options.include_headers):
+                raise OptionError("seglog does not take a user-specified schema: it has Spark's Kafka source schema")
+        except OptionError as error:
+            return RefusedStreamReader(error)
         return SeglogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> SeglogWriter:

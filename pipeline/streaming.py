@@ -6,17 +6,22 @@ Spark's Kafka source offsets). A query starts at `startingOffsets`/timestamps re
 read resolves them (default `latest`); each micro-batch ends at the log end offsets of the
 partitions the subscription matches then, cut by `maxOffsetsPerTrigger` (shared in proportion
 to what each partition has to read, Spark's `rateLimit`) and, under `Trigger.AvailableNow`, by
-the log ends seen when the query started. A partition that appears meanwhile (a new topic
-matching `subscribePattern`, or more partitions) is read from its log start. Offsets gone by
-the time a micro-batch is planned (retention, deleted records or partitions) are data loss: an
-error with `failOnDataLoss`, else the range is cut to what exists.
+the log ends seen when the query started; `minOffsetsPerTrigger` holds a micro-batch back until
+that many records are there or `maxTriggerDelay` has passed since the last (`Admission`). A
+partition that appears meanwhile (a new topic matching `subscribePattern`, or more partitions)
+is read from its log start. Offsets gone by the time a micro-batch is planned (retention,
+deleted records or partitions) are data loss: an error with `failOnDataLoss`, else the range is
+cut to what exists. The source's metrics in a query's progress are Spark's Kafka source's
+(`source_metrics`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from seglogfs.engine import DataDir
 from seglogfs.pipeline.options import (
@@ -63,7 +68,23 @@ class StreamOptions:
     min_partitions: int | None = None
     include_headers: bool = False
     max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000  # Spark's DEFAULT_MAX_TRIGGER_DELAY, "15m"
     read_committed: bool = False  # kafka.isolation.level=read_committed
+
+
+# Spark's JavaUtils.timeStringAsMs: a number and a unit (none: milliseconds).
+_DURATION = re.compile(r"(-?[0-9]+)([a-z]+)?")
+_DURATION_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(name: str, text: str) -> int:
+    """A time option as Spark reads `maxTriggerDelay` (`15m`, `30s`, `500ms`, `500`)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    unit = match.group(2) or "ms" if match else None
+    if match is None or unit not in _DURATION_UNITS_MS or int(match.group(1)) < 0:
+        raise OptionError(f"{name} must be a time such as 15m, 30s or 500ms, not {text!r}")
+    return int(int(match.group(1)) * _DURATION_UNITS_MS[unit])
 
 
 def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
@@ -77,8 +98,14 @@ def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
     strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}")
-    if "minoffsetspertrigger" in options or "maxtriggerdelay" in options:
-        raise OptionError("minOffsetsPerTrigger and maxTriggerDelay are not supported by seglog")
+    max_rows = parse_positive(options, "maxOffsetsPerTrigger")
+    min_rows = parse_positive(options, "minOffsetsPerTrigger")
+    if min_rows is not None and max_rows is not None and min_rows > max_rows:
+        # (Spark's KafkaSourceProvider.validateStreamOptions, in its words)
+        raise OptionError(
+            f"The value of minOffsetPerTrigger({min_rows}) is higher than the maxOffsetsPerTrigger({max_rows})."
+        )
+    delay = options.get("maxtriggerdelay")
     return StreamOptions(
         location=parse_location(options),
         engine=parse_engine_settings(options),
@@ -88,7 +115,11 @@ def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
         fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
         min_partitions=parse_positive(options, "minPartitions"),
         include_headers=parse_bool(options, "includeHeaders", False),
-        max_offsets_per_trigger=parse_positive(options, "maxOffsetsPerTrigger"),
+        max_offsets_per_trigger=max_rows,
+        min_offsets_per_trigger=min_rows,
+        max_trigger_delay_ms=StreamOptions.max_trigger_delay_ms
+        if delay is None
+        else parse_duration_ms("maxTriggerDelay", delay),
         read_committed=parse_read_committed(options),
     )
 
@@ -151,17 +182,26 @@ def rate_limit(begin: Offsets, latest: Offsets, max_rows: int) -> dict[TopicPart
     return out
 
 
-def next_offsets(
+@dataclass(frozen=True)
+class Available:
+    """What the next micro-batch may read, per partition: where it begins (`start`, or the log
+    start of a partition new to the query) and the log end now (within the AvailableNow
+    target). `latest` is what Spark's progress shows as the source's `latestOffset`."""
+
+    begin: dict[TopicPartition, int]
+    latest: dict[TopicPartition, int]
+
+
+def available_offsets(
     options: StreamOptions,
     data_dir: DataDir,
     start: Offsets,
     *,
-    max_rows: int | None,
     target: Offsets | None = None,
     stable: StableOffsets | None = None,
-) -> dict[TopicPartition, int]:
-    """The end of the next micro-batch: the log ends now (within `target` under AvailableNow),
-    at most `max_rows` records past `start` (shared as Spark shares them)."""
+) -> Available:
+    """The log ends of the partitions the subscription matches now (within `target` under
+    AvailableNow; with `stable`, the last stable offsets) and where each micro-batch begins."""
     partitions = current_partitions(options.subscription, data_dir)
     if target is not None:
         partitions = [tp for tp in partitions if tp in target]
@@ -175,10 +215,78 @@ def next_offsets(
         if not options.fail_on_data_loss:
             first = max(first, log_start)
         begin[tp] = first
-    if max_rows is not None:
-        latest = rate_limit(begin, latest, max_rows)
     # (a log end below `start`, the log truncated, is data loss that `micro_batch_ranges` reports)
-    return latest
+    return Available(begin, latest)
+
+
+class Admission:
+    """How much of what is available the next micro-batch takes, as Spark's
+    KafkaMicroBatchStream.latestOffset(start, limit) decides with the source's default limit:
+    with `minOffsetsPerTrigger`, nothing (the batch's end is its start) while fewer records than
+    that are available, unless `maxTriggerDelay` has passed since the last micro-batch taken (the
+    query's first trigger always takes one); then at most `maxOffsetsPerTrigger` records,
+    shared as `rate_limit` shares them. Keeps the time of the last micro-batch taken: one lives
+    in the driver's Python worker for the query's run (Spark's source keeps it in memory too, so
+    a restarted query's first trigger takes a batch). Not thread-safe (Spark asks from one
+    thread)."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        self.min_rows = options.min_offsets_per_trigger
+        self.max_rows = options.max_offsets_per_trigger
+        self.max_delay_ms = options.max_trigger_delay_ms
+        self.last_trigger_ms = 0  # Spark's lastTriggerMillis
+
+    def end(
+        self, start: Offsets, available: Available, now_ms: int, *, hold_back: bool = True
+    ) -> dict[TopicPartition, int]:
+        """The next micro-batch's end offsets. `hold_back=False` (under AvailableNow, which must
+        reach its target without waiting for records that will not come) skips the minimum."""
+        if hold_back and self.min_rows is not None and self._delay(available, now_ms):
+            return {tp: start.get(tp, available.begin[tp]) for tp in available.latest}
+        if self.max_rows is not None:
+            return rate_limit(available.begin, available.latest, self.max_rows)
+        return dict(available.latest)
+
+    def _delay(self, available: Available, now_ms: int) -> bool:
+        """Spark's delayBatch: whether to hold this trigger back."""
+        assert self.min_rows is not None
+        if now_ms - self.last_trigger_ms >= self.max_delay_ms:
+            self.last_trigger_ms = now_ms
+            return False
+        new_records = sum(latest - available.begin[tp] for tp, latest in available.latest.items())
+        if new_records < self.min_rows:
+            return True
+        self.last_trigger_ms = now_ms
+        return False
+
+
+def offsets_behind_latest(latest: Offsets, end: Offsets) -> dict[str, str]:
+    """Spark's KafkaMicroBatchStream.metrics: the least, most and mean number of records each
+    partition's `end` (a micro-batch's end offset) is behind its `latest` offset, as strings
+    (empty with no partitions). A partition `end` lacks is behind by its whole latest offset."""
+    behind = [offset - end.get(tp, 0) for tp, offset in latest.items()]
+    if not behind:
+        return {}
+    return {
+        "minOffsetsBehindLatest": str(min(behind)),
+        "maxOffsetsBehindLatest": str(max(behind)),
+        "avgOffsetsBehindLatest": repr(sum(behind) / len(behind)),  # a double, as Scala prints it
+    }
+
+
+def source_metrics(source: Mapping[str, Any]) -> dict[str, str]:
+    """Spark's Kafka source metrics for a seglog source's progress (`query.lastProgress.sources[0]`,
+    or its JSON): `offsets_behind_latest` of its `latestOffset` and `endOffset`. Spark (4.3) asks no
+    Python source for metrics, so a progress's own `metrics` stay empty; the latest offset it
+    shows is the one they are worked out from, as Spark's Kafka source works them out."""
+
+    def offsets(name: str) -> dict[TopicPartition, int]:
+        value = source.get(name)
+        if isinstance(value, str):  # pyspark's SourceProgress holds offsets as JSON text
+            value = json.loads(value)
+        return from_json(value if isinstance(value, Mapping) else None)
+
+    return offsets_behind_latest(offsets("latestOffset"), offsets("endOffset"))
 
 
 def micro_batch_ranges(

@@ -5,6 +5,7 @@ runs, as with Spark's Kafka source."""
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,18 @@ def test_a_path_that_is_no_directory_is_refused_as_such(spark, tmp_path: Path) -
     missing = tmp_path / "no-such-data-dir"
     with pytest.raises(Exception, match=re.escape(f"path {missing}: no such directory")):
         load(spark, missing).count()
+
+
+def test_a_task_that_finds_another_data_dir_at_the_path_says_so(spark, tmp_path: Path) -> None:
+    """As an executor on a host whose path holds another (here: an empty) data dir: the loaded
+    DataFrame's tasks, planned on the driver, meet none of its partitions."""
+    data = new_orders(tmp_path / "data", records_per_partition=5)
+    df = load(spark, data)
+    assert df.count() == 15
+    data.rename(tmp_path / "moved")
+    data.mkdir()
+    with pytest.raises(Exception, match=re.escape(f"or host {socket.gethostname()} sees another data dir at {data}")):
+        df.count()
 
 
 def test_create_table_using_seglog_is_refused_with_the_reason(spark, orders: Path) -> None:

@@ -1,12 +1,15 @@
 """`spark.readStream.format("seglog")`: micro-batches see every record appended exactly once, in
 offset order per partition, new topics and partitions included; a restarted query resumes at its
-checkpoint; `maxOffsetsPerTrigger` cuts micro-batches; `failOnDataLoss` on offsets deleted before
-they were read. Real local Spark: most queries run `availableNow` (deterministic: each run ends
+checkpoint; `maxOffsetsPerTrigger` cuts micro-batches, `minOffsetsPerTrigger` and
+`maxTriggerDelay` hold them back; a query's progress shows the log end offsets and Spark's Kafka
+metrics; `failOnDataLoss` on offsets deleted before they were read. Real local Spark: most
+queries run `availableNow` (deterministic: each run ends
 when it has read what was there when it started) with appends between runs; two run on a
 processing-time trigger while a mount's append files or `seglogfs produce` processes append."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -17,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.pipeline import source_metrics
 from tests.conftest import REPO
 from tests.fs.conftest import Mount, check_mount_log
 
@@ -61,11 +65,13 @@ class Batches:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.batches: list[tuple[int, list[tuple[str, int, int, bytes]]]] = []
+        self.arrived: list[float] = []  # time.monotonic() as each micro-batch came
 
     def __call__(self, frame, batch_id: int) -> None:
         rows = [(r.topic, r.partition, r.offset, bytes(r.value)) for r in frame.collect()]
         with self.lock:
             self.batches.append((batch_id, rows))
+            self.arrived.append(time.monotonic())
 
     def rows(self) -> list[tuple[str, int, int, bytes]]:
         with self.lock:
@@ -165,6 +171,115 @@ def test_max_offsets_per_trigger_cuts_micro_batches(spark, tmp_path: Path) -> No
     assert sink.by_partition() == {("clicks", 0): list(range(12))}
 
 
+def log_end_offsets(path: Path, topic: str) -> dict[str, dict[str, int]]:
+    """The log end offsets of `topic` as the offsets of Spark's Kafka source are written."""
+    with DataDir.open(BrokerConfig.load(log_dirs=[path]), now_ms=now_ms()) as data_dir:
+        return {topic: {str(p): data_dir.partition(topic, p).log_end_offset for p in data_dir.topics()[topic]}}
+
+
+def test_progress_shows_the_log_end_offsets_and_kafka_metrics(spark, tmp_path: Path) -> None:
+    """Each micro-batch's progress: `latestOffset` is the log end offsets, and `source_metrics`
+    gives how far the batch's end offsets are behind them, as Spark's Kafka source reports."""
+    path = new_data_dir(tmp_path / "data", {"orders": 2})
+    append(path, "orders", 0, 10)
+    append(path, "orders", 1, 15)
+    options = {"subscribe": "orders", "startingOffsets": "earliest", "maxOffsetsPerTrigger": "7"}
+    query = (
+        stream(spark, path, **options)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    finish(query)
+    sources = [progress.sources[0] for progress in query.recentProgress if progress.numInputRows]
+    log_end = log_end_offsets(path, "orders")
+    assert log_end == {"orders": {"0": 10, "1": 15}}
+    for source in sources:
+        assert json.loads(source.latestOffset) == log_end
+        end = json.loads(source.endOffset)["orders"]
+        behind = [log_end["orders"][p] - end[p] for p in ("0", "1")]
+        assert source_metrics(source) == {
+            "minOffsetsBehindLatest": str(min(behind)),
+            "maxOffsetsBehindLatest": str(max(behind)),
+            "avgOffsetsBehindLatest": str(sum(behind) / 2),
+        }
+    # 7 records of 25 shared 10:15 (Spark's rateLimit rounds each share down): 2 and 4
+    assert json.loads(sources[0].endOffset) == {"orders": {"0": 2, "1": 4}}
+    assert source_metrics(sources[0])["avgOffsetsBehindLatest"] == "9.5"
+    assert json.loads(sources[-1].endOffset) == log_end
+    assert source_metrics(json.loads(query.lastProgress.json)["sources"][0])["maxOffsetsBehindLatest"] == "0"
+
+
+def start_every_200ms(spark, path: Path, checkpoint: Path, sink: Batches, **options: str):
+    return (
+        stream(spark, path, subscribe="events", startingOffsets="earliest", **options)
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(spark, tmp_path: Path) -> None:
+    """The first trigger takes what is there; later ones take nothing while fewer than
+    `minOffsetsPerTrigger` records wait, unless `maxTriggerDelay` has passed since the last
+    micro-batch taken."""
+    path = new_data_dir(tmp_path / "data", {"events": 1})
+    append(path, "events", 0, 5)
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")  # a progress for every trigger
+    held = Batches()
+    query = start_every_200ms(spark, path, tmp_path / "held", held, minOffsetsPerTrigger="20", maxTriggerDelay="1h")
+    try:
+        wait_for_rows(held, 5, query)
+        append(path, "events", 0, 10)
+        deadline = time.monotonic() + DEADLINE_S
+        while not any(  # a trigger has seen the 10 records, and taken no batch
+            p.sources[0].latestOffset and json.loads(p.sources[0].latestOffset) == {"events": {"0": 15}}
+            for p in query.recentProgress
+        ):
+            assert time.monotonic() < deadline and query.exception() is None, "no trigger saw the appends"
+            time.sleep(0.05)
+        assert held.sizes() == [5]
+        append(path, "events", 0, 10)
+        wait_for_rows(held, 25, query)
+    finally:
+        query.stop()
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+    assert held.sizes() == [5, 20]
+    assert held.by_partition() == {("events", 0): list(range(25))}
+
+    delayed = Batches()
+    query = start_every_200ms(
+        spark, path, tmp_path / "delayed", delayed, minOffsetsPerTrigger="20", maxTriggerDelay="6s"
+    )
+    try:
+        wait_for_rows(delayed, 25, query)
+        append(path, "events", 0, 3)
+        wait_for_rows(delayed, 28, query)
+    finally:
+        query.stop()
+    assert delayed.sizes() == [25, 3]
+    # held back until 6 s after the first micro-batch was taken (before it arrived: allow for its run)
+    assert delayed.arrived[1] - delayed.arrived[0] >= 3
+
+
+@pytest.mark.parametrize("option", ["endingOffsets", "endingTimestamp"])
+def test_an_option_a_stream_cannot_take_fails_the_query_before_any_micro_batch(spark, tmp_path: Path, option) -> None:
+    path = new_data_dir(tmp_path / "data", {"t": 1})
+    value = "latest" if option == "endingOffsets" else "0"
+    query = (
+        stream(spark, path, subscribe="t", **{option: value})
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    with pytest.raises(Exception, match=f"OptionError: {option} option not valid for streaming queries") as failure:
+        finish(query)
+    assert "UnboundLocalError" not in str(failure.value)  # pyspark's own, after a streamReader() that raised
+    assert query.recentProgress == []
+
+
 def test_offsets_deleted_before_they_were_read(spark, tmp_path: Path) -> None:
     path = new_data_dir(tmp_path / "data", {"t": 1})
     append(path, "t", 0, 3)
@@ -186,9 +301,11 @@ def lines(partition: int, start: int, count: int) -> bytes:
     return b"".join(b"events-%d-%d\n" % (partition, offset) for offset in range(start, start + count))
 
 
-def wait_for_rows(sink: Batches, count: int) -> None:
+def wait_for_rows(sink: Batches, count: int, query=None) -> None:
     deadline = time.monotonic() + DEADLINE_S
     while len(sink.rows()) < count:
+        if query is not None and query.exception() is not None:
+            raise query.exception()
         assert time.monotonic() < deadline, f"the query saw {len(sink.rows())} of {count} rows"
         time.sleep(0.05)
 
