@@ -1,0 +1,331 @@
+"""An open view is a stable file that only grows: followers (`tail -f`, a Python reader holding
+`records.jsonl` and `by-offset/0`) get every record once, in order, with no `file truncated`,
+while retention removes what they read and compaction rewrites it, on read-only mounts beside
+another writer and on writable mounts (fs.views, "Readers holding a view")."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from seglogfs.engine import BrokerConfig, DataDir
+from tests.fs.conftest import Mount
+
+SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+FAR_FUTURE_MS = "9999999999999"  # `clean --now`: every segment is past retention
+ROUNDS = 6
+PER_ROUND = 30
+
+
+def cli(*args: str, stdin: bytes | None = None) -> None:
+    subprocess.run([*SEGLOGFS, *args], input=stdin, check=True, capture_output=True)
+
+
+class Reader:
+    """A Python follower: holds a view open and reads on from where it was, as `tail -f`
+    does; remembers the sizes `fstat` gave, to tell a shrink."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.data = b""
+        self.sizes: list[int] = []
+
+    def poll(self) -> None:
+        self.sizes.append(os.fstat(self.fd).st_size)
+        while chunk := os.pread(self.fd, 1 << 16, len(self.data)):
+            self.data += chunk
+
+    def lines(self) -> list[bytes]:
+        return self.data.splitlines()
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class Tail:
+    """`tail -n +1 -f` of a view (`-F`: by name), its output and its complaints kept."""
+
+    def __init__(self, path: Path, directory: Path, follow: str = "-f") -> None:
+        self.out, self.err = directory / f"{path.name}{follow}.out", directory / f"{path.name}{follow}.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = subprocess.Popen(
+                ["tail", "-n", "+1", "-s", "0.2", follow, str(path)], stdout=out, stderr=err
+            )
+
+    def lines(self) -> list[bytes]:
+        return self.out.read_bytes().splitlines()
+
+    def stop(self) -> bytes:
+        self.process.kill()
+        self.process.wait(timeout=10)
+        return self.err.read_bytes()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.05)
+
+
+def values(jsonl: list[bytes]) -> list[str]:
+    return [json.loads(line)["value"] for line in jsonl]
+
+
+def never_shrank(sizes: list[int]) -> bool:
+    return all(a <= b for a, b in itertools.pairwise(sizes))
+
+
+def follow_through_retention(
+    m: Mount, tmp_path: Path, produce: Callable[[list[str]], None], remove_all: Callable[[], None]
+) -> None:
+    """The issue's loop: rounds of 30 records into segments of 300 bytes, each round removed
+    by retention once the followers had it; every follower gets all 180 records once."""
+    partition = m.path / "t" / "0"
+    tail = Tail(partition / "records", tmp_path)
+    by_name = Tail(partition / "records", tmp_path, "-F")
+    # JSON Lines, then text: every kind of view, at both isolation levels.
+    readers = [
+        Reader(partition / "records.jsonl"),
+        Reader(partition / "by-time" / "0.jsonl"),
+        Reader(partition / "by-offset" / "0"),
+        Reader(partition / "read_committed" / "records"),
+    ]
+    expected: list[str] = []
+    try:
+        for b in range(1, ROUNDS + 1):
+            batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
+            produce(batch)
+            expected += batch
+
+            def caught_up(count: int = len(expected)) -> bool:
+                for reader in readers:
+                    reader.poll()
+                return all(len(reader.lines()) >= count for reader in readers)
+
+            wait_for(caught_up, f"the readers' first {len(expected)} records")
+            remove_all()
+        for reader in readers:
+            reader.poll()
+        wait_for(lambda: len(tail.lines()) >= len(expected), f"tail's {len(expected)} lines")
+        wait_for(lambda: by_name.lines()[-1:] == [expected[-1].encode()], "tail -F reaching the last record")
+        time.sleep(0.5)  # (tail looks every 0.2 s: a line too many would show by now)
+    finally:
+        complaints = tail.stop()
+        by_name_complaints = by_name.stop()
+        for reader in readers:
+            reader.close()
+    assert b"truncated" not in complaints, complaints
+    assert [line.decode() for line in tail.lines()] == expected
+    # `tail -F` moves to the file the name now names, as after a log rotation: never a record
+    # twice, nor one before a record it printed.
+    assert b"truncated" not in by_name_complaints, by_name_complaints
+    order = [expected.index(line.decode()) for line in by_name.lines()]
+    assert order == sorted(set(order)), by_name.lines()
+    for reader in readers[:2]:
+        assert values(reader.lines()) == expected
+    for reader in readers[2:]:
+        assert [line.decode() for line in reader.lines()] == expected
+    assert all(never_shrank(reader.sizes) for reader in readers)
+    # A new open sees the log as it is now: the records retention left (none but the last round's
+    # at most), not the held file's.
+    assert len((partition / "records").read_bytes().splitlines()) <= PER_ROUND
+
+
+def test_followers_on_a_read_only_mount_keep_every_record_through_retention(mount, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+
+    def produce(batch: list[str]) -> None:
+        cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+
+    def remove_all() -> None:
+        cli("clean", str(data), "--now", FAR_FUTURE_MS)
+
+    follow_through_retention(m, tmp_path, produce, remove_all)
+
+
+def test_followers_on_a_writable_mount_keep_every_record_through_retention(mount, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "log.retention.check.interval.ms=100")
+    partition = m.path / "t" / "0"
+
+    def produce(batch: list[str]) -> None:
+        with open(partition / "append", "ab") as append:
+            append.write("".join(f"{v}\n" for v in batch).encode())
+
+    def status() -> dict:
+        return json.loads((partition / "status").read_bytes())
+
+    def remove_all() -> None:
+        (m.path / "t" / "config").write_bytes(b"segment.bytes=300\nretention.ms=1\n")
+        wait_for(lambda: status()["logStartOffset"] == status()["logEndOffset"], "retention")
+        (m.path / "t" / "config").write_bytes(b"segment.bytes=300\n")
+
+    follow_through_retention(m, tmp_path, produce, remove_all)
+
+
+def test_followers_of_a_compacted_topic_never_repeat_a_record(mount, tmp_path: Path) -> None:
+    """Compaction rewriting what the followers read: each record at most once, none before one
+    read earlier, and the last round whole (the issue: 8 records printed as 12 lines)."""
+    data = tmp_path / "data"
+    configs = ["cleanup.policy=compact", "segment.bytes=100", "min.cleanable.dirty.ratio=0.01"]
+    cli(
+        "topics",
+        str(data),
+        "create",
+        "--topic",
+        "t",
+        "--partitions",
+        "1",
+        *(x for c in configs for x in ("--config", c)),
+    )
+    m: Mount = mount(data, "-o", "ro")
+    partition = m.path / "t" / "0"
+    tail = Tail(partition / "records", tmp_path)
+    readers = [Reader(partition / "records.jsonl"), Reader(partition / "by-offset" / "0")]
+    produced: list[str] = []
+    try:
+        for r in range(1, 9):
+            batch = [f"v{r}-a", f"v{r}-b"]
+            cli(
+                "produce",
+                str(data),
+                "--topic",
+                "t",
+                "--property",
+                "parse.key=true",
+                stdin=f"a\t{batch[0]}\nb\t{batch[1]}\n".encode(),
+            )
+            produced += batch
+
+            def caught_up(last: str = batch[-1]) -> bool:
+                for reader in readers:
+                    reader.poll()
+                return all(last.encode() in reader.data for reader in readers)
+
+            wait_for(caught_up, f"the readers reaching {batch[-1]}")
+            cli("clean", str(data))
+        for reader in readers:
+            reader.poll()
+        wait_for(lambda: produced[-1].encode() in tail.out.read_bytes(), "tail reaching the last record")
+        time.sleep(0.5)
+    finally:
+        complaints = tail.stop()
+        for reader in readers:
+            reader.close()
+    assert b"truncated" not in complaints, complaints
+    for seen in (
+        [line.decode() for line in tail.lines()],
+        values(readers[0].lines()),
+        [line.decode() for line in readers[1].lines()],
+    ):
+        order = [produced.index(value) for value in seen]
+        assert order == sorted(set(order)), seen  # each at most once, in the order produced
+        assert seen[-2:] == produced[-2:], seen
+    offsets = [json.loads(line)["offset"] for line in readers[0].lines()]
+    assert offsets == sorted(set(offsets))
+    assert all(never_shrank(reader.sizes) for reader in readers)
+    # A new open sees the log as compaction left it: each key's last value once.
+    now = [json.loads(line)["value"] for line in (partition / "records.jsonl").read_bytes().splitlines()]
+    assert now[-2:] == produced[-2:] and len(now) == len(set(now))
+
+
+@pytest.mark.expect_warnings(r"t-0 \((jsonl|text)\): offsets 30 to 59 were removed before the readers")
+def test_a_follower_behind_retention_gets_what_is_left_and_the_log_names_the_rest(mount, tmp_path: Path) -> None:
+    """Records appended and removed between two looks of a read-only mount (the mount stopped
+    meanwhile) never reach a held view: it goes on with the records still there, and the mount's
+    log names the offsets it could not give."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+    partition = m.path / "t" / "0"
+
+    def produce(first: int) -> list[str]:
+        batch = [str(n) for n in range(first, first + PER_ROUND)]
+        cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+        return batch
+
+    readers = [Reader(partition / "records.jsonl"), Reader(partition / "records")]
+    try:
+        kept = produce(1000)
+
+        def caught_up(count: int) -> Callable[[], bool]:
+            def check() -> bool:
+                for reader in readers:
+                    reader.poll()
+                return all(len(reader.lines()) >= count for reader in readers)
+
+            return check
+
+        wait_for(caught_up(PER_ROUND), "the first records")
+        # No look at the data dir until it goes on. (Appended and removed here: a child process
+        # would close this one's descriptors of the mount at its exec, which waits for the mount.)
+        m.process.send_signal(signal.SIGSTOP)
+        try:
+            now_ms = int(time.time() * 1000)
+            with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=now_ms) as writer:
+                writer.partition("t", 0).append_records([b"%d" % n for n in range(2000, 2030)], now_ms=now_ms)
+                assert writer.delete_old_segments(int(FAR_FUTURE_MS))
+        finally:
+            m.process.send_signal(signal.SIGCONT)
+        kept += produce(3000)
+        wait_for(caught_up(2 * PER_ROUND), "the records after the removed ones")
+    finally:
+        for reader in readers:
+            reader.close()
+    assert values(readers[0].lines()) == kept
+    assert [line.decode() for line in readers[1].lines()] == kept
+    assert all(never_shrank(reader.sizes) for reader in readers)
+    wait_for(lambda: m.output().count("offsets 30 to 59 were removed") == 2, "the log naming the offsets")
+
+
+def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
+    """`less +F` (in a tmux pane) follows `records` on a read-only mount through the issue's
+    loop: its screen ends with the last records, in order, each once."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+    records = m.path / "t" / "0" / "records"
+    tmux = ["tmux", "-L", f"seglogfs-{os.getpid()}"]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "40", f"less +F {records}"], check=True)
+    reader = Reader(records)
+    expected: list[str] = []
+    try:
+        for b in range(1, ROUNDS + 1):
+            batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
+            cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+            expected += batch
+
+            def caught_up(count: int = len(expected)) -> bool:
+                reader.poll()
+                return len(reader.lines()) >= count
+
+            wait_for(caught_up, f"the first {len(expected)} records")
+            cli("clean", str(data), "--now", FAR_FUTURE_MS)
+
+        def screen() -> list[str]:
+            shown = subprocess.run([*tmux, "capture-pane", "-p"], check=True, capture_output=True, text=True)
+            return [line.strip() for line in shown.stdout.splitlines() if line.strip()]
+
+        wait_for(lambda: expected[-1] in screen()[-3:], "less showing the last record")
+        lines = [line for line in screen() if line.isdigit()]
+    finally:
+        shown = subprocess.run([*tmux, "display", "-p", "#{pane_pid}"], check=False, capture_output=True, text=True)
+        subprocess.run([*tmux, "kill-server"], check=False, capture_output=True)
+        reader.close()
+        if shown.stdout.strip().isdigit():  # (less gone: it closed the view before the mount ends)
+            wait_for(lambda: not Path(f"/proc/{shown.stdout.strip()}").exists(), "less to end")
+    assert len(lines) >= 30
+    assert lines == expected[-len(lines) :], lines
