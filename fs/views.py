@@ -972,12 +972,36 @@ class Layout:
     # -- readers holding the layout ---------------------------------------------------------------
     def hold(self) -> None:
         """A view of this layout is opened: from now on (until `let_go`) what it laid out stays
-        where it is (see `_append_only`) and its segments are kept open (`keep_open`). No
-        syscall, no wait: an open on the event loop calls it."""
+        where it is (see `_append_only`) and its segments are kept open (`keep_open`). An open
+        on the event loop calls it: it waits for nothing (see `_hold_as_laid_out`)."""
         with self._hold_lock:
-            if not self._holders:
+            first = not self._holders
+            if first:
                 self.fresh = True
             self._holders += 1
+        if first:
+            self._hold_as_laid_out()
+
+    def _hold_as_laid_out(self) -> None:
+        """A first holder of a layout the log has not moved since its last look (the usual
+        open: nothing removed or cut back meanwhile) is served from it at once, its reads on the
+        event loop as before it was held: its segments are kept open now and it is not `fresh`.
+        When a look is under way (its lock is taken: only tried, never waited for), the log moved
+        under the layout, or a segment of it could not be kept open (closed, its file gone), it
+        stays fresh: its first read, on a worker thread, brings the layout up to date first. No
+        syscall unless a segment laid out has no descriptor open (then one `open`)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if not self.measured or self.detached or self._moves_under_holders(self.log.segments):
+                return
+            self.keep_open()
+            wanted = [layout.segment for layout in self._published[0][-held_segments() :]]
+            with self._hold_lock:
+                if self._holders and self._kept.issuperset(wanted):
+                    self.fresh = False
+        finally:
+            self._lock.release()
 
     def let_go(self) -> None:
         """A view opened with `hold` is closed; at the last, its segments are let close, on a
