@@ -59,13 +59,16 @@ is held:
   layout never changes, so its size never goes down while any descriptor holds it.
 
 A layout no view holds is brought up to date in place, as is a layout whose first holder has not
-been served yet (`fresh`: opened after the change, before the next look). The segments kept open
-are let close once the last holder is gone, on a thread of their own (`_LET_CLOSE`). Not covered:
-a segment past `held_segments()` of a held layout that the log removes reads as an error (EIO,
-named in the log), and a writer's cut-back of the segment a held layout grows in (recovery, a
-failed append) ends that segment for the layout where it was laid out: bytes laid out past the
-cut are not served, and records appended to that segment after the cut are not added (those of
-the segments after it are).
+been served yet (`fresh`: opened after the change, before the next look; its first read goes to
+a worker thread, which looks first). A first holder of a layout the log has not moved since its
+last look is served at once, on the event loop (`_hold_as_laid_out`). The segments kept open are
+let close once the last holder is gone, on a thread of their own (`_LET_CLOSE`). A writer's
+cut-back of the segment a held layout grows in (recovery, a failed append) ends that segment for
+the layout where it was laid out: its size stays, the bytes laid out past the cut (gone from the
+file) are not served, and what is appended to the segment after the cut is laid out anew after
+it from the first batch past the last offset laid out (`_cut`: the offsets the cut freed are used
+again, for records its readers are not given). Not covered: a segment past `held_segments()` of
+a held layout that the log removes reads as an error (EIO, named in the log).
 """
 
 from __future__ import annotations
@@ -867,6 +870,9 @@ class Layout:
         self._kept_for: list[_SegmentLayout] | None = None  # the published order they were kept for
         self._hold_lock = threading.Lock()
         self.detached = False
+        # Segments of the log cut back under a detached layout's last (a writer's truncation):
+        # what they hold past its last offset is laid out anew once they hold some (`_append_only`).
+        self._cut: set[LogSegment] = set()
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -1081,6 +1087,8 @@ class Layout:
         present = {segment: i for i, segment in enumerate(segments)}
         laid_out = {layout.segment for layout in order}
         changed = False
+        cut = self._cut
+        cut.intersection_update(segments)
         # The segments still growing for it: its last, and (read_committed) those held back by a
         # transaction still open, whose growth is at the end of its rendering too (what is past
         # the last stable offset is not laid out yet, in any segment).
@@ -1095,19 +1103,26 @@ class Layout:
                 continue
             if slot is None and not cut_back and index == len(order) - 1:
                 self._finish_removed(layout)
+            elif slot is not None:
+                cut.add(layout.segment)
             layout.sealed = True  # (left the log, or cut back under it: laid out as it was)
         last = order[-1] if order else None
         slot = present.get(last.segment) if last is not None else None
+        if slot is not None and last is not None and last.segment in cut:
+            slot -= 1  # (what is appended to it after the cut is laid out anew, after what was)
         following = segments[slot + 1 :] if slot is not None else segments
         next_offset = self._end_offset_of(last) if last is not None else self.log.log_start_offset
         for i, segment in enumerate(following):
-            if segment in laid_out:
+            if segment in laid_out and segment not in cut:
                 continue
             if i + 1 < len(following) and following[i + 1].base_offset <= next_offset:
                 continue  # (wholly below what it laid out: a compacted segment, not read)
-            added = self._layout_from(segment, next_offset)
+            # (a segment cut back is laid out anew only from a batch past what was laid out:
+            # the offsets the cut freed are used again, for records its readers are not given)
+            added = self._layout_from(segment, next_offset, grows_from_end=segment not in cut)
             if added is None:
                 continue
+            cut.discard(segment)
             if added.first_offset > next_offset:
                 logger.warning(
                     "%s-%d (%s): offsets %d to %d were removed before the readers holding its views were given them",
@@ -1154,9 +1169,10 @@ class Layout:
         except OSError:  # (closed, not kept open: its size says nothing more)
             return layout.first_offset
 
-    def _layout_from(self, segment: LogSegment, offset: int) -> _SegmentLayout | None:
+    def _layout_from(self, segment: LogSegment, offset: int, *, grows_from_end: bool = True) -> _SegmentLayout | None:
         """A new layout of `segment` from its first batch holding `offset` or above (the whole
-        segment when that is its first); None when it holds none yet and is not the log's last."""
+        segment when that is its first); None when it holds none yet and is not the log's last
+        (or `grows_from_end` is false: a layout from its end would take in whatever is appended)."""
         first = True
         for header in segment.iter_headers(0, segment.size):
             if header.last_offset < offset:
@@ -1171,7 +1187,7 @@ class Layout:
                 marks_file=array("q", [position]),
                 from_offset=header.base_offset,
             )
-        if segment is self.log.segments[-1]:
+        if grows_from_end and segment is self.log.segments[-1]:
             # (nothing at or past `offset` yet: laid out from its end, it grows from there)
             return _SegmentLayout(
                 segment,

@@ -329,3 +329,60 @@ def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
             wait_for(lambda: not Path(f"/proc/{shown.stdout.strip()}").exists(), "less to end")
     assert len(lines) >= 30
     assert lines == expected[-len(lines) :], lines
+
+
+def test_a_writers_cut_back_never_shrinks_a_held_view(mount, tmp_path: Path) -> None:
+    """Another process cuts the log back (Kafka's truncation, as a recovery or a failed append
+    does) under followers of a read-only mount, in the segment they grow in: their files never
+    shrink and `tail -f` never says `file truncated`; of the records appended after the cut, those
+    whose offsets are past the last they were given reach them, in order (those appended to the
+    segment cut too); a new open sees the log as it is now."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=1000")
+    m: Mount = mount(data, "-o", "ro")
+    partition = m.path / "t" / "0"
+
+    def produce(first: int) -> list[str]:  # (a batch of 10 records a command)
+        batch = [str(n) for n in range(first, first + 10)]
+        cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+        return batch
+
+    def now_shown() -> list[str]:
+        return [line.decode() for line in (partition / "records").read_bytes().splitlines()]
+
+    tail = Tail(partition / "records", tmp_path)
+    readers = [Reader(partition / "records.jsonl"), Reader(partition / "records")]
+    try:
+        first = produce(1000) + produce(1010) + produce(1020)  # offsets 0 to 29, one segment
+
+        def caught_up(last: str) -> Callable[[], bool]:
+            def check() -> bool:
+                for reader in readers:
+                    reader.poll()
+                return all(last.encode() in reader.data for reader in readers)
+
+            return check
+
+        wait_for(caught_up(first[-1]), "the first records")
+        now_ms = int(time.time() * 1000)
+        with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=now_ms) as writer:
+            writer.partition("t", 0).truncate_to(20, now_ms)  # 1020 to 1029 go
+        wait_for(lambda: now_shown() == first[:20], "the mount seeing the cut")
+        for reader in readers:
+            reader.poll()
+        second = produce(3000) + produce(3010) + produce(3020)  # offsets 20 to 49, the same segment
+        wait_for(lambda: now_shown() == first[:20] + second, "the records after the cut")
+        wait_for(caught_up(second[-1]), "the followers reaching the last record")
+        wait_for(lambda: second[-1].encode() in tail.out.read_bytes(), "tail reaching the last record")
+        time.sleep(0.5)  # (tail looks every 0.2 s: a complaint would show by now)
+    finally:
+        complaints = tail.stop()
+        for reader in readers:
+            reader.close()
+    assert b"truncated" not in complaints, complaints
+    assert all(never_shrank(reader.sizes) for reader in readers), [reader.sizes for reader in readers]
+    # Offsets 20 to 29 were given already (the records cut): 3000 to 3009, which reuse them, are not.
+    expected = first + second[10:]
+    assert [line.decode() for line in tail.lines()] == expected
+    assert values(readers[0].lines()) == expected
+    assert [line.decode() for line in readers[1].lines()] == expected
