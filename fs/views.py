@@ -67,8 +67,10 @@ cut-back of the segment a held layout grows in (recovery, a failed append) ends 
 the layout where it was laid out: its size stays, the bytes laid out past the cut (gone from the
 file) are not served, and what is appended to the segment after the cut is laid out anew after
 it from the first batch past the last offset laid out (`_cut`: the offsets the cut freed are used
-again, for records its readers are not given). Not covered: a segment past `held_segments()` of
-a held layout that the log removes reads as an error (EIO, named in the log).
+again, for records its readers are not given). Not covered: a segment past the newest
+`held_segments()` of a held layout (those laid out after it count too: a follower far behind
+loses its oldest as the log grows) that the log removes reads as an error, EIO, each read named
+in the mount's log; the layout's other segments read as they were.
 """
 
 from __future__ import annotations

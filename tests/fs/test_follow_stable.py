@@ -5,6 +5,7 @@ another writer and on writable mounts (fs.views, "Readers holding a view")."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.handles import MAX_OPEN_SEGMENTS_ENV, MIN_OPEN_SEGMENTS
 from tests.fs.conftest import Mount
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
@@ -386,3 +388,50 @@ def test_a_writers_cut_back_never_shrinks_a_held_view(mount, tmp_path: Path) -> 
     assert [line.decode() for line in tail.lines()] == expected
     assert values(readers[0].lines()) == expected
     assert [line.decode() for line in readers[1].lines()] == expected
+
+
+@pytest.mark.expect_warnings(r"read t/0/records: .*000000000000000000(0[1-9]|1[0-9]|2[0-4])\.log")
+def test_a_held_view_past_the_open_segment_cap_reads_its_oldest_removed_segments_as_errors(
+    mount, tmp_path: Path, monkeypatch
+) -> None:
+    """A held layout keeps open its newest `MIN_OPEN_SEGMENTS` segments at least (half the
+    open-segment budget; the budget here is 2): a follower that has read one record of 40
+    segments when retention removes them all reads the segments past the cap as errors (EIO, each
+    named in the mount's log) and the newest ones, and what is appended next, as they were (the
+    cap counts what it laid out since, too); its file never shrinks."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=100")
+    records = [b"%d" % n for n in range(1000, 1040)]
+    now_ms = int(time.time() * 1000)
+    with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=now_ms) as writer:
+        for record in records:  # (one segment each)
+            writer.partition("t", 0).append_records([record], now_ms=now_ms)
+    assert len(list((data / "t-0").glob("*.log"))) == len(records)
+    monkeypatch.setenv(MAX_OPEN_SEGMENTS_ENV, "2")
+    m: Mount = mount(data, "-o", "ro")
+    wait_for(lambda: "measured the views of every partition" in m.output(), "the mount's first measure")
+    partition = m.path / "t" / "0"
+    fd = os.open(partition / "records", os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        assert size == 5 * len(records) and os.pread(fd, 5, 0) == b"1000\n"
+        with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=now_ms) as writer:
+            assert writer.partition("t", 0).delete_old_segments(int(FAR_FUTURE_MS))
+            writer.partition("t", 0).append_records([b"2000"], now_ms=now_ms)
+
+        def shown() -> bytes:
+            try:
+                return (partition / "records").read_bytes()
+            except OSError:  # (the segments removed, before the mount looks)
+                return b""
+
+        wait_for(lambda: shown() == b"2000\n", "the mount's look at the log")
+        wait_for(lambda: os.fstat(fd).st_size == size + 5, "the held view growing")
+        kept = len(records) + 1 - MIN_OPEN_SEGMENTS  # (the newest of what it laid out: 2000's segment too)
+        for index in range(1, kept):
+            with pytest.raises(OSError) as raised:
+                os.pread(fd, 5, 5 * index)
+            assert raised.value.errno == errno.EIO, index
+        assert os.pread(fd, 1 << 16, 5 * kept) == b"".join(r + b"\n" for r in records[kept:]) + b"2000\n"
+    finally:
+        os.close(fd)
