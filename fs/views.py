@@ -50,7 +50,9 @@ is held:
   or cut back) detaches it (`detached`): from then on it is its readers' alone and only grows
   (`_append_only`): the segments it laid out stay, and what the log holds past its last offset
   is added after them. Offsets that came and went between two looks are named in the mount's
-  log (a follower that fell behind retention gets the records still there);
+  log (a follower that fell behind retention gets the records still there), as are those of a
+  segment the log still lists whose file another process removed before it could be kept open
+  (`_gone`: a read-only mount learns of the removal at its next look);
 * the tree then drops the layout and the names of the views on it (`Tree.follow_held`, after a
   read-only mount's look or a writable mount's retention or compaction): the next lookup of
   `records` or `by-offset/N` is a new inode on a new layout of the log as it is now (`tail -F`
@@ -1100,7 +1102,12 @@ class Layout:
             slot = present.get(layout.segment)
             if slot is not None and not cut_back and layout.segment.size >= layout.scanned_to:
                 before = layout.size
-                self._extend(layout, last=slot == len(segments) - 1)
+                try:
+                    self._extend(layout, last=slot == len(segments) - 1)
+                except FileNotFoundError as error:  # (see `_gone`)
+                    self._gone(layout.segment, error)
+                    layout.sealed = True
+                    continue
                 changed = changed or layout.size != before
                 continue
             if slot is None and not cut_back and index == len(order) - 1:
@@ -1121,7 +1128,13 @@ class Layout:
                 continue  # (wholly below what it laid out: a compacted segment, not read)
             # (a segment cut back is laid out anew only from a batch past what was laid out:
             # the offsets the cut freed are used again, for records its readers are not given)
-            added = self._layout_from(segment, next_offset, grows_from_end=segment not in cut)
+            try:
+                added = self._layout_from(segment, next_offset, grows_from_end=segment not in cut)
+                if added is not None:
+                    self._extend(added, last=segment is segments[-1])
+            except FileNotFoundError as error:
+                self._gone(segment, error)
+                continue
             if added is None:
                 continue
             cut.discard(segment)
@@ -1132,7 +1145,6 @@ class Layout:
                     next_offset,
                     added.first_offset - 1,
                 )
-            self._extend(added, last=segment is segments[-1])
             order.append(added)
             next_offset = max(next_offset, self._end_offset_of(added))
             changed = True
@@ -1144,6 +1156,13 @@ class Layout:
             self._order, self._starts = order, starts
             self._bases = [layout.first_offset for layout in order]
             self._published = (order, starts)
+
+    def _gone(self, segment: LogSegment, error: OSError) -> None:
+        """A segment the log still lists whose file another process removed before this look
+        could keep it open (a read-only mount learns of it at its next look): nothing more of it
+        can be laid out; the offsets it held past those laid out are named in the log when the
+        next segment is laid out, as removed before the readers were given them."""
+        logger.debug("%s-%d (%s): %s is gone: %s", *self._name(), segment.log_path, error)
 
     def _finish_removed(self, layout: _SegmentLayout) -> None:
         """Lay out what the last segment laid out gained before it left the log (another

@@ -9,9 +9,11 @@ import errno
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -435,3 +437,82 @@ def test_a_held_view_past_the_open_segment_cap_reads_its_oldest_removed_segments
         assert os.pread(fd, 1 << 16, 5 * kept) == b"".join(r + b"\n" for r in records[kept:]) + b"2000\n"
     finally:
         os.close(fd)
+
+
+LIVE_S = 20.0  # (the issue's live loop ran two minutes: the suite's time matters)
+
+
+@pytest.mark.expect_warnings(r"t-0 \((text|jsonl)\): offsets \d+ to \d+ were removed before the readers")
+def test_followers_through_a_live_loop_of_appends_and_retention(mount, tmp_path: Path) -> None:
+    """Another process appends and removes records with retention for 20 s, at its own pace, beside
+    followers of a read-only mount (`tail -f`, Python readers of `records.jsonl` and
+    `by-offset/0`): each gets every record produced but those retention removed between two looks
+    of the mount (before any reader could be given them), once and in order; the mount's log
+    names exactly those offsets; no file shrinks, no `file truncated`."""
+    data = tmp_path / "data"
+    cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
+    m: Mount = mount(data, "-o", "ro")
+    partition = m.path / "t" / "0"
+    tail = Tail(partition / "records", tmp_path)
+    readers = [Reader(partition / "records.jsonl"), Reader(partition / "by-offset" / "0")]
+    produced: list[str] = []  # (each record's value is its offset)
+    failed: list[BaseException] = []
+
+    def produce_and_clean() -> None:
+        try:
+            now_ms = int(time.time() * 1000)
+            with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=now_ms) as writer:
+                log = writer.partition("t", 0)
+                deadline = time.monotonic() + LIVE_S
+                for round_ in itertools.count():
+                    if time.monotonic() > deadline:
+                        return
+                    batch = [str(len(produced) + n) for n in range(10)]
+                    log.append_records([v.encode() for v in batch], now_ms=int(time.time() * 1000))
+                    produced.extend(batch)
+                    if round_ % 5 == 4:
+                        log.delete_old_segments(int(FAR_FUTURE_MS))
+                    time.sleep(0.1)
+        except BaseException as error:  # (the test fails with it)
+            failed.append(error)
+
+    writer = threading.Thread(target=produce_and_clean)
+    writer.start()
+    try:
+        while writer.is_alive():
+            for reader in readers:
+                reader.poll()
+            time.sleep(0.02)
+        writer.join()
+        assert not failed, failed
+
+        def missed(fmt: str) -> set[str]:
+            pattern = rf"t-0 \({fmt}\): offsets (\d+) to (\d+) were removed before the readers"
+            ranges = re.findall(pattern, m.output())
+            return {str(n) for low, high in ranges for n in range(int(low), int(high) + 1)}
+
+        def given(fmt: str) -> list[str]:
+            gone = missed(fmt)
+            return [v for v in produced if v not in gone]
+
+        def caught_up() -> bool:
+            for reader in readers:
+                reader.poll()
+            # (the last records may have been removed before the mount's last look)
+            text, jsonl = given("text")[-1:], given("jsonl")[-1:]
+            seen = [values(readers[0].lines()[-1:]), readers[1].lines()[-1:], tail.lines()[-1:]]
+            return seen == [jsonl, [v.encode() for v in text], [v.encode() for v in text]]
+
+        wait_for(caught_up, "the followers reaching the last record")
+        time.sleep(0.5)  # (tail looks every 0.2 s: a line too many would show by now)
+    finally:
+        complaints = tail.stop()
+        for reader in readers:
+            reader.close()
+        writer.join()
+    assert b"truncated" not in complaints, complaints
+    assert [line.decode() for line in tail.lines()] == given("text")
+    assert values(readers[0].lines()) == given("jsonl")
+    assert [line.decode() for line in readers[1].lines()] == given("text")
+    assert all(never_shrank(reader.sizes) for reader in readers)
+    print(f"{len(produced)} produced, {len(missed('text'))} and {len(missed('jsonl'))} removed before a look")
