@@ -44,7 +44,7 @@ from seglogfs.fs.mirror_node import MirrorNode
 from seglogfs.fs.node import Changes, Node, join
 from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, chown_created
 from seglogfs.fs.view_file import ViewFile
-from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer
+from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer, start_letting_close
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ class Tree:
     """The nodes of one mounted data dir, by inode. See the module docstring."""
 
     def __init__(self, data_dir: DataDir, options: MountOptions, *, clock: Callable[[], int] | None = None) -> None:
+        start_letting_close()  # (not at the first close of a held view: that is on the event loop)
         self.data_dir = data_dir
         self.options = options
         self.read_only = options.read_only

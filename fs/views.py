@@ -761,6 +761,12 @@ class _LetClose:
 
     def put(self, segments: list[LogSegment]) -> None:
         self._queue.put(segments)
+        self.start()
+
+    def start(self) -> None:
+        """Start the thread, once. A mount starts it with its tree (`Tree`): started at the
+        first close of a held view, on the event loop, it would hold up that close's reply
+        (a thread's start waits for the thread to run)."""
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="let close", daemon=True)
@@ -776,6 +782,11 @@ class _LetClose:
 
 
 _LET_CLOSE = _LetClose()
+
+
+def start_letting_close() -> None:
+    """Start the thread that lets close the segments held views kept open (see `_LetClose.start`)."""
+    _LET_CLOSE.start()
 
 
 def held_segments() -> int:
