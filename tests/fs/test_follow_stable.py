@@ -163,21 +163,7 @@ def test_followers_on_a_writable_mount_keep_every_record_through_retention(mount
     data = tmp_path / "data"
     cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
     m: Mount = mount(data, "-o", "log.retention.check.interval.ms=100")
-    partition = m.path / "t" / "0"
-
-    def produce(batch: list[str]) -> None:
-        with open(partition / "append", "ab") as append:
-            append.write("".join(f"{v}\n" for v in batch).encode())
-
-    def status() -> dict:
-        return json.loads((partition / "status").read_bytes())
-
-    def remove_all() -> None:
-        (m.path / "t" / "config").write_bytes(b"segment.bytes=300\nretention.ms=1\n")
-        wait_for(lambda: status()["logStartOffset"] == status()["logEndOffset"], "retention")
-        (m.path / "t" / "config").write_bytes(b"segment.bytes=300\n")
-
-    follow_through_retention(m, tmp_path, produce, remove_all)
+    follow_through_retention(m, tmp_path, *writable_hooks(m))
 
 
 def test_followers_of_a_compacted_topic_never_repeat_a_record(mount, tmp_path: Path) -> None:
@@ -295,12 +281,45 @@ def test_a_follower_behind_retention_gets_what_is_left_and_the_log_names_the_res
     wait_for(lambda: m.output().count("offsets 30 to 59 were removed") == 2, "the log naming the offsets")
 
 
-def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
-    """`less +F` (in a tmux pane) follows `records` on a read-only mount through the issue's
-    loop: its screen ends with the last records, in order, each once."""
+def writable_hooks(m: Mount) -> tuple[Callable[[list[str]], None], Callable[[], None]]:
+    """On a writable mount: append a round through `append`, and remove every record with
+    retention (set through the topic's `config`, then unset)."""
+    partition = m.path / "t" / "0"
+
+    def produce(batch: list[str]) -> None:
+        with open(partition / "append", "ab") as append:
+            append.write("".join(f"{v}\n" for v in batch).encode())
+
+    def status() -> dict:
+        return json.loads((partition / "status").read_bytes())
+
+    def remove_all() -> None:
+        (m.path / "t" / "config").write_bytes(b"segment.bytes=300\nretention.ms=1\n")
+        wait_for(lambda: status()["logStartOffset"] == status()["logEndOffset"], "retention")
+        (m.path / "t" / "config").write_bytes(b"segment.bytes=300\n")
+
+    return produce, remove_all
+
+
+@pytest.mark.parametrize("writable", [False, True], ids=["read-only", "writable"])
+def test_less_follow_mode_through_retention(mount, tmp_path: Path, writable: bool) -> None:
+    """`less +F` (in a tmux pane) follows `records` on a read-only mount beside the CLI, and on a
+    writable mount written through, through the issue's loop: its screen ends with the last
+    records, in order, each once."""
     data = tmp_path / "data"
     cli("topics", str(data), "create", "--topic", "t", "--partitions", "1", "--config", "segment.bytes=300")
-    m: Mount = mount(data, "-o", "ro")
+    if writable:
+        m: Mount = mount(data, "-o", "log.retention.check.interval.ms=100")
+        produce, remove_all = writable_hooks(m)
+    else:
+        m = mount(data, "-o", "ro")
+
+        def produce(batch: list[str]) -> None:
+            cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+
+        def remove_all() -> None:
+            cli("clean", str(data), "--now", FAR_FUTURE_MS)
+
     records = m.path / "t" / "0" / "records"
     tmux = ["tmux", "-L", f"seglogfs-{os.getpid()}"]
     subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "40", f"less +F {records}"], check=True)
@@ -309,7 +328,7 @@ def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
     try:
         for b in range(1, ROUNDS + 1):
             batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
-            cli("produce", str(data), "--topic", "t", stdin="".join(f"{v}\n" for v in batch).encode())
+            produce(batch)
             expected += batch
 
             def caught_up(count: int = len(expected)) -> bool:
@@ -317,7 +336,7 @@ def test_less_follow_mode_through_retention(mount, tmp_path: Path) -> None:
                 return len(reader.lines()) >= count
 
             wait_for(caught_up, f"the first {len(expected)} records")
-            cli("clean", str(data), "--now", FAR_FUTURE_MS)
+            remove_all()
 
         def screen() -> list[str]:
             shown = subprocess.run([*tmux, "capture-pane", "-p"], check=True, capture_output=True, text=True)
