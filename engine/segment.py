@@ -257,6 +257,16 @@ class LogSegment:
                 return
         self._release_now()
 
+    def hold_open(self) -> None:
+        """Keep the `.log` open until `let_close`, as a lease (a reader holding a view laid out
+        over this segment: it stays readable after retention or compaction removed it, as a
+        rotated log file does to a process holding it). OSError when the segment is closed."""
+        self._lease()
+
+    def let_close(self) -> None:
+        """End a `hold_open`."""
+        self._unlease()
+
     def _open_log_locked(self) -> int:
         if self._closed:
             raise OSError(f"{self.log_path}: segment is closed")

@@ -146,6 +146,7 @@ class _AtLevel(PartitionNode, Directory):
             jsonl=name.endswith(_JSONL),
             start_offset=start_offset,
             read_committed=self.read_committed,
+            parent_inode=self.inode,
         )
 
 

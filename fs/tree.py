@@ -15,7 +15,8 @@
 
 A node is made when it is first looked up and keeps its inode for good, except by-offset and
 by-time views and `.logdir` entries (there can be any number of them: dropped when the kernel
-forgets them) and a `records` file whose start retention removed (superseded by a new inode).
+forgets them), a `records` file whose start retention removed, and a view whose open readers'
+layout the log's changes detached (fs.views): each superseded by a new inode.
 
 Thread-safety: lookups, stats and listings run in worker threads at once; the inode table and
 the per-partition view index are guarded by one lock (`_lock`), held only for dictionary work.
@@ -43,7 +44,7 @@ from seglogfs.fs.mirror_node import MirrorNode
 from seglogfs.fs.node import Changes, Node, join
 from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, chown_created
 from seglogfs.fs.view_file import ViewFile
-from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer
+from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer, start_letting_close
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class Tree:
     """The nodes of one mounted data dir, by inode. See the module docstring."""
 
     def __init__(self, data_dir: DataDir, options: MountOptions, *, clock: Callable[[], int] | None = None) -> None:
+        start_letting_close()  # (not at the first close of a held view: that is on the event loop)
         self.data_dir = data_dir
         self.options = options
         self.read_only = options.read_only
@@ -198,7 +200,10 @@ class Tree:
         measure the partition)."""
         key = (log.topic, log.partition, fmt, read_committed)
         with self._layouts_lock:
-            return self._layouts.get(key) or self._new_layout(key, log)
+            layout = self._layouts.get(key)
+            if layout is None or layout.detached:  # (a detached one is its readers' alone)
+                layout = self._new_layout(key, log)
+            return layout
 
     def _new_layout(self, key: tuple[str, int, str, bool], log: PartitionLog) -> Layout:
         _, _, fmt, read_committed = key
@@ -319,9 +324,12 @@ class Tree:
         """After retention or compaction: every view may have changed size, and `records` of a
         partition whose log start moved names a new file."""
         changes = Changes()
+        layouts = self._layouts_by_partition()
         for topic, partitions in self.data_dir.topics().items():
             for partition in partitions:
-                changes += self.grown([self.data_dir.partition(topic, partition)])
+                log = self.data_dir.partition(topic, partition)
+                changes += self.follow_held(log, layouts.get((topic, partition), []))
+                changes += self.grown([log])
                 directory = self.find(("partition", topic, partition))
                 if isinstance(directory, PartitionDir):
                     changes.entries += directory.superseded_records()
@@ -350,17 +358,68 @@ class Tree:
                 if directory is not None:
                     gone = set(partitions) - set(after[topic])
                     changes.entries += [(directory.inode, str(partition)) for partition in sorted(gone)]
+        layouts = self._layouts_by_partition()
         for log in list(self.data_dir.partitions()):
+            held = layouts.get((log.topic, log.partition), [])
+            for _, layout in held:
+                layout.keep_open()  # (before the look: a segment it finds gone is closed)
             try:
                 changed = log.refresh(now)
             except OSError as error:  # the partition's dir is gone, or unreadable: next time again
                 logger.debug("following %s-%d: %s", log.topic, log.partition, error)
                 continue
             if changed:
+                changes += self.follow_held(log, held)
                 changes += self.grown([log])
                 directory = self.find(("partition", log.topic, log.partition))
                 if isinstance(directory, PartitionDir):
                     changes.entries += directory.superseded_records()
+        return changes
+
+    def _layouts_by_partition(self) -> dict[tuple[str, int], list[tuple[tuple[str, int, str, bool], Layout]]]:
+        """The layouts readers hold (open views), or that are detached, by partition, with
+        their keys (one look at the layouts for every partition)."""
+        found: dict[tuple[str, int], list[tuple[tuple[str, int, str, bool], Layout]]] = {}
+        with self._layouts_lock:
+            for key, layout in self._layouts.items():
+                if layout.held or layout.detached:
+                    found.setdefault(key[:2], []).append((key, layout))
+        return found
+
+    def follow_held(self, log: PartitionLog, layouts: list[tuple[tuple[str, int, str, bool], Layout]]) -> Changes:
+        """After the partition changed: bring the layouts its open views hold (`layouts`, from
+        `_layouts_by_partition`) up to date now, while the segments they laid out are still
+        kept open (a follower falls behind only what came and went between two looks). A layout
+        the change detached (fs.views, "Readers holding a view") stays its readers'; the names
+        of its views name new files, on the partition's current layout, at their next lookup
+        (the kernel forgets them now), as a rotated log file's name does."""
+        changes = Changes()
+        detached = []
+        for key, layout in layouts:
+            if layout.held:
+                try:
+                    layout.snapshot()
+                except MeasureStopped:
+                    return changes
+                except (EngineError, OSError) as error:  # (its readers' requests say so too)
+                    logger.debug("following the views of %s-%d: %s", log.topic, log.partition, error)
+            if layout.detached:
+                detached.append(layout)
+                with self._layouts_lock:
+                    if self._layouts.get(key) is layout:
+                        del self._layouts[key]
+        if not detached:
+            return changes
+        with self._lock:
+            for node in list(self._nodes.values()):
+                if (
+                    isinstance(node, ViewFile)
+                    and node.view is not None
+                    and any(node.view.layout is layout for layout in detached)
+                    and self._by_key.get(node.key) == node.inode
+                ):
+                    del self._by_key[node.key]
+                    changes.entries.append((node.parent_inode, node.path.rsplit("/", 1)[-1]))
         return changes
 
     def prune_view_cache(self) -> None:

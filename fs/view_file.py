@@ -36,8 +36,10 @@ class ViewFile(PartitionNode):
         jsonl: bool,
         start_offset: int | None,
         read_committed: bool = False,
+        parent_inode: int = 0,
     ) -> None:
         super().__init__(tree, inode, key, path, topic=topic, partition=partition)
+        self.parent_inode = parent_inode  # (its name is dropped from the kernel when superseded)
         self.jsonl = jsonl
         self.read_committed = read_committed
         self.start_offset = start_offset
@@ -99,7 +101,9 @@ class ViewFile(PartitionNode):
     def open(self, flags: int) -> Handle:
         self.refuse_writes(flags)
         self.check_online("open")
-        return ViewHandle(self, self.ensure_view())
+        handle = ViewHandle(self, self.ensure_view())
+        handle.view.layout.keep_open()
+        return handle
 
     def truncate(self, size: int) -> None:
         raise Refused(errno.EPERM, f"truncate {self.path}")
@@ -109,16 +113,20 @@ class ViewFile(PartitionNode):
 
 
 class ViewHandle(Handle):
-    """An open view: watched for growth until released (Tree.view_opened)."""
+    """An open view: watched for growth until released (Tree.view_opened), and holding its
+    layout (`Layout.hold`): a stable file that only grows, whatever retention, compaction or
+    another writer do meanwhile (see fs.views, "Readers holding a view")."""
 
     def __init__(self, node: ViewFile, view: View) -> None:
         super().__init__(node)
         self.view_file = node
         self.view = view
+        view.layout.hold()
         node.tree.view_opened(node)
 
     def release(self) -> Changes:
         self.view_file.tree.view_closed(self.view_file)
+        self.view.layout.let_go()
         return Changes()
 
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:

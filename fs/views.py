@@ -34,6 +34,45 @@ nothing (control batches render as nothing in every layout) and ends at the last
 (LSO) of what it tracked. Below the LSO every transaction has ended, so what the layout shows
 there is final: it only grows, as the LSO moves when transactions end, and an open view's bytes
 stay as they were. Only these layouts track transactions; the others render every data batch.
+
+Readers holding a view. An open descriptor of a view is a stable file that only grows, as a
+rotated log file is to a process holding it: the bytes it served, or could have served at its
+last size, stay where they are with the same content, and records past the last offset it laid
+out are added at its end, whatever retention, compaction or delete-records do meanwhile. An open
+view holds its layout (`Layout.hold`, until `let_go`: `fs.view_file.ViewHandle`). While a layout
+is held:
+
+* its segments are kept open (`keep_open`: their `.log` descriptors leased, `LogSegment.hold_open`),
+  the newest `held_segments()` of them (half the process's open-segment budget), so that a
+  segment the log removes stays readable to it. A read-only mount keeps them open before each
+  look at the other writer's changes (`Tree.follow`), which is what closes a removed segment;
+* a change of the log that would move bytes it laid out (a segment of it removed or replaced,
+  or cut back) detaches it (`detached`): from then on it is its readers' alone and only grows
+  (`_append_only`): the segments it laid out stay, and what the log holds past its last offset
+  is added after them. Offsets that came and went between two looks are named in the mount's
+  log (a follower that fell behind retention gets the records still there), as are those of a
+  segment the log still lists whose file another process removed before it could be kept open
+  (`_gone`: a read-only mount learns of the removal at its next look);
+* the tree then drops the layout and the names of the views on it (`Tree.follow_held`, after a
+  read-only mount's look or a writable mount's retention or compaction): the next lookup of
+  `records` or `by-offset/N` is a new inode on a new layout of the log as it is now (`tail -F`
+  moves to it, as to a rotated file), while the old inode, and the size the kernel has for it,
+  keeps growing for the descriptors that hold it. The kernel's size is per inode: an inode's
+  layout never changes, so its size never goes down while any descriptor holds it.
+
+A layout no view holds is brought up to date in place, as is a layout whose first holder has not
+been served yet (`fresh`: opened after the change, before the next look; its first read goes to
+a worker thread, which looks first). A first holder of a layout the log has not moved since its
+last look is served at once, on the event loop (`_hold_as_laid_out`). The segments kept open are
+let close once the last holder is gone, on a thread of their own (`_LET_CLOSE`). A writer's
+cut-back of the segment a held layout grows in (recovery, a failed append) ends that segment for
+the layout where it was laid out: its size stays, the bytes laid out past the cut (gone from the
+file) are not served, and what is appended to the segment after the cut is laid out anew after
+it from the first batch past the last offset laid out (`_cut`: the offsets the cut freed are used
+again, for records its readers are not given). Not covered: a segment past the newest
+`held_segments()` of a held layout (those laid out after it count too: a follower far behind
+loses its oldest as the log grows) that the log removes reads as an error, EIO, each read named
+in the mount's log; the layout's other segments read as they were.
 """
 
 from __future__ import annotations
@@ -44,6 +83,7 @@ import hashlib
 import itertools
 import logging
 import os
+import queue
 import re
 import struct
 import threading
@@ -61,6 +101,7 @@ import numpy as np
 from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.errors import CorruptRecordError, EngineError, UnsafeFileError
 from seglogfs.engine.files import open_regular
+from seglogfs.engine.handles import MIN_OPEN_SEGMENTS, OPEN_SEGMENTS
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
 from seglogfs.engine.renderers import RenderedBatch
@@ -181,6 +222,16 @@ class _SegmentLayout:
     # Tells this measure's pages from those of an earlier measure of the same segment (cut back
     # and appended to again: the same positions may hold other batches now).
     serial: int = field(default_factory=lambda: next(_SERIALS))
+    # The offset after the last batch measured (-1: not known, a layout loaded from the store).
+    end_offset: int = -1
+    # A held layout's segment laid out from a batch inside it (`Layout._append_only`): its
+    # first offset laid out; -1 for a segment laid out from its start.
+    from_offset: int = -1
+
+    @property
+    def first_offset(self) -> int:
+        """The offset the segment's rendering starts at (for a look-up by offset)."""
+        return self.from_offset if self.from_offset >= 0 else self.segment.base_offset
 
     def page_bounds(self, mark: int) -> tuple[int, int]:
         """The file positions of the batches between mark `mark` and the next."""
@@ -699,6 +750,51 @@ class _RenderAhead:
         return run[passed:]
 
 
+class _LetClose:
+    """The thread that lets close the segments a layout's last holder kept open
+    (`Layout.let_go`)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[LogSegment]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def put(self, segments: list[LogSegment]) -> None:
+        self._queue.put(segments)
+        self.start()
+
+    def start(self) -> None:
+        """Start the thread, once. A mount starts it with its tree (`Tree`): started at the
+        first close of a held view, on the event loop, it would hold up that close's reply
+        (a thread's start waits for the thread to run)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="let close", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            for segment in self._queue.get():
+                try:
+                    segment.let_close()
+                except Exception:  # (the others are let close all the same)
+                    logger.exception("letting %s close", segment.log_path)
+
+
+_LET_CLOSE = _LetClose()
+
+
+def start_letting_close() -> None:
+    """Start the thread that lets close the segments held views kept open (see `_LetClose.start`)."""
+    _LET_CLOSE.start()
+
+
+def held_segments() -> int:
+    """How many segments a held layout keeps open at most (`Layout.keep_open`): half the
+    process's budget of open segments (engine.handles), so that they never crowd out the rest."""
+    return max(MIN_OPEN_SEGMENTS, OPEN_SEGMENTS.max_open // 2)
+
+
 def _span(bounds: tuple[int, int]) -> int:
     return bounds[1] - bounds[0]
 
@@ -778,6 +874,20 @@ class Layout:
         # one continues its reader's run.
         self._renders_ahead = not read_committed
         self._read_ends: deque[tuple[int, int]] = deque(maxlen=8)
+        # Readers holding it (open handles of its views: `hold`), the segments kept open for them
+        # (`keep_open`), and whether it has left the log's changes behind for them (`detached`:
+        # see `_append_only`). Guarded by `_hold_lock`, which is never held while measuring.
+        self._holders = 0
+        # Held since the last look at the log: its first holder has been served nothing yet, and
+        # the next snapshot brings it up to date in place (the changes it missed are no reader's).
+        self.fresh = False
+        self._kept: set[LogSegment] = set()
+        self._kept_for: list[_SegmentLayout] | None = None  # the published order they were kept for
+        self._hold_lock = threading.Lock()
+        self.detached = False
+        # Segments of the log cut back under a detached layout's last (a writer's truncation):
+        # what they hold past its last offset is laid out anew once they hold some (`_append_only`).
+        self._cut: set[LogSegment] = set()
 
     def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
@@ -806,64 +916,318 @@ class Layout:
 
     def _snapshot(self, segments: list[LogSegment]) -> tuple[list[_SegmentLayout], list[int], list[int]]:
         with self._lock:
-            started = time.monotonic()
-            if self.transactions is not None:
-                self._track()
-            if not self.measured:
-                self._progress = (0, sum(segment.size for segment in segments))
-            order = self._order
-            unchanged = len(segments) == len(order) and all(
-                a is b.segment for a, b in zip(segments, order, strict=True)
-            )
-            if not unchanged:
-                order = self._relayout(segments)
-            changed = not unchanged
-            truncations = self.log.truncations
-            cut_back = truncations != self._truncations
-            self._truncations = truncations
-            first = max(len(order) - 2, 0)
-            if self.transactions is not None:  # segments held back by an open transaction
-                first = min(first, next((slot for slot, layout in enumerate(order) if not layout.sealed), first))
-            for slot in range(first, len(order)):
-                # The last segment grows; the one before may have just been sealed.
-                layout = order[slot]
-                if layout.sealed and not cut_back:  # (a cut can make a sealed segment active again)
-                    continue
-                if cut_back or layout.segment.size < layout.scanned_to:
-                    # Cut back under the measure (an append that failed after some of its
-                    # batches were visible, a recovery): measure the segment again.
-                    order = list(order)
-                    order[slot] = layout = _SegmentLayout(layout.segment)
-                    self._tail = None
-                    self.generation += 1
-                    changed = True
-                before = layout.size
-                self._extend(layout, last=slot == len(order) - 1)
-                changed = changed or layout.size != before
-            if changed:
-                starts, total = [], self._front
-                for layout in order:
-                    starts.append(total)
-                    total += layout.size
-                self._order, self._starts = order, starts
-                self._bases = [layout.segment.base_offset for layout in order]
-                self._published = (order, starts)
-            if not self.measured:
-                self.measured = True
-                with self._handed_over_lock:
-                    self._handed_over.clear()  # (made for a measure that raced this one: not needed)
-                elapsed = time.monotonic() - started
-                if elapsed > _SLOW_MEASURE_S:
-                    logger.info(
-                        "measured %s-%d (%s): %d segments, %.1f MB in %.1f s",
-                        self.log.topic,
-                        self.log.partition,
-                        self.format_name,
-                        len(order),
-                        self._progress[1] / 1e6,
-                        elapsed,
-                    )
+            fresh = self.fresh
+            try:
+                snapshot = self._snapshot_locked(segments)
+            except OSError:
+                self.fresh = self.fresh or fresh  # (looked at again: its first holder still served nothing)
+                raise
+        self.keep_open()
+        return snapshot
+
+    def _snapshot_locked(self, segments: list[LogSegment]) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+        started = time.monotonic()
+        if self.transactions is not None:
+            self._track()
+        fresh, self.fresh = self.fresh, False
+        if self.detached or (self._holders and not fresh and self._moves_under_holders(segments)):
+            if not self.detached:
+                self.detached = True
+                logger.debug("%s-%d (%s): held by readers, laid out on alone", *self._name())
+            self._append_only(segments)
             return self._order, self._starts, self._bases
+        if not self.measured:
+            self._progress = (0, sum(segment.size for segment in segments))
+        order = self._order
+        unchanged = len(segments) == len(order) and all(a is b.segment for a, b in zip(segments, order, strict=True))
+        if not unchanged:
+            order = self._relayout(segments)
+        changed = not unchanged
+        truncations = self.log.truncations
+        cut_back = truncations != self._truncations
+        self._truncations = truncations
+        first = max(len(order) - 2, 0)
+        if self.transactions is not None:  # segments held back by an open transaction
+            first = min(first, next((slot for slot, layout in enumerate(order) if not layout.sealed), first))
+        for slot in range(first, len(order)):
+            # The last segment grows; the one before may have just been sealed.
+            layout = order[slot]
+            if layout.sealed and not cut_back:  # (a cut can make a sealed segment active again)
+                continue
+            if cut_back or layout.segment.size < layout.scanned_to:
+                # Cut back under the measure (an append that failed after some of its
+                # batches were visible, a recovery): measure the segment again.
+                order = list(order)
+                order[slot] = layout = _SegmentLayout(layout.segment)
+                self._tail = None
+                self.generation += 1
+                changed = True
+            before = layout.size
+            self._extend(layout, last=slot == len(order) - 1)
+            changed = changed or layout.size != before
+        if changed:
+            starts, total = [], self._front
+            for layout in order:
+                starts.append(total)
+                total += layout.size
+            self._order, self._starts = order, starts
+            self._bases = [layout.first_offset for layout in order]
+            self._published = (order, starts)
+        if not self.measured:
+            self.measured = True
+            with self._handed_over_lock:
+                self._handed_over.clear()  # (made for a measure that raced this one: not needed)
+            elapsed = time.monotonic() - started
+            if elapsed > _SLOW_MEASURE_S:
+                logger.info(
+                    "measured %s-%d (%s): %d segments, %.1f MB in %.1f s",
+                    self.log.topic,
+                    self.log.partition,
+                    self.format_name,
+                    len(order),
+                    self._progress[1] / 1e6,
+                    elapsed,
+                )
+        return self._order, self._starts, self._bases
+
+    # -- readers holding the layout ---------------------------------------------------------------
+    def hold(self) -> None:
+        """A view of this layout is opened: from now on (until `let_go`) what it laid out stays
+        where it is (see `_append_only`) and its segments are kept open (`keep_open`). An open
+        on the event loop calls it: it waits for nothing (see `_hold_as_laid_out`)."""
+        with self._hold_lock:
+            first = not self._holders
+            if first:
+                self.fresh = True
+            self._holders += 1
+        if first:
+            self._hold_as_laid_out()
+
+    def _hold_as_laid_out(self) -> None:
+        """A first holder of a layout the log has not moved since its last look (the usual
+        open: nothing removed or cut back meanwhile) is served from it at once, its reads on the
+        event loop as before it was held: its segments are kept open now and it is not `fresh`.
+        When a look is under way (its lock is taken: only tried, never waited for), the log moved
+        under the layout, or a segment of it could not be kept open (closed, its file gone), it
+        stays fresh: its first read, on a worker thread, brings the layout up to date first. No
+        syscall unless a segment laid out has no descriptor open (then one `open`)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if not self.measured or self.detached or self._moves_under_holders(self.log.segments):
+                return
+            self.keep_open()
+            wanted = [layout.segment for layout in self._published[0][-held_segments() :]]
+            with self._hold_lock:
+                if self._holders and self._kept.issuperset(wanted):
+                    self.fresh = False
+        finally:
+            self._lock.release()
+
+    def let_go(self) -> None:
+        """A view opened with `hold` is closed; at the last, its segments are let close, on a
+        thread of their own (a close of a view, on the event loop, waits for nothing; closing a
+        segment may wait for its locks)."""
+        with self._hold_lock:
+            self._holders -= 1
+            if self._holders:
+                return
+            kept, self._kept, self._kept_for = self._kept, set(), None
+        if kept:
+            _LET_CLOSE.put(list(kept))
+
+    @property
+    def held(self) -> bool:
+        """Whether a view of this layout is open."""
+        return self._holders > 0
+
+    def keep_open(self) -> None:
+        """While held: keep the segments laid out open (their descriptors leased: see
+        `LogSegment.hold_open`), the newest `held_segments()` of them, so that retention or
+        compaction removing one, or another process deleting its file, leaves its bytes
+        readable. A segment closed already (removed before this look) is left out: its bytes
+        read as an error, which the log names."""
+        order = self._published[0]
+        if not self._holders or order is self._kept_for:  # (no lock: a hint; looked at again under it)
+            return
+        wanted = [layout.segment for layout in order[-held_segments() :]]
+        with self._hold_lock:
+            if not self._holders:
+                return
+            self._kept_for = order
+            for segment in wanted:
+                if segment in self._kept:
+                    continue
+                try:
+                    segment.hold_open()
+                except OSError as error:
+                    logger.debug("%s-%d (%s): keeping %s open: %s", *self._name(), segment.log_path, error)
+                    continue
+                self._kept.add(segment)
+            dropped = self._kept.difference(wanted)
+            self._kept.difference_update(dropped)
+        for segment in dropped:
+            segment.let_close()
+
+    def _name(self) -> tuple[str, int, str]:
+        return self.log.topic, self.log.partition, self.format_name or "view"
+
+    def _moves_under_holders(self, segments: list[LogSegment]) -> bool:
+        """Whether bringing the layout up to date with `segments` would change bytes a reader
+        holding it may have read: a segment it laid out left the log (retention, compaction,
+        delete-records) or was cut back (a writer's truncation). Segments added after those it
+        laid out, and its last one growing, change nothing it holds."""
+        order = self._order
+        if self.log.truncations != self._truncations:
+            return True
+        if len(segments) < len(order):
+            return True
+        return any(a is not b.segment for a, b in zip(segments, order, strict=False)) or any(
+            layout.segment.size < layout.scanned_to for layout in order[-2:]
+        )
+
+    def _append_only(self, segments: list[LogSegment]) -> None:
+        """Bring a detached layout up to date: one its readers hold, which the log's changes
+        left behind (`_moves_under_holders`). Nothing it laid out moves or goes: the segments
+        that left the log stay, kept open (`keep_open`); what the log holds past the last offset
+        laid out is added at the end — the rest of its last segment while that is still the
+        log's, then the segments after it, the first from its first batch past that offset (a
+        compacted segment replacing those laid out holds older batches too). Offsets that are
+        in neither (appended and removed between two looks) are said in the log: the readers
+        holding the layout could not be given them."""
+        order = list(self._order)
+        cut_back = self.log.truncations != self._truncations
+        self._truncations = self.log.truncations
+        self._tail = None if cut_back else self._tail
+        present = {segment: i for i, segment in enumerate(segments)}
+        laid_out = {layout.segment for layout in order}
+        changed = False
+        cut = self._cut
+        cut.intersection_update(segments)
+        # The segments still growing for it: its last, and (read_committed) those held back by a
+        # transaction still open, whose growth is at the end of its rendering too (what is past
+        # the last stable offset is not laid out yet, in any segment).
+        for index, layout in enumerate(order):
+            if layout.sealed:
+                continue
+            slot = present.get(layout.segment)
+            if slot is not None and not cut_back and layout.segment.size >= layout.scanned_to:
+                before = layout.size
+                try:
+                    self._extend(layout, last=slot == len(segments) - 1)
+                except FileNotFoundError as error:  # (see `_gone`)
+                    self._gone(layout.segment, error)
+                    layout.sealed = True
+                    continue
+                changed = changed or layout.size != before
+                continue
+            if slot is None and not cut_back and index == len(order) - 1:
+                self._finish_removed(layout)
+            elif slot is not None:
+                cut.add(layout.segment)
+            layout.sealed = True  # (left the log, or cut back under it: laid out as it was)
+        last = order[-1] if order else None
+        slot = present.get(last.segment) if last is not None else None
+        if slot is not None and last is not None and last.segment in cut:
+            slot -= 1  # (what is appended to it after the cut is laid out anew, after what was)
+        following = segments[slot + 1 :] if slot is not None else segments
+        next_offset = self._end_offset_of(last) if last is not None else self.log.log_start_offset
+        for i, segment in enumerate(following):
+            if segment in laid_out and segment not in cut:
+                continue
+            if i + 1 < len(following) and following[i + 1].base_offset <= next_offset:
+                continue  # (wholly below what it laid out: a compacted segment, not read)
+            # (a segment cut back is laid out anew only from a batch past what was laid out:
+            # the offsets the cut freed are used again, for records its readers are not given)
+            try:
+                added = self._layout_from(segment, next_offset, grows_from_end=segment not in cut)
+                if added is not None:
+                    self._extend(added, last=segment is segments[-1])
+            except FileNotFoundError as error:
+                self._gone(segment, error)
+                continue
+            if added is None:
+                continue
+            cut.discard(segment)
+            if added.first_offset > next_offset:
+                logger.warning(
+                    "%s-%d (%s): offsets %d to %d were removed before the readers holding its views were given them",
+                    *self._name(),
+                    next_offset,
+                    added.first_offset - 1,
+                )
+            order.append(added)
+            next_offset = max(next_offset, self._end_offset_of(added))
+            changed = True
+        if changed:
+            starts, total = [], self._starts[0] if self._starts else self._front
+            for layout in order:
+                starts.append(total)
+                total += layout.size
+            self._order, self._starts = order, starts
+            self._bases = [layout.first_offset for layout in order]
+            self._published = (order, starts)
+
+    def _gone(self, segment: LogSegment, error: OSError) -> None:
+        """A segment the log still lists whose file another process removed before this look
+        could keep it open (a read-only mount learns of it at its next look): nothing more of it
+        can be laid out; the offsets it held past those laid out are named in the log when the
+        next segment is laid out, as removed before the readers were given them."""
+        logger.debug("%s-%d (%s): %s is gone: %s", *self._name(), segment.log_path, error)
+
+    def _finish_removed(self, layout: _SegmentLayout) -> None:
+        """Lay out what the last segment laid out gained before it left the log (another
+        process appended to it, then removed it, between two looks), when it is kept open: read
+        through its descriptor, its file as it was when removed."""
+        segment = layout.segment
+        with self._hold_lock:
+            kept = segment in self._kept
+        if not kept:
+            return
+        try:
+            segment.refresh_size(sealed=True)  # (read-only; a writable segment's size is exact)
+            self._extend(layout, last=False)
+        except (EngineError, OSError) as error:  # (its readers get what was laid out before)
+            logger.debug("%s-%d (%s): the end of %s: %s", *self._name(), segment.log_path, error)
+
+    def _end_offset_of(self, layout: _SegmentLayout) -> int:
+        """The offset after the last batch laid out in a segment layout."""
+        if layout.end_offset >= 0:
+            return layout.end_offset
+        if layout.last_batch[0] < 0:
+            return layout.first_offset
+        try:
+            return self._next_offset(layout)
+        except OSError:  # (closed, not kept open: its size says nothing more)
+            return layout.first_offset
+
+    def _layout_from(self, segment: LogSegment, offset: int, *, grows_from_end: bool = True) -> _SegmentLayout | None:
+        """A new layout of `segment` from its first batch holding `offset` or above (the whole
+        segment when that is its first); None when it holds none yet and is not the log's last
+        (or `grows_from_end` is false: a layout from its end would take in whatever is appended)."""
+        first = True
+        for header in segment.iter_headers(0, segment.size):
+            if header.last_offset < offset:
+                first = False
+                continue
+            if first:
+                return _SegmentLayout(segment, from_offset=max(header.base_offset, segment.base_offset))
+            position = header.position
+            return _SegmentLayout(
+                segment,
+                scanned_to=position,
+                marks_file=array("q", [position]),
+                from_offset=header.base_offset,
+            )
+        if grows_from_end and segment is self.log.segments[-1]:
+            # (nothing at or past `offset` yet: laid out from its end, it grows from there)
+            return _SegmentLayout(
+                segment,
+                scanned_to=segment.size,
+                marks_file=array("q", [segment.size]),
+                from_offset=max(offset, segment.base_offset),
+            )
+        return None
 
     def _track(self) -> None:
         """read_committed: take in the transactions of the batches appended since the last look,
@@ -1096,6 +1460,7 @@ class Layout:
         layout.since_mark += rendered
         layout.scanned_to = header.next_position
         layout.last_batch = (header.position, header.crc)
+        layout.end_offset = header.next_offset
         layout.size += rendered
 
     def _sibling_to_measure(self, layout: _SegmentLayout) -> Layout | None:
@@ -1130,7 +1495,8 @@ class Layout:
     def _store_layout(self, layout: _SegmentLayout) -> None:
         """Keep a segment's layout in the view cache, when there is one; never one with damage
         (measured afresh at each mount, which says where the damage is)."""
-        if self._store is not None and self._store_directory is not None and not layout.damage:
+        whole = layout.marks_file[0] == 0  # (not a held layout's segment laid out from a batch inside it)
+        if self._store is not None and self._store_directory is not None and not layout.damage and whole:
             self._store.save(self._store_directory, layout, self._mark_bytes)
 
     def _page(self, layout: _SegmentLayout, mark: int) -> Page:
@@ -1448,6 +1814,6 @@ class View:
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin
-        if generation != self.layout.generation:
+        if generation != self.layout.generation or self.layout.fresh:  # (a worker's read looks at the log first)
             return None
         return self.layout.read_now(begin + position, length)
