@@ -116,7 +116,13 @@ from seglogfs.engine.errors import (
 from seglogfs.engine.files import decode_text, is_directory, open_regular, read_regular
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
-from seglogfs.engine.naming import linked_partition_dirs, partition_dir_name, partition_dirs, validate_topic
+from seglogfs.engine.naming import (
+    linked_partition_dirs,
+    partition_dir_name,
+    partition_dirs,
+    refuse_colliding_topic,
+    validate_topic,
+)
 from seglogfs.engine.retention import RetentionDecision
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.set_aside import SetAsideError
@@ -684,16 +690,21 @@ class DataDir:
     ) -> list[PartitionLog]:
         """Create `topic` with `partitions` (default `num.partitions`) and config overrides.
         Thread-safe: creators serialise on the data dir's lock, and the topic appears to
-        readers only once every partition exists. In a broker's dir, where a topic no broker
-        knows would count as one whose configs are unknown, the policy it gets (the given one,
-        else the broker default) is written into its overrides. If a partition cannot be made,
-        what it made (partition dirs, overrides) is removed again and the error raised; a
-        crash midway leaves a topic with fewer partitions (DEVELOPING.md F8)."""
+        readers only once every partition exists. A name that collides with an existing topic's
+        ('.' against '_') is refused as Kafka refuses it (InvalidTopicError). In a broker's dir,
+        where a topic no broker knows would count as one whose configs are unknown, the policy
+        it gets (the given one, else the broker default) is written into its overrides. If a
+        partition cannot be made, what it made (partition dirs, overrides) is removed again and
+        the error raised; a crash midway leaves a topic with fewer partitions (DEVELOPING.md
+        F8)."""
         self._check_writable()
         validate_topic(topic)
         with self._lock:
             if any(t == topic for t, _ in self._logs):
                 raise TopicExistsError(f"topic {topic!r} exists already")
+            # (a topic the broker's metadata log names is one too, partitions here or not)
+            known = {t for t, _ in self._logs} | set(self._metadata.topics if self._metadata is not None else ())
+            refuse_colliding_topic(topic, known)
             count = self.config.num_partitions if partitions is None else partitions
             if count < 1:
                 raise ConfigError(f"topic {topic!r}: partition count must be at least 1, not {count}")

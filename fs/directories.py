@@ -16,7 +16,7 @@ import stat
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.errors import TimestampParseError
-from seglogfs.engine.naming import validate_topic
+from seglogfs.engine.naming import refuse_internal_topic, validate_topic
 from seglogfs.engine.timestamps import parse_timestamp
 from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.fs.append_file import AppendFile, BatchesFile
@@ -60,10 +60,12 @@ class RootDir(Directory):
 
     def mkdir(self, name: str, owner: tuple[int, int] | None = None) -> Node:
         """A topic with `num.partitions` partitions (`mkdir` at the top), its files the
-        caller's (`owner`), as what a user makes in a directory on disk is that user's."""
+        caller's (`owner`), as what a user makes in a directory on disk is that user's. Kafka's
+        internal topics are not made here, and a name colliding with a topic's is refused."""
         if self.tree.read_only:
             raise Refused(errno.EROFS, f"mkdir {name}")
         validate_topic(name)
+        refuse_internal_topic(name)
         self.tree.create_topic(name, owner)
         return self._topic(name)
 

@@ -526,3 +526,23 @@ def test_cat_of_a_partition_with_a_damaged_batch_prints_what_consume_prints(moun
         in status["views"]["text"]["error"]
     )
     assert sh(f"ls {m.path}/t/0").returncode == 0  # (up)
+
+
+@pytest.mark.expect_warnings(
+    r"mkdir .*a_b: Topic 'a_b' collides with existing topic: a\.b \(EINVAL\)$",
+    r"mkdir .*__consumer_offsets: topic '__consumer_offsets' is internal to Kafka.*\(EINVAL\)$",
+)
+def test_mkdir_refuses_kafkas_colliding_and_internal_topic_names(mount) -> None:
+    """Kafka refuses a topic whose name differs from another's only by '.' against '_' (both
+    make one metric name), and creates its internal topics itself: `mkdir` does as Kafka."""
+    m: Mount = mount()
+    os.mkdir(m.path / "a.b")
+    for name in ("a_b", "__consumer_offsets"):
+        with pytest.raises(OSError) as raised:
+            os.mkdir(m.path / name)
+        assert raised.value.errno == errno.EINVAL, name
+    assert sorted(os.listdir(m.path)) == [".logdir", "a.b"]
+    assert not any(name.startswith(("a_b", "__")) for name in os.listdir(m.data))
+    output = m.output()
+    assert "Topic 'a_b' collides with existing topic: a.b" in output
+    assert "'__consumer_offsets' is internal to Kafka" in output
