@@ -82,6 +82,7 @@ from seglogfs.engine.checkpoint import (
     fsync_dir,
     read_offset_checkpoint,
     read_partition_metadata,
+    try_writing,
     write_atomically,
     write_offset_checkpoint,
 )
@@ -229,6 +230,12 @@ class ConfigEntry:
     value: str
     source: str
     detail: str = ""
+
+
+def _topic_overrides_text(table: Mapping[str, Mapping[str, str]]) -> str:
+    """The overrides file's text (seglogfs's own file: a data dir without a metadata log)."""
+    document = {"version": 1, "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o}}
+    return json.dumps(document, indent=2) + "\n"
 
 
 def _config_text(value: object) -> str:
@@ -481,11 +488,7 @@ class DataDir:
         }
 
     def _write_topic_overrides(self, table: Mapping[str, Mapping[str, str]]) -> None:
-        document = {
-            "version": 1,
-            "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o},
-        }
-        write_atomically(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
+        write_atomically(self._topic_configs_path, _topic_overrides_text(table))
 
     def _read_broker_configs(self) -> None:
         """Whether these are a Kafka broker's log dirs, and what its metadata log says. A metadata
@@ -604,6 +607,17 @@ class DataDir:
         if why is not None:
             logger.info("topic %s: retention and compaction stay off until cleanup.policy is set (%s)", topic, why)
         return config
+
+    def try_storing_topic_overrides(self, topic: str, overrides: Mapping[str, str]) -> None:
+        """Write what `set_topic_overrides(topic, overrides)` would store to a temporary file,
+        durably, and remove it: an OSError (ENOSPC on a full disk) raised now is what storing
+        them would meet, said while the caller can still tell its own caller (a write to the
+        mount's `config`, which is stored only when closed). Changes nothing; `overrides` are
+        not checked."""
+        self._check_writable()
+        with self._lock:
+            table = {**self._topic_overrides, topic: dict(overrides)}
+        try_writing(self._topic_configs_path, _topic_overrides_text(table))
 
     # -- topics and partitions ------------------------------------------------------------------
     def refresh_partitions(self, now_ms: int) -> bool:

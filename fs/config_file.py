@@ -8,6 +8,11 @@ ever applied. What it holds is applied when a descriptor that wrote is closed (`
 shell's `>` closes its first descriptor before writing, so a close before any write applies
 nothing) and, for an open with O_TRUNC and no write (`: > config`, clearing the overrides),
 when the last descriptor goes (`release`). An open that writes nothing changes nothing.
+
+Each write also stores what its complete lines would make the overrides file to a temporary
+file, and removes it: a full disk fails the write itself (ENOSPC). A shell's `printf … > config`
+reports a failed write; a failed close it never sees (the builtin writes, the shell closes). A
+failed write or apply spoils the handle too: a later close applies nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.config import format_topic_config, parse_topic_config
-from seglogfs.engine.errors import ConfigError
+from seglogfs.engine.errors import ConfigError, EngineError
 from seglogfs.fs.node import Attributes, BytesHandle, Changes, Handle, Node, Refused
 
 if TYPE_CHECKING:
@@ -50,6 +55,10 @@ class ConfigFile(Node):
     def truncate(self, size: int) -> None:
         if size != 0:  # `>` may truncate to 0 before writing: the handle's O_TRUNC says it
             super().truncate(size)
+
+    def try_storing(self, text: bytes) -> None:
+        """Raise the OSError (ENOSPC) that storing the overrides of `text` (valid) would meet."""
+        self.tree.data_dir.try_storing_topic_overrides(self.topic, parse_topic_config(text, self.path))
 
     def apply(self, text: bytes) -> Changes:
         """Replace the overrides by those of `text` (valid: checked by the caller)."""
@@ -90,8 +99,10 @@ class ConfigHandle(Handle):
             text += bytes(position - len(text))
         text[position : position + len(data)] = data
         try:
-            parse_topic_config(bytes(text[: text.rfind(b"\n") + 1]), self.node.path)  # complete lines
-        except ConfigError:
+            complete = bytes(text[: text.rfind(b"\n") + 1])
+            parse_topic_config(complete, self.node.path)
+            self.config.try_storing(complete)
+        except (ConfigError, OSError):
             self.spoiled = True
             raise
         self.text = text
@@ -118,7 +129,7 @@ class ConfigHandle(Handle):
             return Changes()
         try:
             changes = self.config.apply(text)  # the last line may lack its newline: checked here
-        except ConfigError:
+        except (EngineError, OSError):  # (a close that failed is not tried again by the next)
             self.spoiled = True
             raise
         self.applied = text

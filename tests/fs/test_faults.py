@@ -146,6 +146,28 @@ def test_a_topic_made_on_a_full_disk_fails_whole_and_can_be_made_once_there_is_r
     assert check_log_dirs([small_disk / "data"]).clean
 
 
+@pytest.mark.expect_warnings(r"write t/config: .*No space left on device \(ENOSPC\)$")
+def test_config_written_by_a_shell_on_a_full_disk_fails_and_changes_nothing(mount, small_disk: Path) -> None:
+    """`printf … > config` on a full disk exits non-zero: the write fails (a shell's builtin
+    reports a failed write, never a failed close, which the shell does itself); the overrides
+    stay as they were, the mount stays up, and the same command works once there is room."""
+    m: Mount = mount(small_disk / "data")
+    (m.path / "t").mkdir()
+    config = m.path / "t" / "config"
+    config.write_bytes(b"retention.ms=3600000\n")
+    filler = fill(small_disk)
+    shell = ["bash", "-c", f"printf 'retention.ms=1000\\n' > {config}"]
+    done = subprocess.run(shell, capture_output=True, check=False)
+    assert done.returncode != 0 and b"No space left on device" in done.stderr, done
+    assert config.read_bytes() == b"retention.ms=3600000\n"
+    assert m.process.poll() is None
+    assert "ENOSPC" in m.output()
+    filler.unlink()
+    assert subprocess.run(shell, check=False).returncode == 0
+    assert config.read_bytes() == b"retention.ms=1000\n"
+    m.stop()
+
+
 def log_shows(m: Mount, text: str, seconds: float = 10) -> bool:
     deadline = time.monotonic() + seconds
     while text not in m.output():
