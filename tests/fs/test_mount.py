@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -258,6 +259,65 @@ def test_config_file_takes_shell_idioms(mount, idiom: str, status: int, expected
         assert overrides[key] == value
     saved = json.loads((m.data / ".seglogfs-topic-configs.json").read_text())["topics"].get("t", {})
     assert saved == dict(line.split("=", 1) for line in expected.decode().splitlines())
+
+
+@pytest.mark.expect_warnings(
+    r"rename t/(tmp\S+) to t/config: t/\1: unknown topic config 'bogus.key' \(EINVAL\)$",
+    r"rename t/(sed\S+) to t/config: t/\1: unknown topic config 'bogus.ms' \(EINVAL\)$",
+    r"rename t/\S+ to t/other: a topic dir holds append, append.jsonl, config and the partitions; .* \(EPERM\)$",
+    r"unlink t/append: a topic dir holds append, append.jsonl, config and the partitions; .* \(EPERM\)$",
+)
+def test_editors_save_config_through_a_temporary_file_and_a_rename(mount) -> None:
+    """`sed -i` and a save through a temporary file and `os.replace` replace the overrides,
+    checked line by line: a bad line changes nothing and the rename fails (EINVAL). The
+    temporary files live in the mount's memory only and are gone after the rename, refused or
+    not; nothing else can be renamed or removed in a topic dir."""
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    config = m.path / "t" / "config"
+    config.write_bytes(b"retention.ms=3600000\n")
+
+    def overrides() -> dict[str, str]:
+        return json.loads((m.path / "t" / "0" / "status").read_bytes())["config"]
+
+    def save(text: bytes, onto: Path = config) -> None:
+        fd, name = tempfile.mkstemp(dir=config.parent)
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
+        try:
+            os.replace(name, onto)
+        finally:
+            assert not os.path.exists(name)
+
+    sed = subprocess.run(["sed", "-i", "s/3600000/7200000/", str(config)], capture_output=True, check=False)
+    assert sed.returncode == 0, sed.stderr
+    assert config.read_bytes() == b"retention.ms=7200000\n" and overrides()["retention.ms"] == "7200000"
+    save(b"retention.ms=1000\nsegment.ms=5000\n")
+    assert config.read_bytes() == b"retention.ms=1000\nsegment.ms=5000\n"
+    assert overrides()["retention.ms"] == "1000" and overrides()["segment.ms"] == "5000"
+    before = config.read_bytes()
+    with pytest.raises(OSError) as raised:
+        save(b"retention.ms=5\nbogus.key=1\n")
+    assert raised.value.errno == errno.EINVAL
+    sed = subprocess.run(["sed", "-i", "s/retention/bogus/", str(config)], capture_output=True, check=False)
+    assert sed.returncode != 0 and b"Invalid argument" in sed.stderr, sed
+    assert config.read_bytes() == before and overrides()["retention.ms"] == "1000"
+    with pytest.raises(OSError) as raised:
+        save(b"retention.ms=5\n", onto=config.parent / "other")
+    assert raised.value.errno == errno.EPERM
+    with pytest.raises(OSError) as raised:
+        os.unlink(config.parent / "append")
+    assert raised.value.errno == errno.EPERM
+    left = config.parent / "left-behind"
+    left.write_bytes(b"retention.ms=5\n")  # made, never renamed: removed as any file is
+    assert left.read_bytes() == b"retention.ms=5\n"
+    left.unlink()
+    assert sorted(os.listdir(config.parent)) == ["0", "append", "append.jsonl", "config"]
+    assert config.read_bytes() == before
+    stored = [path.name for path in m.data.rglob("*")]
+    assert not any(name.startswith(("sed", "tmp", "other")) for name in stored), stored
 
 
 def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path) -> None:
