@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from seglogfs.fs.views import AHEAD_DELAY_ENV
+from seglogfs.mount_tools.serving import CLOSE_DELAY_ENV
 from tests.conftest import REPO
-from tests.fs.conftest import REFUSED, Mount
+from tests.fs.conftest import FUSERMOUNT, REFUSED, Mount
 
 
 def sh(command: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess[bytes]:
@@ -606,3 +607,35 @@ def test_mkdir_refuses_kafkas_colliding_and_internal_topic_names(mount) -> None:
     output = m.output()
     assert "Topic 'a_b' collides with existing topic: a.b" in output
     assert "'__consumer_offsets' is internal to Kafka" in output
+
+
+def test_umount_returns_once_the_mount_has_closed_the_data_dir(mount, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`seglogfs umount` returns when the mount's process has written its checkpoints and its
+    clean-shutdown marker and released the lock (closing takes 1.5 s here, as thousands of
+    partitions take): a `produce` right after it finds the data dir free."""
+    monkeypatch.setenv(CLOSE_DELAY_ENV, "1500")
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    (m.path / "t" / "0" / "append").write_bytes(b"before\n")
+    seglogfs = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+    done = subprocess.run([*seglogfs, "umount", str(m.path)], cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stderr == b"", done
+    assert (m.data / ".kafka_cleanshutdown").exists()
+    assert m.process.poll() == 0
+    produce = [*seglogfs, "produce", str(m.data), "--topic", "t"]
+    produced = subprocess.run(produce, input=b"after\n", cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert produced.returncode == 0, produced.stderr
+
+
+def test_a_mount_waits_for_one_still_closing_the_data_dir(mount, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount of a data dir that a mount being unmounted still holds (writing its checkpoints)
+    says it waits for that process, naming it, and then mounts."""
+    monkeypatch.setenv(CLOSE_DELAY_ENV, "1500")
+    first: Mount = mount()
+    os.mkdir(first.path / "t")
+    monkeypatch.delenv(CLOSE_DELAY_ENV)
+    subprocess.run([FUSERMOUNT, "-u", str(first.path)], check=True)
+    second: Mount = mount(first.data)
+    assert first.process.poll() == 0
+    assert f"waiting for process {first.process.pid}, a seglogfs mount of it that was unmounted" in second.output()
+    assert os.listdir(second.path / "t") == ["append", "append.jsonl", "config", "0"]
