@@ -6,8 +6,8 @@ file's text: the current overrides, or nothing when opened with O_TRUNC. Each wr
 every complete line valid, or it fails (EINVAL) and the handle is spoiled: nothing it holds is
 ever applied. What it holds is applied when a descriptor that wrote is closed (`flush`: a
 shell's `>` closes its first descriptor before writing, so a close before any write applies
-nothing) and, for an open with O_TRUNC and no write (`: > config`, clearing the overrides),
-when the last descriptor goes (`release`). An open that writes nothing changes nothing.
+nothing) or fsync'd, and, for an open with O_TRUNC and no write (`: > config`, clearing the
+overrides), when the last descriptor goes (`release`). An open that writes nothing changes nothing.
 
 Each write also stores what its complete lines would make the overrides file to a temporary
 file, and removes it: a full disk fails the write itself (ENOSPC). A shell's `printf … > config`
@@ -120,6 +120,11 @@ class ConfigHandle(Handle):
     def flush(self) -> Changes:
         with self._lock:
             return self._apply_locked() if self.written else Changes()
+
+    def fsync(self) -> Changes:
+        """What was written is applied and stored (an fsync that succeeded with nothing stored
+        would promise what a close may then refuse)."""
+        return self.flush()
 
     def release(self) -> Changes:
         with self._lock:
