@@ -28,8 +28,8 @@ and says so (a mistyped DATADIR, or a disk not mounted yet, shows up at once).
 holder of the data dir's lock) has exited: its checkpoints and clean-shutdown marker written,
 the lock released, so that `seglogfs umount MNT && start-the-broker` (or `&& backup`) finds the
 dir free. Past a second, a line on a terminal says what it waits for. It exits 1 when the process
-ended without its clean-shutdown marker (the next open recovers as after a crash; the mount's
-log says why). A read-only mount holds no lock: umount returns once it is unmounted. A dead
+ended without its clean-shutdown marker (the next open recovers as after a crash), quoting the
+last error of the process in its log file (found as the file it holds open for appending). A read-only mount holds no lock: umount returns once it is unmounted. A dead
 mount is unmounted lazily and exits 0 with a line saying it was stale; anything else is refused
 with one line.
 
@@ -256,7 +256,7 @@ def _mounts_process(entry: mountpoints.MountEntry) -> _Closing | None:
     if not in_use or pid is None:
         return None
     try:
-        return _Closing(pid, os.pidfd_open(pid), log_dirs)
+        return _Closing(pid, os.pidfd_open(pid), log_dirs, _log_of(pid, log_dirs))
     except OSError:  # (it has exited meanwhile)
         return None
 
@@ -450,6 +450,40 @@ class _Closing:
     pid: int
     pidfd: int
     log_dirs: list[Path]
+    log: Path | None  # the mount's log file, when it writes one
+
+
+def _log_of(pid: int, log_dirs: list[Path]) -> Path | None:
+    """The file a mount's process logs to: the one it holds open for appending outside its
+    data dir (a logging file handler's); None when it has none or /proc will not say."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+                flags = next(line for line in info if line.startswith("flags:"))
+                if not int(flags.split()[1], 8) & os.O_APPEND:
+                    continue
+                target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                if target.is_file() and not any(target.is_relative_to(log_dir) for log_dir in log_dirs):
+                    return target
+    return None
+
+
+def _last_error(log: Path | None, pid: int) -> str | None:
+    """The message of the last ERROR line process `pid` wrote to `log`."""
+    if log is None:
+        return None
+    try:
+        with open(log, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - (1 << 20)))
+            lines = file.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    mine = [line for line in lines if f"seglogfs[{pid}]" in line and " ERROR " in line]
+    if not mine:
+        return None
+    _logger, _, message = mine[-1].split(" ERROR ", 1)[1].partition(": ")  # (the logger's name, then the message)
+    return message
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -493,10 +527,11 @@ def _wait_for_close(mountpoint: Path, closing: _Closing) -> int:
         print(file=sys.stderr)
     unclean = [str(log_dir) for log_dir in closing.log_dirs if not os.path.lexists(log_dir / CLEAN_SHUTDOWN_FILE)]
     if unclean:
+        error = _last_error(closing.log, closing.pid)
+        why = f"its log says: {error}" if error else "the mount's log says why"
         print(
             f"seglogfs: {mountpoint}: the mount's process {closing.pid} exited without writing "
-            f"{CLEAN_SHUTDOWN_FILE} in {', '.join(unclean)}: the next open recovers as after a crash (the "
-            f"mount's log says why)",
+            f"{CLEAN_SHUTDOWN_FILE} in {', '.join(unclean)}: the next open recovers as after a crash ({why})",
             file=sys.stderr,
         )
         return EXIT_DATA

@@ -253,10 +253,19 @@ def test_a_background_mount_that_cannot_write_its_checkpoints_at_unmount_logs_on
         stored = (mountpoint / "t" / "0" / "records").read_bytes().splitlines()
         filler = fill(small_disk)  # (not a page left for the checkpoints)
     finally:
-        subprocess.run([*SEGLOGFS, "umount", str(mountpoint)], cwd=REPO, timeout=60, check=False)
-    deadline = time.monotonic() + 30
-    while "the mount stopped" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        umount = subprocess.run(
+            [*SEGLOGFS, "umount", str(mountpoint)], cwd=REPO, timeout=60, capture_output=True, check=False
+        )
+    # umount returned once the process had ended, and says how: without its clean-shutdown marker
+    assert umount.returncode == 1, umount
+    said_by_umount = umount.stderr.decode().splitlines()
+    assert (
+        len(said_by_umount) == 1 and f"exited without writing .kafka_cleanshutdown in {data_dir}" in said_by_umount[0]
+    )
+    assert said_by_umount[0].endswith(
+        "(its log says: the mount stopped: writing checkpoints: [Errno 28] writing "
+        f"{data_dir}/cleaner-offset-checkpoint: No space left on device; the next open recovers as after a crash)"
+    ), said_by_umount
     said = [line for line in log.read_text().splitlines() if " ERROR " in line]
     assert len(said) == 1 and "the mount stopped: writing checkpoints:" in said[0], said
     assert said[0].endswith("No space left on device; the next open recovers as after a crash")
