@@ -386,15 +386,16 @@ class Operations(pyfuse3.Operations):
             handle = node.open_now(flags)
         if handle is None:
             handle = await self._run(lambda: node.open(flags), f"open {node.path}")
-        return self._file_info(inode, handle, ctx.pid)
+        return self._file_info(handle, ctx.pid)
 
-    def _file_info(self, inode: int, handle: Handle, pid: int) -> pyfuse3.FileInfo:
-        """A new file handle for an open (or create) of `inode` by `pid`."""
+    def _file_info(self, handle: Handle, pid: int) -> pyfuse3.FileInfo:
+        """A new file handle for an open (or create) by `pid`. It counts as an open of its
+        node's inode, as its release does (a file renamed onto `config` opens `config`)."""
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = handle
         self._openers[fh] = pid
-        self._open_inodes[inode] += 1
+        self._open_inodes[handle.node.inode] += 1
         # No page cache: a read racing an append could leave a cached page that ends in zeros
         # where the new records now are (the kernel zero-fills a short read).
         return pyfuse3.FileInfo(fh=fh, direct_io=True, nonseekable=not handle.seekable)
@@ -555,13 +556,12 @@ class Operations(pyfuse3.Operations):
         parent = self._node(parent_inode)
         text = os.fsdecode(name)
 
-        def make() -> tuple[Node, Handle, pyfuse3.EntryAttributes]:
+        def make() -> tuple[Handle, pyfuse3.EntryAttributes]:
             node = self.tree.note_lookup(parent.create(text, mode, (ctx.uid, ctx.gid)))
-            handle = node.open(flags)
-            return node, handle, self._entry(node)
+            return node.open(flags), self._entry(node)
 
-        node, handle, entry = await self._run(make, f"create {join(parent.path, text)}")
-        return self._file_info(node.inode, handle, ctx.pid), entry
+        handle, entry = await self._run(make, f"create {join(parent.path, text)}")
+        return self._file_info(handle, ctx.pid), entry
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
         raise self._refuse("mknod", parent_inode, name)
