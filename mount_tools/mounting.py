@@ -29,9 +29,9 @@ holder of the data dir's lock) has exited: its checkpoints and clean-shutdown ma
 the lock released, so that `seglogfs umount MNT && start-the-broker` (or `&& backup`) finds the
 dir free. Past a second, a line on a terminal says what it waits for. It exits 1 when the process
 ended without its clean-shutdown marker (the next open recovers as after a crash), quoting the
-last error of the process in its log file (found as the file it holds open for appending). A read-only mount holds no lock: umount returns once it is unmounted. A dead
-mount is unmounted lazily and exits 0 with a line saying it was stale; anything else is refused
-with one line.
+last error of the process in its log file (found as the file it holds open for appending). A
+read-only mount holds no lock: umount returns once it is unmounted. A dead mount is unmounted
+lazily and exits 0 with a line saying it was stale; anything else is refused with one line.
 
 A writable mount of a data dir whose lock a seglogfs mount being unmounted still holds (it is
 writing its checkpoints) says it waits for that process, naming it, and then goes on.
@@ -250,7 +250,10 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
 
 
 def _mounts_process(entry: mountpoints.MountEntry) -> _Closing | None:
-    """The process holding the lock of the mount's log dirs (its source), if one does."""
+    """A writable mount's process: the one holding the lock of its log dirs (its source). A
+    read-only mount takes no lock (the holder, if any, is another writer)."""
+    if entry.read_only:
+        return None
     log_dirs = [Path(source) for source in entry.source.split(",") if source]
     in_use, pid = log_dir_in_use(log_dirs[0]) if log_dirs else (False, None)
     if not in_use or pid is None:
@@ -345,7 +348,9 @@ def _is_closing_mount(pid: int, log_dir: Path) -> bool:
         return False
     served = os.path.realpath(log_dir)
     return not any(
-        entry.is_seglogfs and served in {os.path.realpath(source) for source in entry.source.split(",")}
+        entry.is_seglogfs
+        and not entry.read_only
+        and served in {os.path.realpath(source) for source in entry.source.split(",")}
         for entry in mountpoints.mounts()
     )
 

@@ -627,6 +627,18 @@ def test_umount_returns_once_the_mount_has_closed_the_data_dir(mount, monkeypatc
     assert produced.returncode == 0, produced.stderr
 
 
+def test_umount_of_a_read_only_mount_beside_a_writer_returns_at_once(mount) -> None:
+    """A read-only mount holds no lock: the lock's holder is the writer beside it, which umount
+    of the read-only mount does not wait for."""
+    writer: Mount = mount()
+    reader: Mount = mount(writer.data, "-o", "ro")
+    umount = [sys.executable, "-m", "seglogfs.mount_tools.cli", "umount", str(reader.path)]
+    done = subprocess.run(umount, cwd=REPO, capture_output=True, timeout=20, check=False)
+    assert done.returncode == 0 and done.stderr == b"", done
+    assert reader.process.wait(timeout=20) == 0
+    assert os.path.ismount(writer.path) and writer.process.poll() is None
+
+
 def test_a_mount_waits_for_one_still_closing_the_data_dir(mount, monkeypatch: pytest.MonkeyPatch) -> None:
     """A mount of a data dir that a mount being unmounted still holds (writing its checkpoints)
     says it waits for that process, naming it, and then mounts."""
