@@ -70,6 +70,25 @@ def write_atomically(path: Path, text: str) -> None:
                 os.unlink(tmp)
 
 
+def try_writing(path: Path, text: str) -> None:
+    """Write `text` durably to a temporary file of this caller's own beside `path`, as
+    `write_atomically` would, and remove it again: an OSError (ENOSPC on a full disk) says now,
+    naming `path`, what replacing `path` would meet. `path` is left as it was."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -82,6 +82,7 @@ from seglogfs.engine.checkpoint import (
     fsync_dir,
     read_offset_checkpoint,
     read_partition_metadata,
+    try_writing,
     write_atomically,
     write_offset_checkpoint,
 )
@@ -116,7 +117,13 @@ from seglogfs.engine.errors import (
 from seglogfs.engine.files import decode_text, is_directory, open_regular, read_regular
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
-from seglogfs.engine.naming import linked_partition_dirs, partition_dir_name, partition_dirs, validate_topic
+from seglogfs.engine.naming import (
+    linked_partition_dirs,
+    partition_dir_name,
+    partition_dirs,
+    refuse_colliding_topic,
+    validate_topic,
+)
 from seglogfs.engine.retention import RetentionDecision
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.set_aside import SetAsideError
@@ -223,6 +230,12 @@ class ConfigEntry:
     value: str
     source: str
     detail: str = ""
+
+
+def _topic_overrides_text(table: Mapping[str, Mapping[str, str]]) -> str:
+    """The overrides file's text (seglogfs's own file: a data dir without a metadata log)."""
+    document = {"version": 1, "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o}}
+    return json.dumps(document, indent=2) + "\n"
 
 
 def _config_text(value: object) -> str:
@@ -475,11 +488,7 @@ class DataDir:
         }
 
     def _write_topic_overrides(self, table: Mapping[str, Mapping[str, str]]) -> None:
-        document = {
-            "version": 1,
-            "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o},
-        }
-        write_atomically(self._topic_configs_path, json.dumps(document, indent=2) + "\n")
+        write_atomically(self._topic_configs_path, _topic_overrides_text(table))
 
     def _read_broker_configs(self) -> None:
         """Whether these are a Kafka broker's log dirs, and what its metadata log says. A metadata
@@ -599,6 +608,17 @@ class DataDir:
             logger.info("topic %s: retention and compaction stay off until cleanup.policy is set (%s)", topic, why)
         return config
 
+    def try_storing_topic_overrides(self, topic: str, overrides: Mapping[str, str]) -> None:
+        """Write what `set_topic_overrides(topic, overrides)` would store to a temporary file,
+        durably, and remove it: an OSError (ENOSPC on a full disk) raised now is what storing
+        them would meet, said while the caller can still tell its own caller (a write to the
+        mount's `config`, which is stored only when closed). Changes nothing; `overrides` are
+        not checked."""
+        self._check_writable()
+        with self._lock:
+            table = {**self._topic_overrides, topic: dict(overrides)}
+        try_writing(self._topic_configs_path, _topic_overrides_text(table))
+
     # -- topics and partitions ------------------------------------------------------------------
     def refresh_partitions(self, now_ms: int) -> bool:
         """Read-only: take in the partitions another process created or deleted since the data
@@ -684,16 +704,21 @@ class DataDir:
     ) -> list[PartitionLog]:
         """Create `topic` with `partitions` (default `num.partitions`) and config overrides.
         Thread-safe: creators serialise on the data dir's lock, and the topic appears to
-        readers only once every partition exists. In a broker's dir, where a topic no broker
-        knows would count as one whose configs are unknown, the policy it gets (the given one,
-        else the broker default) is written into its overrides. If a partition cannot be made,
-        what it made (partition dirs, overrides) is removed again and the error raised; a
-        crash midway leaves a topic with fewer partitions (DEVELOPING.md F8)."""
+        readers only once every partition exists. A name that collides with an existing topic's
+        ('.' against '_') is refused as Kafka refuses it (InvalidTopicError). In a broker's dir,
+        where a topic no broker knows would count as one whose configs are unknown, the policy
+        it gets (the given one, else the broker default) is written into its overrides. If a
+        partition cannot be made, what it made (partition dirs, overrides) is removed again and
+        the error raised; a crash midway leaves a topic with fewer partitions (DEVELOPING.md
+        F8)."""
         self._check_writable()
         validate_topic(topic)
         with self._lock:
             if any(t == topic for t, _ in self._logs):
                 raise TopicExistsError(f"topic {topic!r} exists already")
+            # (a topic the broker's metadata log names is one too, partitions here or not)
+            known = {t for t, _ in self._logs} | set(self._metadata.topics if self._metadata is not None else ())
+            refuse_colliding_topic(topic, known)
             count = self.config.num_partitions if partitions is None else partitions
             if count < 1:
                 raise ConfigError(f"topic {topic!r}: partition count must be at least 1, not {count}")

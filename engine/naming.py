@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from seglogfs.engine.errors import InvalidTopicError
@@ -29,6 +30,10 @@ MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")
 _SEGMENT_NAME = re.compile(r"(\d{20})(\.[a-z]+)((?:\.[a-z]+)?)")
 _DELETED_PARTITION_DIR = re.compile(r".*\.[0-9a-f]{32}-(delete|future|stray)$")
+# Kafka's Topic.isInternal: the group coordinator's and the transaction coordinator's topics, and
+# a KRaft cluster's metadata log. Kafka makes them itself, with configs of its own, when it needs
+# them; no one creates them as a topic (`mkdir` and `topics create` refuse them).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__cluster_metadata"})
 
 
 def filename_prefix_from_offset(offset: int) -> str:
@@ -80,6 +85,31 @@ def validate_topic(topic: str) -> None:
         raise InvalidTopicError(
             f"topic name {topic!r} has characters other than ASCII letters, digits, '.', '_' and '-'"
         )
+
+
+def refuse_internal_topic(topic: str) -> None:
+    """Raise InvalidTopicError for one of Kafka's internal topics, which only Kafka creates."""
+    if topic in INTERNAL_TOPICS:
+        raise InvalidTopicError(
+            f"topic {topic!r} is internal to Kafka: its brokers create it when they need it, "
+            "with configs of their own, so it is not created as a topic"
+        )
+
+
+def colliding_topic(topic: str, existing: Iterable[str]) -> str | None:
+    """The first existing topic (by name) whose name differs from `topic` only by '.' against
+    '_' at the same places (Kafka's Topic.hasCollision: both become the same metric name);
+    None when there is none."""
+    unified = topic.replace(".", "_")
+    return min((other for other in existing if other != topic and other.replace(".", "_") == unified), default=None)
+
+
+def refuse_colliding_topic(topic: str, existing: Iterable[str]) -> None:
+    """Raise InvalidTopicError, with the message Kafka's controller gives, when a new `topic`
+    collides with an existing one."""
+    other = colliding_topic(topic, existing)
+    if other is not None:
+        raise InvalidTopicError(f"Topic '{topic}' collides with existing topic: {other}")
 
 
 def partition_dir_name(topic: str, partition: int) -> str:

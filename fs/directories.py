@@ -12,16 +12,19 @@ the same view names at that level, whatever the mount's: `t/0/read_committed/rec
 from __future__ import annotations
 
 import errno
+import itertools
 import stat
+import threading
+import time
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.errors import TimestampParseError
-from seglogfs.engine.naming import validate_topic
+from seglogfs.engine.naming import refuse_internal_topic, validate_topic
 from seglogfs.engine.timestamps import parse_timestamp
 from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.fs.append_file import AppendFile, BatchesFile
-from seglogfs.fs.config_file import ConfigFile
-from seglogfs.fs.node import Attributes, Node, NoEntry, PartitionNode, Refused, join
+from seglogfs.fs.config_file import ConfigFile, TemporaryFile
+from seglogfs.fs.node import Attributes, Changes, Node, NoEntry, PartitionNode, Refused, join
 from seglogfs.fs.permissions import DIRECTORY_VALID_S
 from seglogfs.fs.status_file import StatusFile
 from seglogfs.fs.view_file import ViewFile
@@ -31,6 +34,12 @@ if TYPE_CHECKING:
 
 LOGDIR = ".logdir"
 _JSONL = ".jsonl"
+_TOPIC_FILES = ("append", "append.jsonl", "config")
+_WHAT_A_TOPIC_DIR_TAKES = (
+    "a topic dir holds append, append.jsonl, config and the partitions; config is written in place, "
+    "or as editors save it: a file made beside it and renamed onto it"
+)
+_TEMPORARY_SERIALS = itertools.count()
 
 
 class Directory(Node):
@@ -60,31 +69,105 @@ class RootDir(Directory):
 
     def mkdir(self, name: str, owner: tuple[int, int] | None = None) -> Node:
         """A topic with `num.partitions` partitions (`mkdir` at the top), its files the
-        caller's (`owner`), as what a user makes in a directory on disk is that user's."""
+        caller's (`owner`), as what a user makes in a directory on disk is that user's. Kafka's
+        internal topics are not made here, and a name colliding with a topic's is refused."""
         if self.tree.read_only:
             raise Refused(errno.EROFS, f"mkdir {name}")
         validate_topic(name)
+        refuse_internal_topic(name)
         self.tree.create_topic(name, owner)
         return self._topic(name)
 
 
 class TopicDir(Directory):
+    """A topic: its `append`, `append.jsonl` and `config`, its partitions, and the files made
+    beside `config` to save it (`TemporaryFile`: in memory, each until renamed onto `config` or
+    unlinked). The temporary files change under `_lock`."""
+
     def __init__(self, tree: Tree, inode: int, key: tuple[object, ...], path: str, *, topic: str) -> None:
         super().__init__(tree, inode, key, path)
         self.topic = topic
+        self.temporaries: dict[str, TemporaryFile] = {}
+        self._lock = threading.Lock()
 
     def children(self) -> list[tuple[str, Node]]:
         tree, topic = self.tree, self.topic
         partitions = tree.data_dir.topics().get(topic, [])
-        entries: list[tuple[str, Node]] = [(name, self._file(name)) for name in ("append", "append.jsonl", "config")]
-        return entries + [(str(p), self._partition(p)) for p in partitions]
+        entries: list[tuple[str, Node]] = [(name, self._file(name)) for name in _TOPIC_FILES]
+        with self._lock:
+            temporaries = sorted(self.temporaries.items())
+        return entries + [(str(p), self._partition(p)) for p in partitions] + list(temporaries)
 
     def child(self, name: str) -> Node:
-        if name in ("append", "append.jsonl", "config"):
+        if name in _TOPIC_FILES:
             return self._file(name)
-        if name.isascii() and name.isdigit() and int(name) in self.tree.data_dir.topics().get(self.topic, []):
+        if self._is_partition(name):
             return self._partition(int(name))
+        with self._lock:
+            temporary = self.temporaries.get(name)
+        if temporary is not None:
+            return temporary
         raise NoEntry(f"lookup {join(self.path, name)}")
+
+    def _is_partition(self, name: str) -> bool:
+        return name.isascii() and name.isdigit() and int(name) in self.tree.data_dir.topics().get(self.topic, [])
+
+    def create(self, name: str, mode: int, owner: tuple[int, int]) -> Node:
+        """A file beside `config` to save it by a rename onto it (see TemporaryFile)."""
+        what = f"create {join(self.path, name)}"
+        if self.tree.read_only:
+            raise Refused(errno.EROFS, what)
+        if name in _TOPIC_FILES or self._is_partition(name):
+            raise Refused(errno.EEXIST, what)
+        config = self._file("config")
+        assert isinstance(config, ConfigFile)
+        with self._lock:
+            if name in self.temporaries:
+                raise Refused(errno.EEXIST, what)
+            path, now_ns = join(self.path, name), time.time_ns()
+            temporary = self.tree.intern(
+                ("temporary", self.topic, name, next(_TEMPORARY_SERIALS)),
+                lambda inode, key: TemporaryFile(
+                    self.tree, inode, key, path, config=config, mode=mode, owner=owner, now_ns=now_ns
+                ),
+            )
+            self.temporaries[name] = temporary
+        return temporary
+
+    def unlink(self, name: str) -> None:
+        """Only a file made beside `config` can be removed (it was in memory only)."""
+        with self._lock:
+            temporary = self.temporaries.pop(name, None)
+        if temporary is not None:
+            self._drop(temporary)
+        elif name in _TOPIC_FILES or self._is_partition(name):
+            raise Refused(errno.EPERM, f"unlink {join(self.path, name)}: {_WHAT_A_TOPIC_DIR_TAKES}")
+        else:  # (one gone with its rename, which the kernel had not forgotten yet: sed removes it then)
+            raise NoEntry(f"unlink {join(self.path, name)}")
+
+    def rename(self, name: str, new_parent: Node, new_name: str) -> Changes:
+        """A file made beside `config` renamed onto it replaces the overrides with its text,
+        checked line by line: a bad line is EINVAL and changes nothing. Either way the file is
+        gone. Nothing else is renamed in a topic dir."""
+        what = f"rename {join(self.path, name)} to {join(new_parent.path, new_name)}"
+        with self._lock:
+            temporary = self.temporaries.pop(name, None)
+        if temporary is None or new_parent is not self or new_name != "config":
+            if temporary is not None:
+                self._drop(temporary)
+            raise Refused(errno.EPERM, f"{what}: {_WHAT_A_TOPIC_DIR_TAKES}")
+        try:
+            changes = temporary.config.apply(temporary.content(), temporary.path)
+        except BaseException:
+            self._drop(temporary)
+            raise
+        temporary.renamed = True
+        self._drop(temporary)
+        return changes
+
+    def _drop(self, temporary: TemporaryFile) -> None:
+        temporary.gone = True
+        self.tree.supersede(temporary)
 
     def _file(self, name: str) -> Node:
         tree, topic = self.tree, self.topic

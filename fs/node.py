@@ -207,6 +207,17 @@ class Node:
             raise Refused(errno.ENOTDIR, f"mkdir {join(self.path, name)}")
         raise Refused(errno.EPERM, f"mkdir {join(self.path, name)}: topics only at the top")
 
+    def create(self, name: str, mode: int, owner: tuple[int, int]) -> Node:
+        """A new file `name` in this directory (open(2) with O_CREAT), `owner`'s."""
+        raise Refused(errno.EPERM, f"create {join(self.path, name)}")
+
+    def unlink(self, name: str) -> None:
+        raise Refused(errno.EPERM, f"unlink {join(self.path, name)}")
+
+    def rename(self, name: str, new_parent: Node, new_name: str) -> Changes:
+        """Rename this directory's entry `name` to `new_parent`'s `new_name`."""
+        raise Refused(errno.EPERM, f"rename {join(self.path, name)}")
+
     def open_now(self, flags: int) -> Handle | None:
         """`open` when it needs no work off the loop (on the loop), else None."""
         return None

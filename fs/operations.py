@@ -41,6 +41,7 @@ from seglogfs.engine.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedFormatError,
 )
+from seglogfs.fs.config_file import TemporaryFile
 from seglogfs.fs.node import Attributes, Changes, Handle, Node, NoEntry, Refused, join
 from seglogfs.fs.tree import Tree
 from seglogfs.fs.views import RenderingAhead
@@ -164,6 +165,7 @@ class Operations(pyfuse3.Operations):
         self.requests: Counter[str] = Counter()  # per handler, logged on SIGUSR1 and at unmount
         self._open_inodes: Counter[int] = Counter()  # open handles per inode
         self._queued: set[int] = set()  # inodes to invalidate soon (no handle open)
+        self._queued_entries: list[tuple[int, str]] = []  # entries to invalidate soon (after a rename)
         # Per open inode that grows: a size the kernel holds at least, if it holds one (see `read`).
         self._size_floor: dict[int, int] = {}
         self._wake = trio.Event()
@@ -266,7 +268,8 @@ class Operations(pyfuse3.Operations):
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
-            batch, self._queued = Changes(inodes=sorted(self._queued)), set()
+            batch = Changes(inodes=sorted(self._queued), entries=self._queued_entries)
+            self._queued, self._queued_entries = set(), []
             await trio.to_thread.run_sync(_invalidate, batch)
 
     # -- lookups and directories -----------------------------------------------------------------------
@@ -302,6 +305,8 @@ class Operations(pyfuse3.Operations):
         are the node's own. A node's owner, mode and times come from the data dir: chmod, chown
         and utimens of anything are EPERM (they would change nothing)."""
         node = self._node(inode)
+        if isinstance(node, TemporaryFile) and not node.renamed:
+            return await self._change_temporary(node, attr, fields, fh, ctx)
         if fields.update_mode or fields.update_uid or fields.update_gid:
             what = "chmod" if fields.update_mode else "chown"
             raise _refused(Refused(errno.EPERM, f"{what} {node.path}: owner and mode come from the data dir"))
@@ -312,6 +317,21 @@ class Operations(pyfuse3.Operations):
             with _errors(f"truncate {node.path}"):
                 (handle or node).truncate(attr.st_size)
         return await self.getattr(inode, ctx)
+
+    async def _change_temporary(
+        self, node: TemporaryFile, attr: Any, fields: Any, fh: Any, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        """chmod, chown (to the caller's own ids, unless root), truncation and times of a file
+        made beside `config`: an editor keeps the file's mode and owner on its copy."""
+        uid = attr.st_uid if fields.update_uid else node.uid
+        gid = attr.st_gid if fields.update_gid else node.gid
+        if ctx.uid != 0 and (uid, gid) != (node.uid, node.gid) and (uid != ctx.uid or gid != ctx.gid):
+            raise _refused(Refused(errno.EPERM, f"chown {node.path}"))
+        with _errors(f"setattr {node.path}"):
+            node.change(attr.st_mode if fields.update_mode else None, (uid, gid))
+            if fields.update_size:
+                node.truncate(attr.st_size)
+        return await self.getattr(node.inode, ctx)
 
     async def opendir(self, inode: int, ctx: Any) -> int:
         node = self._node(inode)
@@ -366,11 +386,16 @@ class Operations(pyfuse3.Operations):
             handle = node.open_now(flags)
         if handle is None:
             handle = await self._run(lambda: node.open(flags), f"open {node.path}")
+        return self._file_info(handle, ctx.pid)
+
+    def _file_info(self, handle: Handle, pid: int) -> pyfuse3.FileInfo:
+        """A new file handle for an open (or create) by `pid`. It counts as an open of its
+        node's inode, as its release does (a file renamed onto `config` opens `config`)."""
         fh = self._next_fh
         self._next_fh += 1
         self._handles[fh] = handle
-        self._openers[fh] = ctx.pid
-        self._open_inodes[inode] += 1
+        self._openers[fh] = pid
+        self._open_inodes[handle.node.inode] += 1
         # No page cache: a read racing an append could leave a cached page that ends in zeros
         # where the new records now are (the kernel zero-fills a short read).
         return pyfuse3.FileInfo(fh=fh, direct_io=True, nonseekable=not handle.seekable)
@@ -499,7 +524,9 @@ class Operations(pyfuse3.Operations):
         return _refused(Refused(errno.EPERM, f"{operation} {join(node.path, os.fsdecode(name))}"))
 
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        raise self._refuse("unlink", parent_inode, name)
+        parent = self._node(parent_inode)
+        text = os.fsdecode(name)
+        await self._run(lambda: parent.unlink(text), f"unlink {join(parent.path, text)}")
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         raise self._refuse("rmdir", parent_inode, name)
@@ -507,10 +534,34 @@ class Operations(pyfuse3.Operations):
     async def rename(  # noqa: PLR0917 (pyfuse3's signature)
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
     ) -> None:
-        raise self._refuse("rename", parent_inode_old, name_old)
+        """Only a file made beside a topic's `config` renamed onto it (an editor's save). The
+        kernel moves its entries when this returns: nothing here may wait on the directory."""
+        parent, new_parent = self._node(parent_inode_old), self._node(parent_inode_new)
+        text, new_text = os.fsdecode(name_old), os.fsdecode(name_new)
+        what = f"rename {join(parent.path, text)} to {join(new_parent.path, new_text)}"
+        if flags:  # (RENAME_NOREPLACE, RENAME_EXCHANGE: config is there, and is replaced)
+            raise _refused(Refused(errno.EINVAL, f"{what}: with flags {flags:#x}"))
+        try:
+            changes = await self._run(lambda: parent.rename(text, new_parent, new_text), what)
+        finally:
+            # A file made beside config is gone after its rename, refused or not, and `config`
+            # names the config again: the kernel is told soon after the reply (now, it would
+            # wait for the rename, which holds the directory).
+            self._queued_entries += [(parent.inode, text), (new_parent.inode, new_text)]
+            self._wake.set()
+        await self._tell_kernel(changes)
 
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
-        raise self._refuse("create", parent_inode, name)
+        self.requests["create"] += 1
+        parent = self._node(parent_inode)
+        text = os.fsdecode(name)
+
+        def make() -> tuple[Handle, pyfuse3.EntryAttributes]:
+            node = self.tree.note_lookup(parent.create(text, mode, (ctx.uid, ctx.gid)))
+            return node.open(flags), self._entry(node)
+
+        handle, entry = await self._run(make, f"create {join(parent.path, text)}")
+        return self._file_info(handle, ctx.pid), entry
 
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
         raise self._refuse("mknod", parent_inode, name)

@@ -24,8 +24,17 @@ The mount point is checked first, as mount(8) users expect:
 A writable mount of a data dir that does not exist creates it, as Kafka creates its `log.dirs`,
 and says so (a mistyped DATADIR, or a disk not mounted yet, shows up at once).
 
-`seglogfs umount MNT` unmounts a seglogfs mount; a dead one is unmounted lazily and exits 0 with
-a line saying it was stale; anything else is refused with one line.
+`seglogfs umount MNT` unmounts a seglogfs mount and returns once the mount's process (the
+holder of the data dir's lock) has exited: its checkpoints and clean-shutdown marker written,
+the lock released, so that `seglogfs umount MNT && start-the-broker` (or `&& backup`) finds the
+dir free. Past a second, a line on a terminal says what it waits for. It exits 1 when the process
+ended without its clean-shutdown marker (the next open recovers as after a crash), quoting the
+last error of the process in its log file (found as the file it holds open for appending). A
+read-only mount holds no lock: umount returns once it is unmounted. A dead mount is unmounted
+lazily and exits 0 with a line saying it was stale; anything else is refused with one line.
+
+A writable mount of a data dir whose lock a seglogfs mount being unmounted still holds (it is
+writing its checkpoints) says it waits for that process, naming it, and then goes on.
 
 Exit codes, besides the CLI's (0 ok, 1 bad input, 2 bad command line, 3 data dir locked):
     5  the mount point is in use: already mounted, not empty (without -o nonempty), a dead
@@ -40,11 +49,16 @@ import contextlib
 import logging
 import logging.handlers
 import os
+import select
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, LogDirLockedError
+from seglogfs.engine.check import log_dir_in_use
+from seglogfs.engine.checkpoint import CLEAN_SHUTDOWN_FILE
 from seglogfs.engine.config import broker_name_for
 from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.errors import ConfigError, EngineError
@@ -227,11 +241,27 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
     check_log_file(log)
     if not options.read_only:
         say_which_data_dirs_are_created(broker_config)
+        wait_for_closing_mounts(broker_config)
     if args.foreground:
         set_up_logging(mountpoint.absolute(), foreground=True, file=log)
         _serve(broker_config, mountpoint, options, lambda: None, kwargs)
         return 0
     return _serve_in_background(broker_config, mountpoint, options, kwargs, log)
+
+
+def _mounts_process(entry: mountpoints.MountEntry) -> _Closing | None:
+    """A writable mount's process: the one holding the lock of its log dirs (its source). A
+    read-only mount takes no lock (the holder, if any, is another writer)."""
+    if entry.read_only:
+        return None
+    log_dirs = [Path(source) for source in entry.source.split(",") if source]
+    in_use, pid = log_dir_in_use(log_dirs[0]) if log_dirs else (False, None)
+    if not in_use or pid is None:
+        return None
+    try:
+        return _Closing(pid, os.pidfd_open(pid), log_dirs, _log_of(pid, log_dirs))
+    except OSError:  # (it has exited meanwhile)
+        return None
 
 
 def prepare_mount_point(mountpoint: Path, *, nonempty: bool) -> None:
@@ -286,6 +316,57 @@ def _inside_dead_mount(entry: mountpoints.MountEntry | None) -> str:
     command = "seglogfs umount" if entry.is_seglogfs else "fusermount3 -u -z"
     point = entry.mount_point
     return f"it is inside {point} ({entry.describe()}), whose process is gone; run: {command} {point}"
+
+
+def wait_for_closing_mounts(broker_config: BrokerConfig) -> None:
+    """Wait for a seglogfs mount of these log dirs that was unmounted and still closes them (it
+    holds the lock while it writes its checkpoints), saying so; a lock held by anything else is
+    left for the open to refuse."""
+    for log_dir in broker_config.log_dirs:
+        in_use, pid = log_dir_in_use(log_dir)
+        if not in_use or pid is None or not _is_closing_mount(pid, log_dir):
+            continue
+        try:
+            process = os.pidfd_open(pid)
+        except OSError:  # (it has exited meanwhile)
+            continue
+        print(
+            f"seglogfs: {log_dir}: waiting for process {pid}, a seglogfs mount of it that was unmounted, to "
+            f"finish closing it",
+            file=sys.stderr,
+        )
+        _wait_for_exit(process)
+
+
+def _is_closing_mount(pid: int, log_dir: Path) -> bool:
+    """Whether `pid` is a `seglogfs mount` whose mount of `log_dir` is gone (it is closing)."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if b"mount" not in arguments or not any(b"seglogfs" in argument for argument in arguments):
+        return False
+    served = os.path.realpath(log_dir)
+    return not any(
+        entry.is_seglogfs
+        and not entry.read_only
+        and served in {os.path.realpath(source) for source in entry.source.split(",")}
+        for entry in mountpoints.mounts()
+    )
+
+
+def _wait_for_exit(process: int, *, progress: Callable[[float], None] | None = None) -> None:
+    """Wait until the process of the pidfd `process` has exited (and close the pidfd);
+    `progress(seconds)` is called each second meanwhile."""
+    started = time.monotonic()
+    try:
+        poller = select.poll()
+        poller.register(process, select.POLLIN)
+        while not poller.poll(1000):
+            if progress is not None:
+                progress(time.monotonic() - started)
+    finally:
+        os.close(process)
 
 
 def say_which_data_dirs_are_created(broker_config: BrokerConfig) -> None:
@@ -366,10 +447,55 @@ def _serve_in_background(
     os._exit(0)
 
 
+@dataclass
+class _Closing:
+    """The process of a writable mount being unmounted: its pid, a pidfd of it (opened before
+    the unmount, so that the pid cannot name another process meanwhile), and its log dirs."""
+
+    pid: int
+    pidfd: int
+    log_dirs: list[Path]
+    log: Path | None  # the mount's log file, when it writes one
+
+
+def _log_of(pid: int, log_dirs: list[Path]) -> Path | None:
+    """The file a mount's process logs to: the one it holds open for appending outside its
+    data dir (a logging file handler's); None when it has none or /proc will not say."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+                flags = next(line for line in info if line.startswith("flags:"))
+                if not int(flags.split()[1], 8) & os.O_APPEND:
+                    continue
+                target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                if target.is_file() and not any(target.is_relative_to(log_dir) for log_dir in log_dirs):
+                    return target
+    return None
+
+
+def _last_error(log: Path | None, pid: int) -> str | None:
+    """The message of the last ERROR line process `pid` wrote to `log`."""
+    if log is None:
+        return None
+    try:
+        with open(log, "rb") as file:
+            file.seek(max(0, file.seek(0, os.SEEK_END) - (1 << 20)))
+            lines = file.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    mine = [line for line in lines if f"seglogfs[{pid}]" in line and " ERROR " in line]
+    if not mine:
+        return None
+    _logger, _, message = mine[-1].split(" ERROR ", 1)[1].partition(": ")  # (the logger's name, then the message)
+    return message
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     mountpoint = Path(args.mountpoint)
+    closing: list[_Closing] = []
     try:
-        stale = unmount_seglogfs(mountpoint)
+        stale = unmount_seglogfs(mountpoint, closing)
     except MountPointError as error:
         print(f"seglogfs: {error}", file=sys.stderr)
         return error.exit_code
@@ -379,12 +505,48 @@ def cmd_umount(args: argparse.Namespace) -> int:
             f"connected): unmounted it lazily",
             file=sys.stderr,
         )
+        return 0
+    return _wait_for_close(mountpoint, closing[0]) if closing else 0
+
+
+def _wait_for_close(mountpoint: Path, closing: _Closing) -> int:
+    """After the unmount: wait for the mount's process to exit, then see that it left its
+    clean-shutdown marker in every log dir."""
+    terminal = sys.stderr.isatty()
+    said = False
+
+    def progress(seconds: float) -> None:
+        nonlocal said
+        if terminal:
+            said = True
+            print(
+                f"\rseglogfs: {mountpoint}: waiting for the mount's process {closing.pid} to write its "
+                f"checkpoints and exit ({seconds:.0f} s)",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    _wait_for_exit(closing.pidfd, progress=progress)
+    if said:
+        print(file=sys.stderr)
+    unclean = [str(log_dir) for log_dir in closing.log_dirs if not os.path.lexists(log_dir / CLEAN_SHUTDOWN_FILE)]
+    if unclean:
+        error = _last_error(closing.log, closing.pid)
+        why = f"its log says: {error}" if error else "the mount's log says why"
+        print(
+            f"seglogfs: {mountpoint}: the mount's process {closing.pid} exited without writing "
+            f"{CLEAN_SHUTDOWN_FILE} in {', '.join(unclean)}: the next open recovers as after a crash ({why})",
+            file=sys.stderr,
+        )
+        return EXIT_DATA
     return 0
 
 
-def unmount_seglogfs(mountpoint: Path) -> bool:
+def unmount_seglogfs(mountpoint: Path, closing: list[_Closing] | None = None) -> bool:
     """Unmount the seglogfs mount at `mountpoint`; True when it was a dead one (unmounted
-    lazily). Raises MountPointError for anything else there."""
+    lazily). Raises MountPointError for anything else there. `closing`, when given, gets the
+    mount's process when it holds its log dirs' lock (a writable mount), to wait for."""
     where = mountpoints.real(mountpoint)
     entry = mountpoints.mount_containing(where)
     stale = mountpoints.is_stale(where)
@@ -402,9 +564,14 @@ def unmount_seglogfs(mountpoint: Path) -> bool:
             f"{mountpoint}: not a seglogfs mount ({entry.describe()}{dead}); unmount it with: {command} {where}",
             EXIT_NOT_MOUNTED,
         )
+    found = _mounts_process(entry) if closing is not None and not stale else None
     why = mountpoints.unmount(where, lazy=stale)
     if why is None:
+        if found is not None and closing is not None:
+            closing.append(found)
         return stale
+    if found is not None:
+        os.close(found.pidfd)
     if "busy" in why.lower():
         raise MountPointError(
             f"{mountpoint}: busy: a process has a file or its working directory in it (fuser -vm {where} "

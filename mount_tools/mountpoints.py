@@ -35,6 +35,7 @@ class MountEntry:
     mount_point: str
     fs_type: str
     source: str
+    read_only: bool = False  # (`ro` among the mount's own options)
 
     @property
     def is_seglogfs(self) -> bool:
@@ -61,7 +62,12 @@ def mounts(table: Path = Path("/proc/self/mountinfo")) -> list[MountEntry]:
         try:
             separator = fields.index("-", 6)
             entries.append(
-                MountEntry(_unescape(fields[4]), _unescape(fields[separator + 1]), _unescape(fields[separator + 2]))
+                MountEntry(
+                    _unescape(fields[4]),
+                    _unescape(fields[separator + 1]),
+                    _unescape(fields[separator + 2]),
+                    read_only="ro" in fields[5].split(","),
+                )
             )
         except (ValueError, IndexError):  # not a line of the documented shape: not ours to judge
             continue

@@ -28,6 +28,11 @@ from seglogfs.fs.tree import MountOptions, Tree
 
 logger = logging.getLogger(__name__)
 
+# Test hook: milliseconds an unmounted mount waits before it closes the data dir, as one with
+# thousands of partitions takes to write its checkpoints (what `seglogfs umount` waits for).
+CLOSE_DELAY_ENV = "SEGLOGFS_TEST_CLOSE_DELAY_MS"
+_CLOSE_DELAY_S = float(os.environ.get(CLOSE_DELAY_ENV, "0") or 0) / 1000
+
 
 def fuse_options(source: str, *, read_only: bool, allow_other: bool, default_permissions: bool) -> set[str]:
     """FUSE's mount options. `allow_other` always comes with `default_permissions`: other users
@@ -163,3 +168,5 @@ def serve(
                 measurer.join()
             pyfuse3.close(unmount=True)
             tree.keep_layouts()
+            if _CLOSE_DELAY_S:
+                time.sleep(_CLOSE_DELAY_S)

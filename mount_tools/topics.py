@@ -39,7 +39,7 @@ from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOP
 from seglogfs.engine.datadir import TOPIC_LEVEL_SOURCES
 from seglogfs.engine.errors import ConfigError, InvalidTopicError, TopicExistsError
 from seglogfs.engine.metadata_log import METADATA_TOPIC
-from seglogfs.engine.naming import validate_topic
+from seglogfs.engine.naming import refuse_internal_topic, validate_topic
 from seglogfs.mount_tools.common import (
     EPILOG,
     EXIT_OK,
@@ -152,6 +152,7 @@ def _note_broker_keeps(data_dir: DataDir, topic: str, what: str) -> None:
 def cmd_create(args: argparse.Namespace) -> int:
     config = broker_config(args)
     validate_topic(args.topic)  # before anything is opened or made
+    refuse_internal_topic(args.topic)
     if args.replication_factor not in (None, 1, -1):
         raise ConfigError(
             f"replication factor {args.replication_factor}: a data dir is one broker, so it can only be 1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -86,6 +87,21 @@ def test_create_refusals_change_nothing(tmp_path: Path) -> None:
     assert "topic 't' exists already" in one_error_line(exists)
     assert run("topics", str(data), "create", "--topic", "t", "--if-not-exists").stdout == ""
     assert run("topics", str(data), "describe", "--json").stdout.count('"partition":') == 1
+
+
+def test_create_and_produce_refuse_kafkas_colliding_and_internal_names(tmp_path: Path) -> None:
+    """A name differing from a topic's only by '.' against '_' is refused by create and by
+    produce's auto-create, with Kafka's message; Kafka's internal topics are never created."""
+    data = tmp_path / "data"
+    run("topics", str(data), "create", "--topic", "a.b")
+    refused = run("topics", str(data), "create", "--topic", "a_b", code=1)
+    assert one_error_line(refused).endswith("Topic 'a_b' collides with existing topic: a.b")
+    produced = run("produce", str(data), "--topic", "a_b", stdin=b"v\n", code=1)
+    assert one_error_line(produced).endswith("Topic 'a_b' collides with existing topic: a.b")
+    for internal in ("__consumer_offsets", "__transaction_state", "__cluster_metadata"):
+        refused = run("topics", str(data), "create", "--topic", internal, code=1)
+        assert f"topic '{internal}' is internal to Kafka" in one_error_line(refused)
+    assert [name for name in sorted(os.listdir(data)) if name.endswith("-0")] == ["a.b-0"]
 
 
 def test_alter_adds_partitions_and_changes_configs(tmp_path: Path) -> None:

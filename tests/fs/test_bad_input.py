@@ -54,6 +54,8 @@ CASES: list[tuple[str, Callable[[Path], object], int, str]] = [
     ("rename a topic", lambda m: os.rename(m / "t", m / "u"), errno.EPERM, "rename t:"),
     ("unlink a view", lambda m: os.unlink(m / "t/0/records"), errno.EPERM, "unlink t/0/records"),
     ("unlink an append file", lambda m: os.unlink(m / "t/0/append"), errno.EPERM, "unlink t/0/append"),
+    ("unlink config", lambda m: os.unlink(m / "t/config"), errno.EPERM, "unlink t/config: a topic dir holds append"),
+    ("rename config", lambda m: os.rename(m / "t/config", m / "t/x"), errno.EPERM, "rename t/config to t/x: a topic"),
     ("rmdir a partition", lambda m: os.rmdir(m / "t/0"), errno.EPERM, "rmdir t/0"),
     ("rmdir a topic", lambda m: os.rmdir(m / "t"), errno.EPERM, "rmdir t:"),
     ("truncate a view", lambda m: os.truncate(m / "t/0/records", 0), errno.EPERM, "truncate t/0/records"),

@@ -8,14 +8,16 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from seglogfs.fs.views import AHEAD_DELAY_ENV
+from seglogfs.mount_tools.serving import CLOSE_DELAY_ENV
 from tests.conftest import REPO
-from tests.fs.conftest import REFUSED, Mount
+from tests.fs.conftest import FUSERMOUNT, REFUSED, Mount
 
 
 def sh(command: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess[bytes]:
@@ -258,6 +260,65 @@ def test_config_file_takes_shell_idioms(mount, idiom: str, status: int, expected
         assert overrides[key] == value
     saved = json.loads((m.data / ".seglogfs-topic-configs.json").read_text())["topics"].get("t", {})
     assert saved == dict(line.split("=", 1) for line in expected.decode().splitlines())
+
+
+@pytest.mark.expect_warnings(
+    r"rename t/(tmp\S+) to t/config: t/\1: unknown topic config 'bogus.key' \(EINVAL\)$",
+    r"rename t/(sed\S+) to t/config: t/\1: unknown topic config 'bogus.ms' \(EINVAL\)$",
+    r"rename t/\S+ to t/other: a topic dir holds append, append.jsonl, config and the partitions; .* \(EPERM\)$",
+    r"unlink t/append: a topic dir holds append, append.jsonl, config and the partitions; .* \(EPERM\)$",
+)
+def test_editors_save_config_through_a_temporary_file_and_a_rename(mount) -> None:
+    """`sed -i` and a save through a temporary file and `os.replace` replace the overrides,
+    checked line by line: a bad line changes nothing and the rename fails (EINVAL). The
+    temporary files live in the mount's memory only and are gone after the rename, refused or
+    not; nothing else can be renamed or removed in a topic dir."""
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    config = m.path / "t" / "config"
+    config.write_bytes(b"retention.ms=3600000\n")
+
+    def overrides() -> dict[str, str]:
+        return json.loads((m.path / "t" / "0" / "status").read_bytes())["config"]
+
+    def save(text: bytes, onto: Path = config) -> None:
+        fd, name = tempfile.mkstemp(dir=config.parent)
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
+        try:
+            os.replace(name, onto)
+        finally:
+            assert not os.path.exists(name)
+
+    sed = subprocess.run(["sed", "-i", "s/3600000/7200000/", str(config)], capture_output=True, check=False)
+    assert sed.returncode == 0, sed.stderr
+    assert config.read_bytes() == b"retention.ms=7200000\n" and overrides()["retention.ms"] == "7200000"
+    save(b"retention.ms=1000\nsegment.ms=5000\n")
+    assert config.read_bytes() == b"retention.ms=1000\nsegment.ms=5000\n"
+    assert overrides()["retention.ms"] == "1000" and overrides()["segment.ms"] == "5000"
+    before = config.read_bytes()
+    with pytest.raises(OSError) as raised:
+        save(b"retention.ms=5\nbogus.key=1\n")
+    assert raised.value.errno == errno.EINVAL
+    sed = subprocess.run(["sed", "-i", "s/retention/bogus/", str(config)], capture_output=True, check=False)
+    assert sed.returncode != 0 and b"Invalid argument" in sed.stderr, sed
+    assert config.read_bytes() == before and overrides()["retention.ms"] == "1000"
+    with pytest.raises(OSError) as raised:
+        save(b"retention.ms=5\n", onto=config.parent / "other")
+    assert raised.value.errno == errno.EPERM
+    with pytest.raises(OSError) as raised:
+        os.unlink(config.parent / "append")
+    assert raised.value.errno == errno.EPERM
+    left = config.parent / "left-behind"
+    left.write_bytes(b"retention.ms=5\n")  # made, never renamed: removed as any file is
+    assert left.read_bytes() == b"retention.ms=5\n"
+    left.unlink()
+    assert sorted(os.listdir(config.parent)) == ["0", "append", "append.jsonl", "config"]
+    assert config.read_bytes() == before
+    stored = [path.name for path in m.data.rglob("*")]
+    assert not any(name.startswith(("sed", "tmp", "other")) for name in stored), stored
 
 
 def test_mount_errors_are_one_line_with_the_cli_exit_codes(mount, tmp_path: Path) -> None:
@@ -526,3 +587,67 @@ def test_cat_of_a_partition_with_a_damaged_batch_prints_what_consume_prints(moun
         in status["views"]["text"]["error"]
     )
     assert sh(f"ls {m.path}/t/0").returncode == 0  # (up)
+
+
+@pytest.mark.expect_warnings(
+    r"mkdir .*a_b: Topic 'a_b' collides with existing topic: a\.b \(EINVAL\)$",
+    r"mkdir .*__consumer_offsets: topic '__consumer_offsets' is internal to Kafka.*\(EINVAL\)$",
+)
+def test_mkdir_refuses_kafkas_colliding_and_internal_topic_names(mount) -> None:
+    """Kafka refuses a topic whose name differs from another's only by '.' against '_' (both
+    make one metric name), and creates its internal topics itself: `mkdir` does as Kafka."""
+    m: Mount = mount()
+    os.mkdir(m.path / "a.b")
+    for name in ("a_b", "__consumer_offsets"):
+        with pytest.raises(OSError) as raised:
+            os.mkdir(m.path / name)
+        assert raised.value.errno == errno.EINVAL, name
+    assert sorted(os.listdir(m.path)) == [".logdir", "a.b"]
+    assert not any(name.startswith(("a_b", "__")) for name in os.listdir(m.data))
+    output = m.output()
+    assert "Topic 'a_b' collides with existing topic: a.b" in output
+    assert "'__consumer_offsets' is internal to Kafka" in output
+
+
+def test_umount_returns_once_the_mount_has_closed_the_data_dir(mount, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`seglogfs umount` returns when the mount's process has written its checkpoints and its
+    clean-shutdown marker and released the lock (closing takes 1.5 s here, as thousands of
+    partitions take): a `produce` right after it finds the data dir free."""
+    monkeypatch.setenv(CLOSE_DELAY_ENV, "1500")
+    m: Mount = mount()
+    os.mkdir(m.path / "t")
+    (m.path / "t" / "0" / "append").write_bytes(b"before\n")
+    seglogfs = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+    done = subprocess.run([*seglogfs, "umount", str(m.path)], cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stderr == b"", done
+    assert (m.data / ".kafka_cleanshutdown").exists()
+    assert m.process.poll() == 0
+    produce = [*seglogfs, "produce", str(m.data), "--topic", "t"]
+    produced = subprocess.run(produce, input=b"after\n", cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert produced.returncode == 0, produced.stderr
+
+
+def test_umount_of_a_read_only_mount_beside_a_writer_returns_at_once(mount) -> None:
+    """A read-only mount holds no lock: the lock's holder is the writer beside it, which umount
+    of the read-only mount does not wait for."""
+    writer: Mount = mount()
+    reader: Mount = mount(writer.data, "-o", "ro")
+    umount = [sys.executable, "-m", "seglogfs.mount_tools.cli", "umount", str(reader.path)]
+    done = subprocess.run(umount, cwd=REPO, capture_output=True, timeout=20, check=False)
+    assert done.returncode == 0 and done.stderr == b"", done
+    assert reader.process.wait(timeout=20) == 0
+    assert os.path.ismount(writer.path) and writer.process.poll() is None
+
+
+def test_a_mount_waits_for_one_still_closing_the_data_dir(mount, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mount of a data dir that a mount being unmounted still holds (writing its checkpoints)
+    says it waits for that process, naming it, and then mounts."""
+    monkeypatch.setenv(CLOSE_DELAY_ENV, "1500")
+    first: Mount = mount()
+    os.mkdir(first.path / "t")
+    monkeypatch.delenv(CLOSE_DELAY_ENV)
+    subprocess.run([FUSERMOUNT, "-u", str(first.path)], check=True)
+    second: Mount = mount(first.data)
+    assert first.process.poll() == 0
+    assert f"waiting for process {first.process.pid}, a seglogfs mount of it that was unmounted" in second.output()
+    assert os.listdir(second.path / "t") == ["append", "append.jsonl", "config", "0"]

@@ -276,9 +276,15 @@ def test_config_file_table(data_dir: DataDir) -> None:
     handle.release()
     assert content() == b"retention.ms=1\nsegment.ms=5000\n"
 
+    handle = config.open(os.O_WRONLY | os.O_APPEND)  # written, then fsync'd: applied and stored before the close
+    handle.write(len(content()), b"segment.bytes=4096\n")
+    handle.fsync()
+    assert content() == b"retention.ms=1\nsegment.bytes=4096\nsegment.ms=5000\n"
+    handle.release()
+
     handle = config.open(os.O_WRONLY | os.O_TRUNC)  # : > config
     handle.flush()
-    assert content() == b"retention.ms=1\nsegment.ms=5000\n"
+    assert content() == b"retention.ms=1\nsegment.bytes=4096\nsegment.ms=5000\n"
     handle.release()
     assert content() == b""
 
