@@ -1,7 +1,7 @@
 """`<topic>/config`: the topic's config overrides as `key=value` lines (kafka-configs
 --describe); writing it replaces them (kafka-configs --alter), checked line by line.
 
-It behaves like a file a shell writes (DESIGN.md §2). A handle open for writing holds the
+It behaves like a file a shell writes. A handle open for writing holds the
 file's text: the current overrides, or nothing when opened with O_TRUNC. Each write must leave
 every complete line valid, or it fails (EINVAL) and the handle is spoiled: nothing it holds is
 ever applied. What it holds is applied when a descriptor that wrote is closed (`flush`: a

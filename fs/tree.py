@@ -1,4 +1,4 @@
-"""The mounted tree (DESIGN.md §2), free of any FUSE binding: what exists, under which inode.
+"""The mounted tree (the layout README shows), free of any FUSE binding: what exists, under which inode.
 
     <topic>/                  directories.TopicDir: mkdir at the top creates a topic
     <topic>/config            config_file.ConfigFile: the topic's overrides, `key=value` lines
@@ -54,7 +54,7 @@ N = TypeVar("N", bound=Node)
 
 @dataclass(frozen=True)
 class MountOptions:
-    """What `-o` sets besides FUSE's own options (DESIGN.md §2)."""
+    """What `-o` sets besides FUSE's own options (README: mount options)."""
 
     text_format: TextFormat = field(default_factory=TextFormat)
     line_format: LineFormat = field(default_factory=LineFormat)

@@ -1,4 +1,4 @@
-"""Key compaction: Kafka's cleaner cases G (85-111 of KAFKA_CASES.md) and the output's format."""
+"""Key compaction: Kafka's LogCleanerTest cases (numbered in comments) and the output's format."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`.index` and `.timeindex`: Kafka's OffsetIndexTest and TimeIndexTest ported as cases
-(KAFKA_CASES.md sections B and C, case numbers in comments), then property tests of the look-ups
+(Kafka's OffsetIndexTest and TimeIndexTest cases, case numbers in comments), then property tests of the look-ups
 and of truncation against `bisect` models over random entries."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The partition log and its loader: Kafka's log-level cases A, D and E (KAFKA_CASES.md)."""
+"""The partition log and its loader: Kafka's log-level cases (LogLoaderTest, UnifiedLogTest), numbered in comments."""
 
 from __future__ import annotations
 

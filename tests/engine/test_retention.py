@@ -1,4 +1,4 @@
-"""Retention by time, size and log start offset: Kafka's cases F (KAFKA_CASES.md 75–84)."""
+"""Retention by time, size and log start offset: Kafka's retention cases (numbered in comments)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One log segment: Kafka's LogSegmentTest (and the segment-level cases of LogLoaderTest and
-UnifiedLogTest) ported as cases from KAFKA_CASES.md sections A–E, case numbers in comments.
+UnifiedLogTest) ported case by case, numbered in comments.
 
 Kafka's `records(offset, "hello")` is a batch with one record per value at `offset`, timestamp
 offset × 10; `batch()` below builds the same in v2. Where the engine differs from Kafka on purpose
