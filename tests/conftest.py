@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,6 +130,21 @@ def drop_from_page_cache(fd: int) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"the OS keeps {resident_pages(fd)} pages of descriptor {fd} in memory")
+
+
+def refused_when_uncached(fd: int, read: Callable[[], object], expected: object, attempts: int = 20) -> None:
+    """`read` (one that must not wait for the disk) of bytes dropped from the page cache raises
+    BlockingIOError. A read that would not wait still starts the OS's read-ahead, and on a fast
+    disk that can land before the read looks again: then the read gives the bytes, which must be
+    `expected`; of `attempts` tries, one at least must be refused."""
+    for _ in range(attempts):
+        drop_from_page_cache(fd)
+        try:
+            got = read()
+        except BlockingIOError:
+            return
+        assert got == expected
+    raise AssertionError(f"{attempts} reads of bytes dropped from the page cache were never refused")
 
 
 @pytest.fixture(autouse=True)

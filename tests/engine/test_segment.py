@@ -21,7 +21,7 @@ from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError
 from seglogfs.engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
 from seglogfs.engine.segment import FetchSlice, LogSegment, _ReadAheadAdvice, read_cached
-from tests.conftest import NOW_MS, drop_from_page_cache
+from tests.conftest import NOW_MS, refused_when_uncached
 
 INT32_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
@@ -550,9 +550,7 @@ def test_read_cached_reads_only_what_the_os_holds_in_memory(tmp_path: Path) -> N
     path.write_bytes(bytes(range(256)) * 64)
     fd = os.open(path, os.O_RDONLY)
     try:
-        drop_from_page_cache(fd)
-        with pytest.raises(BlockingIOError):
-            read_cached(fd, 4096, 100)
+        refused_when_uncached(fd, lambda: read_cached(fd, 4096, 100), (bytes(range(256)) * 64)[4096:4196])
         os.pread(fd, 16384, 0)  # now they are in memory
         try:
             data = read_cached(fd, 4096, 100)
