@@ -25,6 +25,19 @@ KAFKA_FIXTURES = REPO / "tests" / "fixtures" / "kafka"
 NOW_MS = 1_763_800_000_000  # 2025-11-22T08:26:40Z: a fixed "now" for deterministic tests
 
 
+# The test files that take longest (Spark's, a wheel's install, the README's walkthrough, the
+# broker fixtures' mounts) run first: the workers then end together, not one of them on a long
+# test begun last while the others are done.
+LONG_FIRST = ("tests/pipeline/", "tests/test_packaging.py", "tests/test_readme.py", "tests/fs/test_fixture_mounts.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def long(item: pytest.Item) -> bool:
+        return item.nodeid.startswith(LONG_FIRST)
+
+    items.sort(key=lambda item: not long(item))  # (stable: each file's order stays)
+
+
 def kafka_fixtures() -> Path:
     """The real broker data dirs; their absence is an error, never a skip."""
     if not (KAFKA_FIXTURES / "INDEX_EXACT.txt").exists():

@@ -172,8 +172,14 @@ def test_a_read_only_mount_follows_topics_another_process_creates_and_deletes(mo
         check=True,
         capture_output=True,
     )
-    wait_for((m.path / "u").is_dir, "the new topic")
-    assert sorted(p.name for p in (m.path / "u").iterdir() if p.name.isdigit()) == ["0", "1"]
+
+    # (the mount's look may have come while `produce` was making the partition dirs, one after
+    # the other: the second shows at the next look)
+    def both_partitions() -> bool:
+        topic = m.path / "u"
+        return topic.is_dir() and sorted(p.name for p in topic.iterdir() if p.name.isdigit()) == ["0", "1"]
+
+    wait_for(both_partitions, "the new topic's two partitions")
     wait_for(
         lambda: (
             sorted((m.path / "u" / "0" / "records").read_text().splitlines())
