@@ -966,13 +966,7 @@ class Layout:
             self._extend(layout, last=slot == len(order) - 1)
             changed = changed or layout.size != before
         if changed:
-            starts, total = [], self._front
-            for layout in order:
-                starts.append(total)
-                total += layout.size
-            self._order, self._starts = order, starts
-            self._bases = [layout.first_offset for layout in order]
-            self._published = (order, starts)
+            self._publish(order, self._front)
         if not self.measured:
             self.measured = True
             with self._handed_over_lock:
@@ -1023,6 +1017,14 @@ class Layout:
                     self.fresh = False
         finally:
             self._lock.release()
+
+    def settled(self) -> bool:
+        """Whether the layout's holders may be served from it as laid out (not `fresh`): a first
+        holder whose open found a look under way tries again here, at each read on the event
+        loop, until one finds the lock free (a render ahead holds it for a moment)."""
+        if self.fresh and self._holders:
+            self._hold_as_laid_out()
+        return not self.fresh
 
     def let_go(self) -> None:
         """A view opened with `hold` is closed; at the last, its segments are let close, on a
@@ -1160,13 +1162,7 @@ class Layout:
             next_offset = max(next_offset, self._end_offset_of(added))
             changed = True
         if changed:
-            starts, total = [], self._starts[0] if self._starts else self._front
-            for layout in order:
-                starts.append(total)
-                total += layout.size
-            self._order, self._starts = order, starts
-            self._bases = [layout.first_offset for layout in order]
-            self._published = (order, starts)
+            self._publish(order, self._starts[0] if self._starts else self._front)
 
     def _gone(self, segment: LogSegment, error: OSError) -> None:
         """A segment the log still lists whose file another process removed before this look
@@ -1228,6 +1224,17 @@ class Layout:
                 from_offset=max(offset, segment.base_offset),
             )
         return None
+
+    def _publish(self, order: list[_SegmentLayout], front: int) -> None:
+        """Make `order` the layout, its first segment at position `front`: the start positions,
+        bases and the (order, starts) pair readers take whole. Holds: the layout's lock."""
+        starts, total = [], front
+        for layout in order:
+            starts.append(total)
+            total += layout.size
+        self._order, self._starts = order, starts
+        self._bases = [layout.first_offset for layout in order]
+        self._published = (order, starts)
 
     def _track(self) -> None:
         """read_committed: take in the transactions of the batches appended since the last look,
@@ -1814,6 +1821,6 @@ class View:
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin
-        if generation != self.layout.generation or self.layout.fresh:  # (a worker's read looks at the log first)
+        if generation != self.layout.generation or not self.layout.settled():  # (a worker's read looks first)
             return None
         return self.layout.read_now(begin + position, length)

@@ -89,6 +89,25 @@ def never_shrank(sizes: list[int]) -> bool:
     return all(a <= b for a, b in itertools.pairwise(sizes))
 
 
+def rounds(produce: Callable[[list[str]], None], remove_all: Callable[[], None], readers: list[Reader]) -> list[str]:
+    """ROUNDS rounds of PER_ROUND records: produced, read by every reader, then removed (the
+    next round's follow what the readers hold no more); the records produced, in order."""
+    expected: list[str] = []
+    for b in range(1, ROUNDS + 1):
+        batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
+        produce(batch)
+        expected += batch
+
+        def caught_up(count: int = len(expected)) -> bool:
+            for reader in readers:
+                reader.poll()
+            return all(len(reader.lines()) >= count for reader in readers)
+
+        wait_for(caught_up, f"the readers' first {len(expected)} records")
+        remove_all()
+    return expected
+
+
 def follow_through_retention(
     m: Mount, tmp_path: Path, produce: Callable[[list[str]], None], remove_all: Callable[[], None]
 ) -> None:
@@ -106,18 +125,7 @@ def follow_through_retention(
     ]
     expected: list[str] = []
     try:
-        for b in range(1, ROUNDS + 1):
-            batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
-            produce(batch)
-            expected += batch
-
-            def caught_up(count: int = len(expected)) -> bool:
-                for reader in readers:
-                    reader.poll()
-                return all(len(reader.lines()) >= count for reader in readers)
-
-            wait_for(caught_up, f"the readers' first {len(expected)} records")
-            remove_all()
+        expected = rounds(produce, remove_all, readers)
         for reader in readers:
             reader.poll()
         wait_for(lambda: len(tail.lines()) >= len(expected), f"tail's {len(expected)} lines")
@@ -326,17 +334,7 @@ def test_less_follow_mode_through_retention(mount, tmp_path: Path, writable: boo
     reader = Reader(records)
     expected: list[str] = []
     try:
-        for b in range(1, ROUNDS + 1):
-            batch = [str(n) for n in range(b * 100 + 1, b * 100 + PER_ROUND + 1)]
-            produce(batch)
-            expected += batch
-
-            def caught_up(count: int = len(expected)) -> bool:
-                reader.poll()
-                return len(reader.lines()) >= count
-
-            wait_for(caught_up, f"the first {len(expected)} records")
-            remove_all()
+        expected = rounds(produce, remove_all, [reader])
 
         def screen() -> list[str]:
             shown = subprocess.run([*tmux, "capture-pane", "-p"], check=True, capture_output=True, text=True)
