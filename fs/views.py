@@ -1018,14 +1018,6 @@ class Layout:
         finally:
             self._lock.release()
 
-    def settled(self) -> bool:
-        """Whether the layout's holders may be served from it as laid out (not `fresh`): a first
-        holder whose open found a look under way tries again here, at each read on the event
-        loop, until one finds the lock free (a render ahead holds it for a moment)."""
-        if self.fresh and self._holders:
-            self._hold_as_laid_out()
-        return not self.fresh
-
     def let_go(self) -> None:
         """A view opened with `hold` is closed; at the last, its segments are let close, on a
         thread of their own (a close of a view, on the event loop, waits for nothing; closing a
@@ -1821,6 +1813,6 @@ class View:
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`read`, when it can be served on the event loop (see `Layout.read_now`), else None."""
         generation, begin = self._begin
-        if generation != self.layout.generation or not self.layout.settled():  # (a worker's read looks first)
+        if generation != self.layout.generation or self.layout.fresh:  # (a worker's read looks at the log first)
             return None
         return self.layout.read_now(begin + position, length)
