@@ -492,8 +492,10 @@ def test_a_reader_that_catches_up_with_the_render_ahead_thread_waits_on_the_loop
     assert sh(f"cat {view}").stdout == b"\n".join(records) + b"\n"
     counted = m.requests()  # (since the last report)
     assert counted.get("read_waited", 0) >= 1, "no read waited for the thread"
-    # (but the two that reach the end, which take a look at the log first)
-    assert counted["read"] - counted["read_now"] <= 2, f"reads went to a worker thread: {counted}"
+    # (but the two that reach the end, which take a look at the log first, and the first when
+    # `cat`'s open came while the mount was looking at the log: its layout's lock was taken, so
+    # the first read brings the layout up to date, on a worker thread)
+    assert counted["read"] - counted["read_now"] <= 3, f"reads went to a worker thread: {counted}"
 
 
 def test_one_line_appends_are_served_on_the_loop_unless_they_roll(mount) -> None:
