@@ -765,6 +765,12 @@ class PartitionLog:
                 # trust an mtime only once it is a second old.
                 recent = time.time_ns() - directory_changed < 1_000_000_000
                 self._listed_at_mtime_ns = None if recent else directory_changed
+                if not segments and current:
+                    # A log always has a segment: a listing that found none caught the writer
+                    # between its steps (a segment's files coming or going as it was opened).
+                    # The log stays as last seen, and the next look lists the directory again.
+                    segments, changed = current, False
+                    self._listed_at_mtime_ns = None
             grown = False
             # The last one grows; the one that was last at the previous look may have grown too
             # before it was sealed, however many rolls came after it (its last batches were

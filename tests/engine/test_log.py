@@ -18,6 +18,7 @@ from seglogfs.engine import (
     PartitionLog,
     RecordTooLargeError,
 )
+from seglogfs.engine import log as engine_log
 from seglogfs.engine.config import LogConfig, apply_topic_overrides
 from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
 from seglogfs.engine.records import build_batch
@@ -808,6 +809,34 @@ def test_a_reader_takes_in_what_its_last_segment_got_before_several_rolls(part_d
     assert reader.refresh(NOW_MS)
     assert reader.log_end_offset == writer.log_end_offset
     assert values_of(reader) == values_of(writer)
+    writer.close()
+    reader.close()
+
+
+def test_a_read_only_look_that_finds_no_segment_keeps_the_log_as_it_was(part_dir: Path, monkeypatch) -> None:
+    """A read-only look lists the directory, then opens the segments it has not seen: under
+    load, retention can remove every one of them in between (a mount's live loop did: `stat`
+    of a view then failed on a log with no segment). The log stays as last seen, and the next
+    look lists again and takes in the log as it is."""
+    writer = make_log(part_dir, segment_bytes=300, retention_ms=1)
+    writer.append_records([b"first-%d" % i for i in range(3)], now_ms=NOW_MS)
+    writer.flush()
+    reader = PartitionLog.open(part_dir, "t", 0, writer.config, writable=False, clean_shutdown=True, now_ms=NOW_MS)
+    writer.delete_old_segments(NOW_MS + 10_000)  # (rolls, and renames every earlier segment `.deleted`)
+    writer.append_records([b"later"], now_ms=NOW_MS + 10_000)
+    writer.flush()
+
+    def removed_meanwhile(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("removed by retention after the listing")
+
+    monkeypatch.setattr(engine_log, "segment_for", removed_meanwhile)
+    reader.refresh(NOW_MS)
+    assert reader.segments and reader.active_segment.base_offset == 0
+    assert values_of(reader) == [b"first-0", b"first-1", b"first-2"]
+    monkeypatch.undo()
+    assert reader.refresh(NOW_MS)
+    assert [segment.base_offset for segment in reader.segments] == [3]
+    assert reader.log_start_offset == 3 and values_of(reader, 3) == [b"later"]
     writer.close()
     reader.close()
 
