@@ -28,14 +28,20 @@ NOW_MS = 1_763_800_000_000  # 2025-11-22T08:26:40Z: a fixed "now" for determinis
 # The test files that take longest (Spark's, a wheel's install, the README's walkthrough, the
 # broker fixtures' mounts) run first: the workers then end together, not one of them on a long
 # test begun last while the others are done.
-LONG_FIRST = ("tests/pipeline/", "tests/test_packaging.py", "tests/test_readme.py", "tests/fs/test_fixture_mounts.py")
+LONG_FIRST = (
+    "tests/fs/test_follow_stable.py::test_followers_through_a_live_loop",  # (two minutes, mostly waiting)
+    "tests/pipeline/",
+    "tests/test_packaging.py",
+    "tests/test_readme.py",
+    "tests/fs/test_fixture_mounts.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def long(item: pytest.Item) -> bool:
-        return item.nodeid.startswith(LONG_FIRST)
+    def rank(item: pytest.Item) -> int:
+        return next((n for n, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
-    items.sort(key=lambda item: not long(item))  # (stable: each file's order stays)
+    items.sort(key=rank)  # (stable: each file's order stays)
 
 
 def kafka_fixtures() -> Path:
