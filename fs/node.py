@@ -63,7 +63,11 @@ class Attributes:
     requests as with its own 128 KiB).
 
     `uid` and `gid` own the node, and `mode` holds its permission bits, as the data dir says
-    (fs.permissions): the kernel checks them."""
+    (fs.permissions): the kernel checks them.
+
+    `blocks` (st_blocks, of 512 bytes) counts what the node's bytes take on disk: none for what
+    the mount renders (views, `status`, `config`: /proc's files have none either), so that `du`
+    of a mount counts the data once, in `.logdir`, whose files are the data dir's."""
 
     mode: int
     size: int = 0
@@ -72,6 +76,7 @@ class Attributes:
     valid_s: float | None = None
     uid: int = 0
     gid: int = 0
+    blocks: int = 0
 
     @property
     def is_dir(self) -> bool:

@@ -266,7 +266,7 @@ class Operations(pyfuse3.Operations):
         entry.st_nlink = attributes.nlink
         entry.st_uid, entry.st_gid = attributes.uid, attributes.gid
         entry.st_size = attributes.size
-        entry.st_blocks = (attributes.size + 511) // 512
+        entry.st_blocks = attributes.blocks
         entry.st_blksize = attributes.block_bytes
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = attributes.mtime_ns
         return entry
