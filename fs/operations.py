@@ -128,13 +128,9 @@ def _signal_pending(pid: int) -> bool:
 def _groups(pid: int) -> frozenset[int]:
     """The supplementary groups of the caller `pid` (none when it is gone)."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Groups:"):
-                    return frozenset(int(group) for group in line.split()[1:])
-    except (OSError, ValueError):
-        pass
-    return frozenset()
+        return frozenset(pyfuse3.get_sup_groups(pid))
+    except OSError:
+        return frozenset()
 
 
 def errno_for(error: BaseException) -> int:

@@ -1,6 +1,6 @@
 """The mounted tree (the layout README shows), free of any FUSE binding: what exists, under which inode.
 
-    <topic>/                  directories.TopicDir: mkdir at the top creates a topic
+    <topic>/                  directories.TopicDir: mkdir at the top creates a topic, rmdir deletes it
     <topic>/config            config_file.ConfigFile: the topic's overrides, `key=value` lines
     <topic>/append[.jsonl]    append_file.AppendFile: records placed by Kafka's partitioner
     <topic>/<p>/              directories.PartitionDir
