@@ -15,6 +15,7 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError, UnknownTopicOrPartitionError
@@ -106,7 +107,7 @@ class AppendFile(WriteOnlyFile):
         return AppendHandle(self, Producer(logs, line_format, self.round_robin))
 
 
-def refuse_deleted(node: Node, logs: list[PartitionLog]) -> None:
+def refuse_deleted(node: Node, logs: Sequence[PartitionLog]) -> None:
     """ENOENT for a write through a descriptor opened before its topic was deleted (rmdir:
     Tree.delete_topic), as Kafka answers a producer of a deleted topic: the partitions it holds
     are closed and gone. (A write that races the deletion fails on the closed log, EIO.)"""
