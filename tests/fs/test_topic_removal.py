@@ -109,6 +109,7 @@ def test_what_cannot_be_removed_or_renamed_is_refused_with_one_line_each(mount, 
     data = make_data_dir(tmp_path / "data")
     m: Mount = mount(data)
     before = listing(data)
+    held = os.open(m.path / "t/1/read_committed", os.O_RDONLY)  # (the kernel keeps its inode)
     cases = [
         (["rmdir", m.path / "t/0"], "rmdir t/0: Kafka numbers a topic's partitions from 0 and cannot take one away"),
         (["rm", "-r", m.path / "t/1"], "rmdir t/1: Kafka numbers a topic's partitions from 0 and cannot take one"),
@@ -127,6 +128,11 @@ def test_what_cannot_be_removed_or_renamed_is_refused_with_one_line_each(mount, 
     assert sorted(os.listdir(m.path / "t")) == ["0", "1", "append", "append.jsonl", "config"]
     assert (m.path / "t/0/records").read_bytes() == b"one\ntwo\n"
     assert sorted(os.listdir(m.path / "t/0/by-offset")) == ["0", "0.jsonl"]
+    # (rm -r t/1 removed its directories as far as the kernel knows, and the mount answered done:
+    # they are new directories at the next lookup, not dead ones)
+    assert sorted(os.listdir(m.path / "t/1/read_committed/by-offset")) == ["0", "0.jsonl"]
+    assert (m.path / "t/1/read_committed/records").read_bytes() == b"one\ntwo\n"
+    os.close(held)
 
 
 @pytest.mark.expect_warnings(REFUSED)
