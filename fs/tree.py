@@ -224,12 +224,24 @@ class Tree:
         for partition in partitions:
             if not caller.may_write(log_access(self.data_dir.partition(topic, partition))):
                 raise Refused(errno.EACCES, f"{what}: the caller may not write the files of partition {partition}")
+        # What open views hold is laid out and its segments kept open now, while their files are
+        # there: a view opened but not read yet has nothing laid out (a measure after the
+        # deletion would find the segments closed).
+        held = self._layouts_by_partition()
+        for partition in partitions:
+            for _, layout in held.get((topic, partition), []):
+                if layout.held:
+                    try:
+                        layout.snapshot()
+                    except (EngineError, OSError, MeasureStopped) as error:  # (its readers' requests say so too)
+                        logger.debug("laying out the views of %s-%d before deleting it: %s", topic, partition, error)
+                    layout.keep_open()
         with self._topic_lock:
             deleted = self.data_dir.delete_topic(topic)
         with self._layouts_lock:
             for key in [key for key in self._layouts if key[0] == topic]:
                 del self._layouts[key]  # (a held one stays with its views)
-        held = 0
+        open_views = 0
         with self._lock:
             for node in self._nodes.values():
                 if getattr(node, "topic", None) != topic:
@@ -237,14 +249,14 @@ class Tree:
                 if self._by_key.get(node.key) == node.inode:
                     del self._by_key[node.key]
                 if isinstance(node, ViewFile):
-                    held += node.open_handles
+                    open_views += node.open_handles
             for partition in partitions:
                 self._views_of.pop((topic, partition), None)
         logger.info(
             "deleted topic %s: partition dirs %s renamed -delete and removed%s",
             topic,
             ", ".join(path.name for path in deleted),
-            f"; {held} open views of it keep what they hold and grow no more" if held else "",
+            f"; {open_views} open views of it keep what they hold and grow no more" if open_views else "",
         )
 
     # -- views ----------------------------------------------------------------------------------------
