@@ -228,3 +228,43 @@ def test_a_follower_keeps_what_it_holds_and_a_writer_is_told(mount, tmp_path: Pa
         _, err = follower.communicate(timeout=30)
     assert err == b""
     assert not re.search(r"ERROR|Traceback", m.output())
+
+
+@pytest.mark.expect_warnings(
+    r"write t/(0/)?append: topic t was deleted: No such file or directory \(ENOENT\)$",
+    r"write t/(0/)?append: .*segment is closed \(EIO\)$",  # (a write racing the deletion itself)
+)
+def test_topics_removed_while_writers_append_and_the_background_work_runs(mount, tmp_path: Path) -> None:
+    """Writers append in a loop (one descriptor held, one open per line) while `rm -r` removes
+    the topic, and retention, flushes, compaction and checkpoints run every few milliseconds:
+    each removal exits 0 and prints nothing, the writers stop at an error, the data dir holds
+    nothing of the topic, and the mount logs no error."""
+    m: Mount = mount(
+        tmp_path / "data",
+        "-o",
+        "parse.key,log.retention.check.interval.ms=20,log.flush.scheduler.interval.ms=10,flush.ms=5,"
+        "log.cleaner.backoff.ms=20,log.flush.offset.checkpoint.interval.ms=15,log.segment.bytes=2000",
+    )
+    topic = m.path / "t"
+    for _ in range(5):
+        os.mkdir(topic)
+        (topic / "config").write_text("cleanup.policy=compact,delete\n")
+        writers = [
+            subprocess.Popen(
+                ["bash", "-c", f"exec 3>>{topic}/append; while printf 'k%d\\tv\\n' $RANDOM >&3; do :; done"]
+            ),
+            subprocess.Popen(
+                ["bash", "-c", f"while printf 'k%d\\tv\\n' $RANDOM >> {topic}/0/append; do :; done"],
+                stderr=subprocess.PIPE,
+            ),
+        ]
+        wait_for(lambda: (topic / "0/records").stat().st_size > 200, "the writers appended")
+        done = tool("rm", "-r", topic)
+        assert (done.returncode, done.stderr) == (0, "")
+        for writer in writers:
+            writer.wait(timeout=60)  # (its loop ends at a refused write or open)
+            if writer.stderr is not None:
+                writer.stderr.close()
+        assert not any(path.name.startswith("t-") for path in (tmp_path / "data").iterdir())
+    assert len(log_lines(m, r"deleted topic t\b")) == 5
+    assert not re.search(r"ERROR|Traceback", m.output())
