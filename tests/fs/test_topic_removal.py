@@ -86,6 +86,8 @@ def test_a_topic_removed_through_the_mount_is_deleted_as_topics_delete_deletes_i
     [line] = log_lines(m, r"deleted topic t\b")
     assert "partition dirs t-0, t-1 renamed -delete and removed" in line
     assert not any(path.name.startswith("t-") for path in data.iterdir())
+    assert not any(name.startswith("t-") for name in os.listdir(m.path / ".logdir"))
+    assert "u-0" in os.listdir(m.path / ".logdir")
     assert (m.path / "u/0/records").read_bytes() == b"kept\n"
 
     os.mkdir(m.path / "t")  # a new topic of the name: new files, nothing of the old one
