@@ -5,6 +5,7 @@ every log line naming its mount."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def test_each_line_of_a_foreground_mounts_log_names_its_mount(mount, tmp_path: P
     second: Mount = mount(data, "-o", "ro")
     for m in (first, second):
         (m.path / "t/0/records").read_bytes()
-        os.kill(m.process.pid, 10)  # SIGUSR1: the request counts, logged
+        os.kill(m.process.pid, signal.SIGUSR1)  # (the request counts, logged)
     for m in (first, second):
         m.stop()
         lines = m.output().splitlines()
