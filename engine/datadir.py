@@ -304,6 +304,10 @@ class DataDir:
         self._cleaner_checkpoints_written: dict[TopicPartition, int] | None = None
         self._uncleanable: dict[TopicPartition, str] = {}
         self._delete_horizons: dict[TopicPartition, int | None] = {}
+        # Held by a background pass (Scheduler.run_due) and by `delete_topic`: a mount deletes a
+        # topic while its scheduler runs, and a pass must not flush, clean or checkpoint a
+        # partition that is being closed and renamed under it.
+        self.maintenance_lock = threading.Lock()
         # What the broker's own files say about topic configs (set once, at open).
         self._broker_dir = False
         self._metadata: MetadataImage | None = None
@@ -862,10 +866,10 @@ class DataDir:
         `<topic>-<p>.<uuid>-delete` (a name no open loads), the topic's overrides and cleaner
         state are dropped and the checkpoints rewritten; then the renamed dirs are removed. A
         crash in between leaves `-delete` dirs that nothing reads, never half a topic's
-        overrides. Not beside a cleanup pass in another thread (the CLI's use). Returns the
-        partition dirs deleted."""
+        overrides. Waits for a background pass under way (`maintenance_lock`: a mount's
+        scheduler), which then never meets the topic. Returns the partition dirs deleted."""
         self._check_writable()
-        with self._lock:
+        with self.maintenance_lock, self._lock:
             doomed = self._topic_logs(topic)
             if topic == METADATA_TOPIC:
                 raise ConfigError(f"{METADATA_TOPIC} is Kafka's metadata log, not a topic that can be deleted")

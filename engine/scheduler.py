@@ -103,6 +103,11 @@ class Scheduler:
         one interval from now, or sooner, after a back-off, when it hit a transient error.
         Never raises (see the module docstring)."""
         report = SchedulerReport()
+        with self.data_dir.maintenance_lock:  # (a topic deleted meanwhile waits, and is not met halfway)
+            self._run_due(now_ms, report)
+        return report
+
+    def _run_due(self, now_ms: int, report: SchedulerReport) -> None:
         for task in self._tasks:
             if task.next_ms > now_ms:
                 continue
@@ -121,7 +126,6 @@ class Scheduler:
                 report.failed.append(task.name)
                 wait_ms = min(wait_ms, _FIRST_BACKOFF_MS << min(task.failures - 1, 16), MAX_BACKOFF_MS)
             task.next_ms = now_ms + wait_ms
-        return report
 
     def _run(self, name: str, now_ms: int, report: SchedulerReport) -> bool:
         """One task; whether to retry it soon (a partition's work hit a transient error)."""

@@ -15,9 +15,10 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError
+from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError, UnknownTopicOrPartitionError
 from seglogfs.engine.partitioner import RoundRobin
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES, LineSplitter, Producer
 from seglogfs.engine.records import BATCH_OVERHEAD_BYTES
@@ -106,6 +107,19 @@ class AppendFile(WriteOnlyFile):
         return AppendHandle(self, Producer(logs, line_format, self.round_robin))
 
 
+def refuse_deleted(node: Node, logs: Sequence[PartitionLog]) -> None:
+    """ENOENT for a write through a descriptor opened before its topic was deleted (rmdir:
+    Tree.delete_topic), as Kafka answers a producer of a deleted topic: the partitions it holds
+    are closed and gone. (A write that races the deletion fails on the closed log, EIO.)"""
+    for log in logs:
+        try:
+            current = node.tree.data_dir.partition(log.topic, log.partition)
+        except UnknownTopicOrPartitionError:
+            current = None
+        if current is not log:
+            raise Refused(errno.ENOENT, f"write {node.path}: topic {log.topic} was deleted")
+
+
 class AppendHandle(Handle):
     """An append file open for writing. Thread-safe: processes sharing a descriptor (`cmd >>
     append` in a script's subshells) write through one handle at once, so its partial line and
@@ -181,6 +195,7 @@ class AppendHandle(Handle):
     def _send(self, lines: list[bytes], now_ms: int) -> Changes:
         if not lines:
             return Changes()
+        refuse_deleted(self.node, self.producer.logs)
         produced = self.producer.send(lines, now_ms, self.node.path)
         return self.node.tree.grown(produced.logs)
 
@@ -245,6 +260,7 @@ class BatchesHandle(Handle):
                 return Changes()
             data = bytes(self._pending)
             self._pending.clear()
+        refuse_deleted(self.node, [self.log])
         try:
             self.log.append_batches(data, assign_offsets=True, now_ms=self.node.tree.clock())
         except CorruptRecordError as error:  # what was written, not what is stored

@@ -25,7 +25,7 @@ from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
 from seglogfs.fs.append_file import AppendFile, BatchesFile
 from seglogfs.fs.config_file import ConfigFile, TemporaryFile
 from seglogfs.fs.node import Attributes, Changes, Node, NoEntry, PartitionNode, Refused, join
-from seglogfs.fs.permissions import DIRECTORY_VALID_S
+from seglogfs.fs.permissions import DIRECTORY_VALID_S, Caller
 from seglogfs.fs.status_file import StatusFile
 from seglogfs.fs.view_file import ViewFile
 
@@ -38,6 +38,9 @@ _TOPIC_FILES = ("append", "append.jsonl", "config")
 _WHAT_A_TOPIC_DIR_TAKES = (
     "a topic dir holds append, append.jsonl, config and the partitions; config is written in place, "
     "or as editors save it: a file made beside it and renamed onto it"
+)
+_PARTITIONS_STAY = (
+    "Kafka numbers a topic's partitions from 0 and cannot take one away (rmdir the topic to delete it whole)"
 )
 _TEMPORARY_SERIALS = itertools.count()
 
@@ -77,6 +80,19 @@ class RootDir(Directory):
         refuse_internal_topic(name)
         self.tree.create_topic(name, owner)
         return self._topic(name)
+
+    def rmdir(self, name: str, caller: Caller) -> None:
+        """Delete topic `name` and its data as `topics delete` does (Tree.delete_topic)."""
+        if name == LOGDIR:
+            raise Refused(errno.EPERM, f"rmdir {name}: the data dir's mirror, for backups")
+        self.tree.delete_topic(name, caller)
+
+    def rename(self, name: str, new_parent: Node, new_name: str) -> Changes:
+        what = f"rename {name} to {join(new_parent.path, new_name)}"
+        if name == LOGDIR:
+            raise Refused(errno.EPERM, f"{what}: the data dir's mirror, for backups")
+        self.child(name)  # (ENOENT for a name that is not there)
+        raise Refused(errno.EPERM, f"{what}: Kafka cannot rename a topic (make a new one and copy the records)")
 
 
 class TopicDir(Directory):
@@ -145,11 +161,26 @@ class TopicDir(Directory):
         else:  # (one gone with its rename, which the kernel had not forgotten yet: sed removes it then)
             raise NoEntry(f"unlink {join(self.path, name)}")
 
+    def rmdir(self, name: str, caller: Caller) -> None:
+        if self._is_partition(name):
+            raise Refused(errno.EPERM, f"rmdir {join(self.path, name)}: {_PARTITIONS_STAY}")
+        super().rmdir(name, caller)
+
+    def remove_below(self, name: str) -> None:
+        with self._lock:
+            temporary = self.temporaries.pop(name, None)
+        if temporary is not None:  # (in memory only: it goes, as an unlink of it does)
+            self._drop(temporary)
+        else:
+            super().remove_below(name)
+
     def rename(self, name: str, new_parent: Node, new_name: str) -> Changes:
         """A file made beside `config` renamed onto it replaces the overrides with its text,
         checked line by line: a bad line is EINVAL and changes nothing. Either way the file is
         gone. Nothing else is renamed in a topic dir."""
         what = f"rename {join(self.path, name)} to {join(new_parent.path, new_name)}"
+        if self._is_partition(name):
+            raise Refused(errno.EPERM, f"{what}: Kafka cannot rename a partition: {_PARTITIONS_STAY}")
         with self._lock:
             temporary = self.temporaries.pop(name, None)
         if temporary is None or new_parent is not self or new_name != "config":
@@ -211,8 +242,10 @@ class _AtLevel(PartitionNode, Directory):
         self.level = level
 
     def attributes(self) -> Attributes:
-        """Traversable by whoever may read the partition's files (it holds only views)."""
-        access = self.partition_access().reading_directory()
+        """Traversable by whoever may read or write the partition's files, and writable by
+        whoever may write them: it holds only views, but `rm -r` of the topic unlinks them
+        (fs.operations, "Removing"), and the kernel lets only who may write a directory do that."""
+        access = self.partition_access().directory()
         return self.shown(stat.S_IFDIR, access, mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S)
 
     def view_file(self, inode: int, key: tuple[object, ...], name: str, start_offset: int | None) -> ViewFile:
@@ -311,12 +344,6 @@ class PartitionDir(ViewsDir):
     ) -> None:
         read_committed = tree.options.read_committed
         super().__init__(tree, inode, key, path, topic=topic, partition=partition, read_committed=read_committed)
-
-    def attributes(self) -> Attributes:
-        """Traversable by whoever may read or write the partition's files (its views, its
-        append files)."""
-        access = self.partition_access().directory()
-        return self.shown(stat.S_IFDIR, access, mtime_ns=self.tree.mounted_ns, valid_s=DIRECTORY_VALID_S)
 
     def children(self) -> list[tuple[str, Node]]:
         return [(name, self.child(name)) for name in self.ENTRIES]

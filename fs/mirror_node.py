@@ -43,7 +43,10 @@ class MirrorNode(Node):
         kind = stat.S_IFLNK if entry.link is not None else stat.S_IFDIR if entry.is_dir else stat.S_IFREG
         mtime_ns = entry.mtime_ns or self.tree.mounted_ns
         access = Access(entry.uid, entry.gid, entry.mode)
-        return self.shown(kind, access, size=entry.size, mtime_ns=mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0)
+        blocks = (entry.size + 511) // 512 if kind == stat.S_IFREG else 0  # (the data: `du` counts it here)
+        return self.shown(
+            kind, access, size=entry.size, mtime_ns=mtime_ns, block_bytes=IO_BLOCK_BYTES, valid_s=0, blocks=blocks
+        )
 
     def children(self) -> list[tuple[str, Node]]:
         if not self.entry.is_dir:

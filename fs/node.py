@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from seglogfs.engine import PartitionLog
-from seglogfs.fs.permissions import DIRECTORY_VALID_S, ROOT_ONLY, WRITE_BITS, Access
+from seglogfs.fs.permissions import DIRECTORY_VALID_S, ROOT_ONLY, WRITE_BITS, Access, Caller
 
 if TYPE_CHECKING:
     from seglogfs.fs.tree import Tree
@@ -63,7 +63,11 @@ class Attributes:
     requests as with its own 128 KiB).
 
     `uid` and `gid` own the node, and `mode` holds its permission bits, as the data dir says
-    (fs.permissions): the kernel checks them."""
+    (fs.permissions): the kernel checks them.
+
+    `blocks` (st_blocks, of 512 bytes) counts what the node's bytes take on disk: none for what
+    the mount renders (views, `status`, `config`: /proc's files have none either), so that `du`
+    of a mount counts the data once, in `.logdir`, whose files are the data dir's."""
 
     mode: int
     size: int = 0
@@ -72,6 +76,7 @@ class Attributes:
     valid_s: float | None = None
     uid: int = 0
     gid: int = 0
+    blocks: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -213,6 +218,20 @@ class Node:
 
     def unlink(self, name: str) -> None:
         raise Refused(errno.EPERM, f"unlink {join(self.path, name)}")
+
+    def rmdir(self, name: str, caller: Caller) -> None:
+        """Remove this directory's entry `name`, a directory, for `caller`."""
+        raise Refused(errno.EPERM, f"rmdir {join(self.path, name)}")
+
+    def remove_below(self, name: str) -> None:
+        """`rm -r`'s unlink or rmdir of this directory's entry `name` while it removes a topic
+        dir or a partition dir above (fs.operations, "Removing"): what the mount makes up stays
+        as it is, since only the rmdir of what is held decides. A directory named here is
+        superseded, because the kernel takes it for removed and would refuse any lookup in it;
+        a file made beside `config` goes for real. NoEntry when there is no such entry."""
+        node = self.child(name)
+        if node.is_dir:
+            self.tree.supersede(node)
 
     def rename(self, name: str, new_parent: Node, new_name: str) -> Changes:
         """Rename this directory's entry `name` to `new_parent`'s `new_name`."""

@@ -10,6 +10,16 @@ follower's next fstat must see the growth), soon after (coalesced by `notify_in_
 
 Only `FUSEError` leaves a handler: a refusal or an engine error is logged as one line naming
 what and where; anything unexpected is logged with its traceback and answers EIO.
+
+Removing. `rmdir` of a topic deletes it (Tree.delete_topic). `rm -r` of it (GNU rm, `find
+-delete`, Python's `shutil.rmtree`) first unlinks every file and removes every directory below
+it, each through a descriptor of the directory above, which it holds open meanwhile; each of
+those must succeed, or rm prints an error for it and never removes the topic. So an unlink or
+rmdir below a topic's directory (or a partition's, or one below that) that the calling thread
+holds open (`opendir` to `releasedir`, per thread id) answers done and changes nothing
+(`Node.remove_below`): only the rmdir of the held directory itself decides, the topic deleted
+or the partition refused with one line. An unlink or rmdir by anyone else is judged on its own
+(an unlink of a view or a partition's rmdir is refused, as before).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from seglogfs.engine.errors import (
 )
 from seglogfs.fs.config_file import TemporaryFile
 from seglogfs.fs.node import Attributes, Changes, Handle, Node, NoEntry, Refused, join
+from seglogfs.fs.permissions import Caller
 from seglogfs.fs.tree import Tree
 from seglogfs.fs.views import RenderingAhead
 
@@ -114,6 +125,14 @@ def _signal_pending(pid: int) -> bool:
         return pid > 0 and not os.path.exists(f"/proc/{pid}")
 
 
+def _groups(pid: int) -> frozenset[int]:
+    """The supplementary groups of the caller `pid` (none when it is gone)."""
+    try:
+        return frozenset(pyfuse3.get_sup_groups(pid))
+    except OSError:
+        return frozenset()
+
+
 def errno_for(error: BaseException) -> int:
     """The one table from engine errors (and OS errors) to errno values."""
     for kind, number in _ERRNO:
@@ -169,6 +188,9 @@ class Operations(pyfuse3.Operations):
         # Per open inode that grows: a size the kernel holds at least, if it holds one (see `read`).
         self._size_floor: dict[int, int] = {}
         self._wake = trio.Event()
+        self._dirs: dict[int, Node] = {}  # open directory handles
+        self._dir_holders: dict[int, tuple[int, str]] = {}  # of a topic's directories: (thread, path)
+        self._held_dirs: Counter[tuple[int, str]] = Counter()  # open handles per (thread, path)
 
     async def _run(self, work: Callable[[], T], what: str) -> T:
         """Run the tree's work in a worker thread, its errors mapped."""
@@ -240,7 +262,7 @@ class Operations(pyfuse3.Operations):
         entry.st_nlink = attributes.nlink
         entry.st_uid, entry.st_gid = attributes.uid, attributes.gid
         entry.st_size = attributes.size
-        entry.st_blocks = (attributes.size + 511) // 512
+        entry.st_blocks = attributes.blocks
         entry.st_blksize = attributes.block_bytes
         entry.st_atime_ns = entry.st_mtime_ns = entry.st_ctime_ns = attributes.mtime_ns
         return entry
@@ -334,14 +356,37 @@ class Operations(pyfuse3.Operations):
         return await self.getattr(node.inode, ctx)
 
     async def opendir(self, inode: int, ctx: Any) -> int:
+        """A directory handle; one of a topic's directories counts as held by the caller's
+        thread until released (see "Removing" in the module docstring)."""
         node = self._node(inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return inode
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = node
+        if getattr(node, "topic", None) is not None:
+            holder = (ctx.pid, node.path)
+            self._dir_holders[fh] = holder
+            self._held_dirs[holder] += 1
+        return fh
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+        holder = self._dir_holders.pop(fh, None)
+        if holder is not None:
+            self._held_dirs[holder] -= 1
+            if not self._held_dirs[holder]:
+                del self._held_dirs[holder]
+
+    def _removing_below(self, pid: int, path: str) -> bool:
+        """Whether thread `pid` holds open a topic's directory at `path` or above it."""
+        return any(who == pid and (path == held or path.startswith(f"{held}/")) for who, held in self._held_dirs)
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         self.requests["readdir"] += 1
-        node = self._node(fh)
+        node = self._dirs.get(fh)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
 
         def list_entries() -> list[tuple[str, pyfuse3.EntryAttributes]]:
             entries = []
@@ -526,10 +571,20 @@ class Operations(pyfuse3.Operations):
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         parent = self._node(parent_inode)
         text = os.fsdecode(name)
-        await self._run(lambda: parent.unlink(text), f"unlink {join(parent.path, text)}")
+        if self._removing_below(ctx.pid, parent.path):  # rm -r of a topic or partition dir above
+            await self._run(lambda: parent.remove_below(text), f"unlink {join(parent.path, text)}")
+        else:
+            await self._run(lambda: parent.unlink(text), f"unlink {join(parent.path, text)}")
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        raise self._refuse("rmdir", parent_inode, name)
+        parent = self._node(parent_inode)
+        text = os.fsdecode(name)
+        what = f"rmdir {join(parent.path, text)}"
+        if self._removing_below(ctx.pid, parent.path):
+            await self._run(lambda: parent.remove_below(text), what)
+        else:
+            caller = Caller(ctx.uid, ctx.gid, _groups(ctx.pid))
+            await self._run(lambda: parent.rmdir(text, caller), what)
 
     async def rename(  # noqa: PLR0917 (pyfuse3's signature)
         self, parent_inode_old: int, name_old: bytes, parent_inode_new: int, name_new: bytes, flags: int, ctx: Any
@@ -540,7 +595,10 @@ class Operations(pyfuse3.Operations):
         text, new_text = os.fsdecode(name_old), os.fsdecode(name_new)
         what = f"rename {join(parent.path, text)} to {join(new_parent.path, new_text)}"
         if flags:  # (RENAME_NOREPLACE, RENAME_EXCHANGE: config is there, and is replaced)
-            raise _refused(Refused(errno.EINVAL, f"{what}: with flags {flags:#x}"))
+            # mv tries RENAME_NOREPLACE first and a plain rename after EINVAL: that one's
+            # answer is the one worth a line in the log.
+            logger.debug("%s: with flags %#x: not supported (EINVAL)", what, flags)
+            raise pyfuse3.FUSEError(errno.EINVAL)
         try:
             changes = await self._run(lambda: parent.rename(text, new_parent, new_text), what)
         finally:

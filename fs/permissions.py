@@ -6,7 +6,8 @@ users in, `allow_other`), so a node must show exactly who may read or write what
     mount root, <topic>/          the data dir's (its first log dir's) owner, group and mode
     <topic>/config                the same, without x bits: writing it changes the data dir
     <topic>/<p>/ and the dirs     the partition's files': read bits give r-x, write bits w and x
-      below it (by-offset/, …)    (dirs that hold only views: r-x from the read bits alone)
+      below it (by-offset/, …)    (w on dirs that hold only views too: `rm -r` of the topic
+                                  unlinks what is in them, see fs.operations)
     views, status                 the partition's files' owner and group, their read bits
     <topic>/<p>/append[.*]        the partition's files' owner and group, their write bits
     <topic>/append[.jsonl]        the write bits every partition of the topic shares, when they
@@ -76,9 +77,26 @@ class Access:
         bits = self.mode & (READ_BITS | WRITE_BITS)
         return self.with_mode(bits | (bits & READ_BITS) >> 2 | (bits & WRITE_BITS) >> 1)
 
-    def reading_directory(self) -> Access:
-        """A directory leading to files that only read what this guards (views)."""
-        return self.reading().directory()
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks (a FUSE request's uid and gid, and the supplementary groups of its process),
+    for the one check the kernel cannot make itself: deleting a topic through `rmdir` removes
+    its partitions' files too, which on disk takes write permission on each partition dir."""
+
+    uid: int
+    gid: int
+    groups: frozenset[int] = frozenset()
+
+    def may_write(self, access: Access) -> bool:
+        """Whether the caller may write what `access` guards (root may write anything)."""
+        if self.uid == 0:
+            return True
+        if self.uid == access.uid:
+            return bool(access.mode & 0o200)
+        if access.gid == self.gid or access.gid in self.groups:
+            return bool(access.mode & 0o020)
+        return bool(access.mode & 0o002)
 
 
 ROOT_ONLY = Access(0, 0, 0)  # where nothing on disk says who may: root alone (it needs no bits)

@@ -23,9 +23,16 @@ class StatusFile(PartitionNode):
         return status_json(self.log, extra)
 
     def attributes(self) -> Attributes:
-        """Readable by whoever may read the partition's files (its views)."""
+        """Readable by whoever may read the partition's files (its views). Its size is the
+        document's now, asked for afresh at every stat (`valid_s` 0): the document changes with
+        every append, and gains `readCommitted` once a read_committed view is used, and nothing
+        tells the kernel so (it kept the first stat's size for an hour)."""
         return self.shown(
-            stat.S_IFREG, self.partition_access().reading(), size=len(self._document()), mtime_ns=self.tree.mounted_ns
+            stat.S_IFREG,
+            self.partition_access().reading(),
+            size=len(self._document()),
+            mtime_ns=self.tree.mounted_ns,
+            valid_s=0,
         )
 
     def open(self, flags: int) -> Handle:

@@ -1,6 +1,6 @@
 """The mounted tree (the layout README shows), free of any FUSE binding: what exists, under which inode.
 
-    <topic>/                  directories.TopicDir: mkdir at the top creates a topic
+    <topic>/                  directories.TopicDir: mkdir at the top creates a topic, rmdir deletes it
     <topic>/config            config_file.ConfigFile: the topic's overrides, `key=value` lines
     <topic>/append[.jsonl]    append_file.AppendFile: records placed by Kafka's partitioner
     <topic>/<p>/              directories.PartitionDir
@@ -25,6 +25,7 @@ the per-partition view index are guarded by one lock (`_lock`), held only for di
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -36,13 +37,14 @@ from typing import TypeVar
 
 from seglogfs.engine import DataDir, EngineError, PartitionLog
 from seglogfs.engine.console_formats import LineFormat, TextFormat
+from seglogfs.engine.naming import INTERNAL_TOPICS
 from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.transactions import READ_COMMITTED
 from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
 from seglogfs.fs.mirror import Mirror
 from seglogfs.fs.mirror_node import MirrorNode
-from seglogfs.fs.node import Changes, Node, join
-from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, chown_created
+from seglogfs.fs.node import Changes, Node, NoEntry, Refused, join, log_access
+from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, Caller, chown_created
 from seglogfs.fs.view_file import ViewFile
 from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer, start_letting_close
 
@@ -193,6 +195,70 @@ class Tree:
             if owner is not None and os.geteuid() == 0 and owner != (os.geteuid(), os.getegid()):
                 chown_created([log.directory for log in logs], *owner)
 
+    def delete_topic(self, topic: str, caller: Caller) -> None:
+        """`rmdir` of a topic: deleted as `topics delete` deletes it (DataDir.delete_topic: its
+        partition dirs renamed `-delete`, then removed), refused (Refused, one log line saying
+        why) for Kafka's internal topics, for a topic the broker's KRaft metadata log names (a
+        broker started on the dir would make it again, and its controller still counts it),
+        and for a caller who may not write every partition's files (what `rm -r` of the
+        partition dirs on disk takes; the kernel checked the data dir's own bits).
+
+        Open views of the topic keep what they hold (fs.views: their layouts keep their
+        segments' files open, and their nodes read through them) and grow no more; an open
+        append file's next write is ENOENT. Every node of the topic is superseded: a topic made
+        again under the name is new files."""
+        what = f"rmdir {topic}"
+        if self.read_only:
+            raise Refused(errno.EROFS, what)
+        partitions = self.data_dir.topics().get(topic)
+        if partitions is None:
+            raise NoEntry(what)
+        if topic in INTERNAL_TOPICS:
+            raise Refused(errno.EPERM, f"{what}: internal to Kafka (its brokers keep it), not deleted as a topic")
+        if self.data_dir.metadata_log_has_topic(topic):
+            raise Refused(
+                errno.EPERM,
+                f"{what}: the broker's KRaft metadata log names the topic, and a broker started on this data dir "
+                "would make its partitions again: delete it through the cluster (kafka-topics --delete)",
+            )
+        for partition in partitions:
+            if not caller.may_write(log_access(self.data_dir.partition(topic, partition))):
+                raise Refused(errno.EACCES, f"{what}: the caller may not write the files of partition {partition}")
+        # What open views hold is laid out and its segments kept open now, while their files are
+        # there: a view opened but not read yet has nothing laid out (a measure after the
+        # deletion would find the segments closed).
+        held = self._layouts_by_partition()
+        for partition in partitions:
+            for _, layout in held.get((topic, partition), []):
+                if layout.held:
+                    try:
+                        layout.snapshot()
+                    except (EngineError, OSError, MeasureStopped) as error:  # (its readers' requests say so too)
+                        logger.debug("laying out the views of %s-%d before deleting it: %s", topic, partition, error)
+                    layout.keep_open()
+        with self._topic_lock:
+            deleted = self.data_dir.delete_topic(topic)
+        with self._layouts_lock:
+            for key in [key for key in self._layouts if key[0] == topic]:
+                del self._layouts[key]  # (a held one stays with its views)
+        open_views = 0
+        with self._lock:
+            for node in self._nodes.values():
+                if getattr(node, "topic", None) != topic:
+                    continue
+                if self._by_key.get(node.key) == node.inode:
+                    del self._by_key[node.key]
+                if isinstance(node, ViewFile):
+                    open_views += node.open_handles
+            for partition in partitions:
+                self._views_of.pop((topic, partition), None)
+        logger.info(
+            "deleted topic %s: partition dirs %s renamed -delete and removed%s",
+            topic,
+            ", ".join(path.name for path in deleted),
+            f"; {open_views} open views of it keep what they hold and grow no more" if open_views else "",
+        )
+
     # -- views ----------------------------------------------------------------------------------------
     def layout(self, log: PartitionLog, fmt: str, *, read_committed: bool = False) -> Layout:
         """The partition's layout in a format ("text" or "jsonl") at an isolation level, shared
@@ -257,6 +323,8 @@ class Tree:
                     except MeasureStopped:
                         return
                     except (EngineError, OSError) as error:  # the partition's own requests will say so too
+                        if partition not in self.data_dir.topics().get(topic, ()):
+                            break  # (its topic was deleted meanwhile: nothing to say)
                         logger.warning("measuring %s-%d (%s) in the background: %s", topic, partition, fmt, error)
                     except Exception:  # a fault of ours: said whole; the other partitions are measured all the same
                         logger.exception("measuring %s-%d (%s) in the background", topic, partition, fmt)
@@ -325,14 +393,13 @@ class Tree:
         partition whose log start moved names a new file."""
         changes = Changes()
         layouts = self._layouts_by_partition()
-        for topic, partitions in self.data_dir.topics().items():
-            for partition in partitions:
-                log = self.data_dir.partition(topic, partition)
-                changes += self.follow_held(log, layouts.get((topic, partition), []))
-                changes += self.grown([log])
-                directory = self.find(("partition", topic, partition))
-                if isinstance(directory, PartitionDir):
-                    changes.entries += directory.superseded_records()
+        for log in list(self.data_dir.partitions()):  # (not by name: a topic may be deleted meanwhile)
+            topic, partition = log.topic, log.partition
+            changes += self.follow_held(log, layouts.get((topic, partition), []))
+            changes += self.grown([log])
+            directory = self.find(("partition", topic, partition))
+            if isinstance(directory, PartitionDir):
+                changes.entries += directory.superseded_records()
         return changes
 
     def follow(self) -> Changes:

@@ -10,10 +10,11 @@ import stat
 import threading
 from typing import TYPE_CHECKING
 
-from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, PartitionNode, Refused
+from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, PartitionNode, Refused, log_access
 from seglogfs.fs.views import View
 
 if TYPE_CHECKING:
+    from seglogfs.engine import PartitionLog
     from seglogfs.fs.tree import Tree
 
 
@@ -62,9 +63,17 @@ class ViewFile(PartitionNode):
                     view = self.view = View(layout, start)
         return view
 
+    def viewed_log(self) -> PartitionLog:
+        """The partition this node's view shows: the one it was made on, which stays its own
+        after its topic is deleted (held open, the view keeps what it holds: Tree.delete_topic),
+        else the data dir's partition of the name."""
+        view = self.view
+        return self.log if view is None else view.layout.log
+
     def attributes(self) -> Attributes:
-        log = self.log
-        self.check_online("stat")  # (an offline partition has no segments to measure)
+        log = self.viewed_log()
+        if log.offline_reason is not None:  # (an offline partition has no segments to measure)
+            raise Refused(errno.EIO, f"stat {self.path}: the partition is offline ({log.offline_reason})")
         mtime_ns = max(self.tree.mounted_ns, log.active_segment.max_timestamp_so_far.timestamp * 1_000_000)
         # By-offset and by-time views are told of growth only while open (there can be any
         # number of them): looked up but closed, their size may be a second old.
@@ -72,7 +81,7 @@ class ViewFile(PartitionNode):
         size = self.ensure_view().size()
         return self.shown(
             stat.S_IFREG,
-            self.partition_access().reading(),
+            log_access(log).reading(),
             size=size,
             mtime_ns=mtime_ns,
             block_bytes=IO_BLOCK_BYTES,
@@ -130,12 +139,14 @@ class ViewHandle(Handle):
         return Changes()
 
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
-        if self.view_file.log.offline_reason is not None:
+        if self.view.layout.log.offline_reason is not None:
             return None  # the worker thread's read says why
         return self.view.read_now(position, length)
 
     def read(self, position: int, length: int) -> bytes | memoryview:
-        self.view_file.check_online("read")
+        reason = self.view.layout.log.offline_reason  # (its own partition's, though its topic be deleted)
+        if reason is not None:
+            raise Refused(errno.EIO, f"read {self.node.path}: the partition is offline ({reason})")
         return self.view.read(position, length)
 
     def grown_size(self) -> int:

@@ -213,8 +213,8 @@ def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> 
         syslog = logging.handlers.SysLogHandler("/dev/log", facility=logging.handlers.SysLogHandler.LOG_DAEMON)
         syslog.setFormatter(logging.Formatter(f"seglogfs[%(process)d]: {mountpoint}: %(levelname)s %(message)s"))
         handlers.append(syslog)
-    if foreground and file is None:
-        handlers[0].setFormatter(logging.Formatter("seglogfs: %(levelname)s %(name)s: %(message)s"))
+    if foreground and file is None:  # (several mounts may log to one terminal: each line names its own)
+        handlers[0].setFormatter(logging.Formatter(f"seglogfs {mountpoint}: %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
 
 

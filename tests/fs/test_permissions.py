@@ -199,15 +199,15 @@ APPENDS = [
 ]
 
 
-def writes(m: Mount, batch: bytes) -> list[tuple[str, Path, bytes] | tuple[str, Path]]:
+def writes(m: Mount, batch: bytes, *, rmdir: bool = True) -> list[tuple[str, Path, bytes] | tuple[str, Path]]:
     """Every request that changes something: appends to each append file, config, mkdir and
-    rmdir of a topic, chmod, chown and touch of a view."""
+    rmdir of a topic (unless not `rmdir`), chmod, chown and touch of a view."""
     return [
         *(("write", m.path / name, data) for name, data in APPENDS),
         ("write", m.path / "t/0/append.batches", batch),
         ("write", m.path / "t/config", CONFIG),
         ("mkdir", m.path / "u"),
-        ("rmdir", m.path / "t"),
+        *([("rmdir", m.path / "t")] if rmdir else []),
         ("chmod", m.path / "t/0/records"),
         ("chown", m.path / "t/0/records"),
         ("touch", m.path / "t/0/records"),
@@ -226,7 +226,7 @@ def test_a_closed_data_dir_refuses_another_user_everything(
     assert mode_and_owner(m.path / "t") == ("drwx------", 0, 0)
     assert mode_and_owner(m.path / "t/config") == ("-rw-------", 0, 0)
     assert mode_and_owner(m.path / "t/0") == ("drwx------", 0, 0)  # the segments' bits, and x to reach them
-    assert mode_and_owner(m.path / "t/0/by-offset") == ("dr-x------", 0, 0)
+    assert mode_and_owner(m.path / "t/0/by-offset") == ("drwx------", 0, 0)  # (as t/0: rm -r unlinks in it)
     assert mode_and_owner(m.path / "t/0/records") == ("-r--------", 0, 0)
     assert mode_and_owner(m.path / "t/0/status") == ("-r--------", 0, 0)
     assert mode_and_owner(m.path / "t/0/append") == ("--w-------", 0, 0)
@@ -315,8 +315,8 @@ def test_a_chmod_in_the_data_dir_takes_effect_within_a_second(
 
 def test_the_owner_of_the_files_does_everything(place: Path, user: tuple[int, int], mounts: list[Mount]) -> None:
     """Root mounts a data dir (0700, segments 0600) that the user owns: the user reads, appends,
-    writes config and makes topics, which are the user's; changing a node's mode is EPERM
-    still."""
+    writes config, makes topics, which are the user's, and removes them; changing a node's
+    mode is EPERM still."""
     data = make_data_dir(place, dir_mode=0o700, file_mode=0o600, owner=user)
     batch = (data / "t-0" / SEGMENT).read_bytes()
     m = mount_at(mounts, data)
@@ -324,11 +324,10 @@ def test_the_owner_of_the_files_does_everything(place: Path, user: tuple[int, in
     assert mode_and_owner(m.path / "t/0/records") == ("-r--------", uid, gid)
     assert mode_and_owner(m.path / "t/0/append.batches") == ("--w-------", uid, gid)
     reads = [("read", m.path / name) for name in VIEWS] + [("read", m.path / ".logdir/t-0" / SEGMENT)]
-    results = as_user(user, *reads, *writes(m, batch))
+    results = as_user(user, *reads, *writes(m, batch, rmdir=False))
     assert [result[0] for result in results[: len(reads)]] == ["ok"] * len(reads), results
-    assert [result[0] for result in results[len(reads) :]] == ["ok"] * 7 + ["EPERM"] * 4, results
-    # (rmdir: topics are not deleted through the mount; chmod, chown, touch: the owner's
-    # mode and times come from the data dir)
+    assert [result[0] for result in results[len(reads) :]] == ["ok"] * 7 + ["EPERM"] * 3, results
+    # (chmod, chown, touch: the owner's mode and times come from the data dir)
     after = (m.path / "t/0/records").read_bytes()
     assert after.startswith(RECORDS) and after.count(b"\n") == 3 + len(APPENDS) + 3  # and the batch's three
     assert (m.path / "t/config").read_bytes() == CONFIG
@@ -336,6 +335,49 @@ def test_the_owner_of_the_files_does_everything(place: Path, user: tuple[int, in
         path.stat().st_uid == uid and path.stat().st_gid == gid for path in [data / "u-0", *(data / "u-0").iterdir()]
     )
     assert mode_and_owner(m.path / "u/0/records")[1:] == (uid, gid)
+    assert as_user(user, ("rmdir", m.path / "u")) == [["ok", None]]
+    assert not (data / "u-0").exists() and not (m.path / "u").exists()
+    removed = run_as(user, "rm", "-r", m.path / "t")
+    assert removed.returncode == 0, removed.stderr
+    assert sorted(os.listdir(data)) == sorted(name for name in os.listdir(data) if not name.startswith("t-"))
+
+
+def run_as(user: tuple[int, int], *command: str | Path) -> subprocess.CompletedProcess[str]:
+    """A real tool run by the user."""
+    uid, gid = user
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *(str(part) for part in command)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd="/",
+    )
+
+
+def test_a_topic_is_removed_only_by_who_may_remove_its_files(
+    place: Path, user: tuple[int, int], mounts: list[Mount]
+) -> None:
+    """The user may not write the data dir (0755, root's): `rmdir` and `rm -r` of a topic fail
+    (the kernel refuses, EACCES). The user owns the data dir, but the partition's files are
+    root's (0644, in a dir of root's): refused by the mount too, which says why, as `rm -r` of
+    the partition dir on disk would fail. Nothing on disk changes."""
+    data = make_data_dir(place, dir_mode=0o755, file_mode=0o644)
+    m = mount_at(mounts, data)
+    before = on_disk(data)
+    assert as_user(user, ("rmdir", m.path / "t")) == [["EACCES", None]]
+    removed = run_as(user, "rm", "-r", m.path / "t")
+    assert removed.returncode == 1 and "Permission denied" in removed.stderr
+    assert on_disk(data) == before
+
+    os.chown(data, *user)
+    assert eventually(lambda: mode_and_owner(m.path)[1:] == user)  # (the kernel keeps a directory's a second)
+    said = len(m.output().splitlines())
+    assert as_user(user, ("rmdir", m.path / "t")) == [["EACCES", None]]
+    [line] = [line for line in m.output().splitlines()[said:] if "WARNING" in line]
+    assert line.endswith("rmdir t: the caller may not write the files of partition 0: Permission denied (EACCES)")
+    assert on_disk(data) == {**before, ".": (before["."][0], *user, "")}
+    assert (m.path / "t/0/records").read_bytes() == RECORDS
 
 
 def test_a_read_only_mount_shows_no_write_bits(place: Path, user: tuple[int, int], mounts: list[Mount]) -> None:
@@ -414,8 +456,6 @@ def test_directories_open_to_whoever_may_read_or_write_their_files() -> None:
     assert Access(5, 6, 0o600).directory() == Access(5, 6, 0o700)
     assert Access(5, 6, 0o644).directory() == Access(5, 6, 0o755)
     assert Access(5, 6, 0o620).directory() == Access(5, 6, 0o730)  # the group reaches its append files
-    assert Access(5, 6, 0o644).reading_directory() == Access(5, 6, 0o555)
-    assert Access(5, 6, 0o620).reading_directory() == Access(5, 6, 0o500)
     assert Access(5, 6, 0o4755).file() == Access(5, 6, 0o644)
     assert shared_access([Access(5, 6, 0o600), Access(5, 6, 0o660)]) == Access(5, 6, 0o600)
     assert shared_access([Access(5, 6, 0o600), Access(7, 6, 0o600)]) == ROOT_ONLY
@@ -444,7 +484,7 @@ def test_a_topics_append_files_take_what_its_partitions_share(place: Path) -> No
         assert shown("t/1/status") == ("-r--r-----", 5, 6)
         assert shown("t/1/append.batches") == ("--w-------", 5, 6)
         assert shown("t/1") == ("drwxr-x---", 5, 6)
-        assert shown("t/1/by-offset") == ("dr-xr-x---", 5, 6)
+        assert shown("t/1/by-offset") == ("drwxr-x---", 5, 6)
         assert shown("t/0/append") == ("--w-------", 0, 0)
         assert shown("t/append") == ("----------", 0, 0)  # root alone
         assert shown(".logdir/t-1/" + segment.name) == ("-rw-r-----", 5, 6)

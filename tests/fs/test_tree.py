@@ -16,6 +16,7 @@ from seglogfs.engine import DataDir
 from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, RecordTooLargeError
 from seglogfs.fs.node import Handle, Node, Refused
+from seglogfs.fs.permissions import Caller
 from seglogfs.fs.tree import MountOptions, Tree
 from seglogfs.fs.view_file import ViewFile
 from tests.conftest import NOW_MS, broker_config
@@ -374,3 +375,34 @@ def test_a_write_tells_of_records_and_open_views_only(data_dir: DataDir) -> None
     assert sorted(append.write(0, b"x\n").inodes) == sorted([records.inode, looked_up[1].inode])
     held.release()
     assert append.write(0, b"y\n").inodes == [records.inode]
+
+
+def test_a_deleted_topics_nodes_are_superseded_and_its_held_views_keep_what_they_hold(data_dir: DataDir) -> None:
+    """rmdir of a topic (Tree.delete_topic): the topic is gone from the data dir and the tree;
+    an open view still reads and stats what it held, an open append handle is refused (ENOENT),
+    and the name made again is new nodes. Refused: an unknown topic (ENOENT), a caller who may
+    not write the partition's files (EACCES), a read-only tree (EROFS)."""
+    tree = tree_of(data_dir)
+    root = Caller(0, 0)
+    records = walk(tree, "t/0/records")
+    assert isinstance(records, ViewFile)
+    view = records.open(os.O_RDONLY)
+    append = walk(tree, "t/0/append").open(os.O_WRONLY)
+    segment = data_dir.partition("t", 0).active_segment.log_path
+    os.chown(segment, 5, 6)
+    segment.chmod(0o644)
+    said = refused(errno.EACCES, lambda: tree.root.rmdir("t", Caller(7, 6, frozenset({8}))))
+    assert said == "rmdir t: the caller may not write the files of partition 0: Permission denied"
+    segment.chmod(0o664)
+    refused(errno.EACCES, lambda: tree.root.rmdir("t", Caller(7, 8)))  # (not of the group)
+    tree.root.rmdir("t", Caller(7, 8, frozenset({6})))  # (a supplementary group may)
+    assert "t" not in data_dir.topics() and not any(data_dir.config.log_dirs[0].glob("t-*"))
+    refused(errno.ENOENT, lambda: tree.root.rmdir("t", root))
+    refused(errno.ENOENT, lambda: tree.lookup(tree.root, "t"))
+    assert read_all(view) == b"one\ntwo\nthree\n" and records.attributes().size == len(b"one\ntwo\nthree\n")
+    assert "topic t was deleted" in refused(errno.ENOENT, lambda: append.write(0, b"four\n"))
+    tree.root.mkdir("t")
+    again = walk(tree, "t/0/records")
+    assert again.inode != records.inode and read_all(again.open(os.O_RDONLY)) == b""
+    view.release()
+    assert "rmdir t" in refused(errno.EROFS, lambda: tree_of(data_dir, read_only=True).root.rmdir("t", root))
