@@ -41,15 +41,22 @@ def log_files(data: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted((data / "t-0").glob("*.log"))}
 
 
-@pytest.fixture
-def eight_segments(tmp_path: Path) -> Path:
-    """Partition t-0 of 160 records, 10 a batch, in 8 segments of 20 (bases 0, 20, … 140)."""
-    data = tmp_path / "data"
+@pytest.fixture(scope="session")
+def eight_segments_made(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Partition t-0 of 160 records, 10 a batch, in 8 segments of 20 (bases 0, 20, … 140),
+    produced once: each test takes a copy (`eight_segments`)."""
+    data = tmp_path_factory.mktemp("eight-segments") / "data"
     for start in range(0, 160, 10):
         lines = b"".join(b"value-%d\n" % n for n in range(start, start + 10))
         run("produce", str(data), "--topic", "t", "--partition", "0", "--override", SEGMENT_BYTES, stdin=lines)
     assert sorted(log_files(data)) == [f"{base:020d}.log" for base in range(0, 160, 20)]
     return data
+
+
+@pytest.fixture
+def eight_segments(eight_segments_made: Path, tmp_path: Path) -> Path:
+    """A copy of `eight_segments_made`, the test's own."""
+    return Path(shutil.copytree(eight_segments_made, tmp_path / "data", symlinks=True))
 
 
 def flip_a_byte(data: Path, base: int, position: int = 100) -> None:
