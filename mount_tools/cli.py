@@ -22,13 +22,15 @@ Exit codes (mount_tools.common):
        missing data dir, …)
     2  the command line is wrong
     3  the data dir is locked by another process
-    4  `check` found problems (after `--repair`: problems it could not repair)
+    4  `check` found problems (after `--repair`: problems it could not repair), or DATADIR is a
+       backup that did not complete (`seglogfs backup` cut short or failed)
     7  `check` found no problems, but records are set aside beside a log dir (by recovery or a
        repair: see engine.set_aside) until an operator removes the place (`rm -r`)
     70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
 Errors are one line on stderr, `seglogfs: <what and where>` (a bad command line:
 `seglogfs COMMAND: <what> (see seglogfs COMMAND --help)`), with no traceback. A reader that goes
-away (`| head`) ends any command quietly with status 0.
+away (`| head`) ends any command quietly with status 0, but `backup` and `restore`: a copy cut
+short exits 1 (quietly too), as its work is not done.
 """
 
 from __future__ import annotations
@@ -306,13 +308,16 @@ def _set_aside_document(runs: list[SetAsideRun]) -> list[dict[str, Any]]:
     ]
 
 
-def _check_document(dirs: list[Path], report: CheckReport) -> dict[str, Any]:
+def _check_document(dirs: list[Path], report: CheckReport, incomplete: str | None = None) -> dict[str, Any]:
     """`check --json`: the report's figures, its problems and notes, what is set aside beside the
-    log dirs (`clean` is false while anything is); `repaired`, `problemsBeforeRepair` and
-    `setAsideByRepair` are set by `--repair`, `repairPlan` by `--repair --dry-run`."""
+    log dirs (`clean` is false while anything is), `incompleteBackup` (the line saying DATADIR
+    is a backup that did not complete, or null; `clean` is false then too); `repaired`,
+    `problemsBeforeRepair` and `setAsideByRepair` are set by `--repair`, `repairPlan` by
+    `--repair --dry-run`."""
     return {
         "logDirs": [str(d) for d in dirs],
-        "clean": report.clean and not report.set_aside,
+        "clean": report.clean and not report.set_aside and incomplete is None,
+        "incompleteBackup": incomplete,
         "partitions": report.partitions,
         "segments": report.segments,
         "batches": report.batches,
@@ -339,12 +344,16 @@ def _print_set_aside(report: CheckReport, told: list[SetAsidePiece]) -> None:
                 print(f"set aside: {piece.path}: {piece.describe()}")
 
 
-def _summary(report: CheckReport, dirs: list[Path]) -> str:
-    """The last line: never `clean` while records are set aside beside a log dir."""
+def _summary(report: CheckReport, dirs: list[Path], incomplete: str | None) -> str:
+    """The last line: never `clean` while records are set aside beside a log dir, nor of a
+    backup that did not complete."""
     figures = (
         f"{report.partitions} partitions, {report.segments} segments, {report.batches} batches, "
         f"{report.records} records, {report.bytes} bytes: "
     )
+    if incomplete is not None:
+        problems = f"{len(report.problems)} problems" if report.problems else "no problems"
+        return figures + f"{problems}, but an incomplete backup (see above)"
     if not report.set_aside:
         return figures + ("clean" if report.clean else f"{len(report.problems)} problems")
     places = sorted({str(place_for(log_dir)) for log_dir in dirs if os.path.lexists(place_for(log_dir))})
@@ -380,7 +389,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     total = sum(p.lstat().st_size for d in dirs for p in d.glob("*/*.log"))
     with Progress("check", total, plain=not args.json) as progress:
         report = check_log_dirs(dirs, progress.advance)
+    # A backup cut short holds files that each check out, but not the source's state as a whole.
+    incomplete = backup.incomplete_backup(dirs)
     text = not args.json
+    if incomplete is not None:
+        print(f"seglogfs: {incomplete}", file=sys.stderr)
     if text:
         for log_dir, pid in report.in_use_by.items():
             holder = f"process {pid}" if pid else "another process"
@@ -399,7 +412,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if report.problems and args.repair:
         if report.in_use_by:
             if not text:
-                print_json(_check_document(dirs, report))
+                print_json(_check_document(dirs, report, incomplete))
             print("seglogfs: not repairing a data dir that another process holds", file=sys.stderr)
             return EXIT_LOCKED
         if args.dry_run:
@@ -426,9 +439,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                     print(f"still: {problem}")
     if text:
         _print_set_aside(report, kept)
-        print(_summary(report, dirs))
+        print(_summary(report, dirs, incomplete))
     else:
-        document = _check_document(dirs, report)
+        document = _check_document(dirs, report, incomplete)
         if report is not before:
             document["repaired"] = True
             document["problemsBeforeRepair"] = _check_document(dirs, before)["problems"]
@@ -443,7 +456,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 for plan in plans
             ]
         print_json(document)
-    if report.problems:
+    if report.problems or incomplete is not None:
         return EXIT_CHECK_FAILED
     return EXIT_SET_ASIDE if report.set_aside else EXIT_OK
 
