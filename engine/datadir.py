@@ -215,6 +215,9 @@ SOURCE_METADATA_LOG = "metadata-log"  # a KRaft metadata log's ConfigRecord: dyn
 SOURCE_INTERNAL_TOPIC = "internal-topic"  # the configs Kafka creates its internal topics with
 SOURCE_TOPIC_OVERRIDE = "topic-override"  # the seglogfs overrides (.seglogfs-topic-configs.json)
 SOURCE_CLEANUP_OFF = "cleanup-off"  # seglogfs turned retention and compaction off (module docstring)
+UNKNOWN_CONFIGS_REMEDY = (
+    "set cleanup.policy in the topic's config, or --override log.cleanup.policy=delete|compact for all such topics"
+)
 SOURCE_DATADIR = "DATADIR"  # log.dirs: the command's DATADIR argument
 TOPIC_LEVEL_SOURCES = frozenset({SOURCE_METADATA_LOG, SOURCE_INTERNAL_TOPIC, SOURCE_TOPIC_OVERRIDE})
 
@@ -928,10 +931,12 @@ class DataDir:
                 )
             else:
                 entry = ConfigEntry(name, value, *defaults[name])
-            if name == "cleanup.policy" and (topic == METADATA_TOPIC or why is not None):
-                reason = "Kafka trims its metadata log with snapshots" if topic == METADATA_TOPIC else why
-                set_by = f"{entry.source} {entry.detail}".strip()
-                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, f"{reason} (set: {set_by})")
+            if name == "cleanup.policy" and topic == METADATA_TOPIC:
+                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, "Kafka trims its metadata log with snapshots")
+            elif name == "cleanup.policy" and why is not None:
+                # (The policy the layers would give is not in force and not known to be the
+                # topic's: saying which layer set it only read as if it were.)
+                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, f"{why}; {UNKNOWN_CONFIGS_REMEDY}")
             entries.append(entry)
         return entries
 

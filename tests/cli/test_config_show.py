@@ -105,7 +105,19 @@ def test_unknown_broker_configs_say_why(tmp_path: Path) -> None:
     (data / "t-0").mkdir(parents=True)
     (data / "meta.properties").write_text("version=0\nbroker.id=1001\n")  # a ZooKeeper-mode broker's dir
     value, source, detail = shown(str(data), "--topic", "t")["cleanup.policy"]
-    assert (value, source) == ("", "cleanup-off") and "ZooKeeper" in detail and detail.endswith("(set: default)")
+    assert (value, source) == ("", "cleanup-off") and "ZooKeeper" in detail
+    assert detail.endswith(
+        "; set cleanup.policy in the topic's config, or --override log.cleanup.policy=delete|compact "
+        "for all such topics"
+    )
+    # In text the empty policy is said as such (a blank value read as if the source were the
+    # value), and the detail is one parenthesis: it names no layer as having set a policy.
+    line = next(
+        line
+        for line in run("config", "show", str(data), "--topic", "t").stdout.splitlines()
+        if line.startswith("cleanup.policy=")
+    )
+    assert re.fullmatch(r"cleanup\.policy=\(none\) +cleanup-off \(no metadata log: [^()]*ZooKeeper[^()]*\)", line), line
     value, source, _ = shown(str(data), "--topic", "t", "--override", "log.cleanup.policy=compact")["cleanup.policy"]
     assert (value, source) == ("compact", "--override")
 
