@@ -36,6 +36,8 @@ short exits 1 (quietly too), as its work is not done.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import stat
 import sys
@@ -237,7 +239,7 @@ def _print_cleanup(document: dict[str, Any]) -> None:
                 f"kept; {item['elapsedSeconds']:.2f} s"
             )
     for item in document["failed"]:
-        print(f"{item['topic']}-{item['partition']}: not compacted: {item['reason']}", file=sys.stderr)
+        print(f"seglogfs: {item['topic']}-{item['partition']}: not compacted: {item['reason']}", file=sys.stderr)
     if document["unknownConfigs"]:
         print(_unknown_configs_line(document["unknownConfigs"]))
     if not (document["retention"] or document["compaction"] or document["failed"]):
@@ -571,10 +573,39 @@ def _normalise(arguments: list[str]) -> list[str]:
     return arguments
 
 
-def _say(error: object) -> None:
-    """The error line: `seglogfs: <what and where>`, one line whatever the message holds (a
-    holder's command line from /proc may have newlines in it)."""
-    print("seglogfs: " + " ".join(str(error).splitlines()), file=sys.stderr)
+def _say(error: object, *also: str) -> None:
+    """The error line: `seglogfs: <what and where>`, one line whatever the message holds; `also`:
+    what failed after it because of it (closing the data dir on the same full disk), said in
+    the same line."""
+    line = " ".join(str(error).splitlines())
+    if also:
+        line += f" (then closing the data dir failed too: {'; '.join(also)})"
+    print(f"seglogfs: {line}", file=sys.stderr)
+
+
+class _LogLines(logging.Handler):
+    """How the engine's log records reach stderr when a command runs (the mount sets up its
+    own logging): `seglogfs: <message>`, one line each, WARNING and above. It stands in for
+    Python's last-resort handler, which printed the bare message; `Progress` wraps it, erasing
+    its line first. A record that follows an error the command is about to print (the data
+    dir's close failing after the append that failed, `after_error`) is held, and said in that
+    error's line: one error, one line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.held: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().splitlines())
+        if getattr(record, "after_error", None) is not None:
+            self.held.append(message)
+            return
+        with contextlib.suppress(OSError, ValueError):  # (a stderr gone: the command goes on)
+            print(f"seglogfs: {message}", file=sys.stderr, flush=True)
+
+    def take_held(self) -> list[str]:
+        held, self.held = self.held, []
+        return held
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -582,6 +613,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_normalise(list(sys.argv[1:] if argv is None else argv)))
     handler: Callable[[argparse.Namespace], int] = args.handler
+    lines = _LogLines()
+    previous, logging.lastResort = logging.lastResort, lines
+    try:
+        return _run(handler, args, lines)
+    finally:
+        logging.lastResort = previous
+        for held in lines.take_held():  # (the command caught the error it followed: said on its own)
+            with contextlib.suppress(OSError, ValueError):
+                _say(held)
+
+
+def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, lines: _LogLines) -> int:
+    """The command, its errors as one line each and the documented exit codes."""
     try:
         return handler(args)
     except BrokenPipeError:  # the reader went away (`| head`): quietly, as a Unix tool
@@ -591,13 +635,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(error)
         return EXIT_USAGE
     except LogDirLockedError as error:
-        _say(error)
+        _say(error, *lines.take_held())
         return EXIT_LOCKED
     except (ConfigError, InvalidRecordError, EngineError) as error:
-        _say(error)
+        _say(error, *lines.take_held())
         return EXIT_DATA
     except OSError as error:
-        _say(f"{error.filename}: {error.strerror or error}" if error.filename else (error.strerror or error))
+        what = f"{error.filename}: {error.strerror or error}" if error.filename else (error.strerror or error)
+        _say(what, *lines.take_held())
         return EXIT_DATA
     except KeyboardInterrupt:
         return 130
