@@ -705,7 +705,11 @@ def incomplete_backup(log_dirs: Iterable[Path]) -> str | None:
                 else ""
             )
             source = manifest.get("source")
-            again = f"seglogfs backup {shlex.quote(source)} {shlex.quote(str(directory))}" if source else "a backup"
+            again = (
+                f"seglogfs backup {shlex.quote(source)} {shlex.quote(str(directory))}"
+                if isinstance(source, str) and source
+                else "a backup into it"
+            )
             return (
                 f"{directory}: an incomplete backup: the backup into it started{when} did not complete "
                 f"(cut short or failed), so its files are not a consistent copy; {again} completes it"
