@@ -127,3 +127,38 @@ def test_a_backup_killed_mid_way_is_incomplete_until_the_next_one(
     # What a kill -9 can leave (a staged copy not yet renamed into place) goes with the next backup.
     (backup / f".replication-offset-checkpoint.{process.pid}.seglogfs-tmp").write_text("0\n")
     assert_completed_by_the_next_backup(backup, data)
+
+
+def test_a_restore_whose_reader_went_away_exits_non_zero(data: Path, tmp_path: Path) -> None:
+    backup, restored = tmp_path / "backup", tmp_path / "restored"
+    run("backup", str(data), str(backup))
+    piped = subprocess.run(
+        [
+            "bash",
+            "-c",
+            '"$0" restore "$1" "$2" -v | head -1; exit "${PIPESTATUS[0]}"',
+            SEGLOGFS,
+            str(backup),
+            str(restored),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert piped.returncode == 1, piped.stdout + piped.stderr
+    assert "Traceback" not in piped.stderr and "Broken pipe" not in piped.stderr, piped.stderr
+
+
+def test_the_log_dirs_of_an_incomplete_backup_of_several_say_so(tmp_path: Path) -> None:
+    """A backup of two log dirs holds them as B/0 and B/1; `check B/0,B/1` reads the manifest
+    in B."""
+    first, second, backup = tmp_path / "d0", tmp_path / "d1", tmp_path / "backup"
+    run("topics", "create", f"{first},{second}", "--topic", "t", "--partitions", "2")
+    run("backup", f"{first},{second}", str(backup))
+    assert run("check", f"{backup / '0'},{backup / '1'}").stdout.rstrip().endswith(": clean")
+    (backup / MANIFEST).write_text(json.dumps({**manifest(backup), "complete": False}))  # as a cut-short run leaves it
+    checked = run("check", f"{backup / '0'},{backup / '1'}", code=4)
+    assert checked.stderr.startswith(f"seglogfs: {backup}: an incomplete backup: "), checked.stderr
+    assert checked.stderr.rstrip().endswith(f"seglogfs backup {first},{second} {backup} completes it"), checked.stderr
