@@ -47,11 +47,12 @@ backup tool's catalogue does: each run writes it first with `"complete": false` 
 it changes a file of DEST) and replaces it with `"complete": true` as its very last step (fsynced,
 after every file and directory). So whatever ends a run early — a reader of `-v` that went away
 (`| head`), ENOSPC or EIO, SIGINT, SIGTERM, `kill -9`, a power cut — leaves DEST marked
-incomplete: the run exits non-zero (1; 130 after SIGINT; a closed pipe quietly, with no line),
-`restore` refuses DEST, `check` and `consume` of it say in one line that it is an incomplete
-backup (`incomplete_backup`; check exits 4), and the next backup into DEST completes it, removing
-what the cut-short run left (its `.*.seglogfs-tmp` files, files SRC no longer holds). A backup is
-otherwise a data dir: `seglogfs check`, `consume` and `mount` read it as it is.
+incomplete: the run exits non-zero (1; 130 after SIGINT, 143 after SIGTERM; a closed pipe
+quietly, with no line), `restore` refuses DEST, `check` and `consume` of it say in one line that
+it is an incomplete backup (`incomplete_backup`; check exits 4), and the next backup into DEST
+completes it, removing what the cut-short run left (its `.*.seglogfs-tmp` files, files SRC no
+longer holds). A backup is otherwise a data dir: `seglogfs check`, `consume` and `mount` read it
+as it is.
 
 Links, FIFOs, sockets and devices are refused, never followed or read: a backup or a restore that
 meets one (a symbolic link named like a segment, a FIFO in a backup) names it in one line on
@@ -63,7 +64,8 @@ Refusals (one line on stderr): SRC or DEST missing or of the wrong kind, DEST in
 inside DEST, DEST neither empty nor a backup, a non-empty DATADIR without --force: exit 2;
 DEST or DATADIR a live data dir (its `.lock` held: a mount, a broker, a writer): exit 3; a backup
 that did not complete (restore): exit 1. A backup or restore that fails or is cut short exits 1
-(130 after SIGINT): a backup with one line naming the failure and DEST as incomplete.
+(a backup: 130 after SIGINT, 143 after SIGTERM), a backup with one line naming the failure and
+DEST as incomplete.
 """
 
 from __future__ import annotations
