@@ -4,6 +4,7 @@ terminal's escape sequence (another user's process: bytes nobody checked)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from tests.cli.support import one_error_line, run
 from tests.conftest import REPO
+from tests.fs.conftest import Mount
 
 FIXTURES = REPO / "tests" / "fixtures" / "kafka"
 HOSTILE_ARGUMENT = "first line\nseglogfs: a line it did not write\x1b[2J\x07"
@@ -52,3 +54,34 @@ def test_a_lock_holders_command_line_is_one_line_with_its_control_characters_esc
         " first line\\nseglogfs: a line it did not write\\x1b[2J\\x07)" + f" (lock file {data / '.lock'})"
     ), line
     assert "\x1b" not in line and "\x07" not in line
+
+
+def test_a_foreground_mount_whose_close_fails_on_a_full_disk_exits_1_saying_why(
+    small_tmpfs: Path, tmp_path: Path
+) -> None:
+    """Its lines all start with `seglogfs:`, the last one says what could not be written (without
+    Python's `[Errno 28]`), and both the mount's process and `seglogfs umount` exit 1."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    mount = Mount(small_tmpfs / "data", mountpoint, ["-o", "view.cache=none"])
+    try:
+        (mountpoint / "t").mkdir()
+        with open(mountpoint / "t" / "0" / "append", "ab") as handle:  # (the close has checkpoints to write)
+            handle.write(b"one\n")
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={small_tmpfs / 'filler'}", "bs=64k"], capture_output=True, check=False
+        )
+        umount = run("umount", str(mountpoint), code=1)
+    finally:
+        mount.stop()
+    assert mount.process.returncode == 1, mount.output()
+    said = mount.output().splitlines()
+    assert said and all(line.startswith("seglogfs: ") for line in said), said
+    # (what failed first: the partition's close or the checkpoints, each a line in the log)
+    assert re.fullmatch(
+        r"seglogfs: (closing t-0|writing checkpoints): [^\[\]]*No space left on device.*; "
+        "the next open recovers as after a crash",
+        said[-1],
+    ), said
+    assert not any("[Errno" in line for line in said), said
+    assert one_error_line(umount).startswith(f"seglogfs: {mountpoint}: the mount's process {mount.process.pid} exited")
