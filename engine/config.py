@@ -33,7 +33,7 @@ from types import MappingProxyType
 from typing import Any
 
 from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.errors import ConfigError, UnsafeFileError
+from seglogfs.engine.errors import ConfigError, EngineError, UnsafeFileError
 from seglogfs.engine.files import decode_text, read_regular
 from seglogfs.engine.records import TimestampType
 
@@ -47,9 +47,12 @@ DEFAULT_FLUSH_MS = 1000  # see "flush.ms" below and the README's durability prom
 
 
 def _parse_int(text: str) -> int:
+    """A decimal integer, as Java's Long.parseLong reads one (no `1_000`, no `1e3`)."""
+    if re.fullmatch(r"[+-]?[0-9]+", text.strip()) is None:
+        raise ValueError("expected an integer")
     value = int(text.strip())
     if not -(2**63) <= value <= LONG_MAX:
-        raise ValueError("out of the range of a 64-bit integer")
+        raise ValueError("expected an integer within the range of a 64-bit integer")
     return value
 
 
@@ -68,7 +71,10 @@ def _parse_policy(text: str) -> tuple[str, ...]:
 
 
 def _parse_ratio(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")  # (not a number: refused below)
     if not 0.0 <= value <= 1.0:
         raise ValueError("expected a number between 0 and 1")
     return value
@@ -242,10 +248,18 @@ def _field(name: str) -> str:
 
 
 def _convert(setting: _Setting, key: str, text: str, source: str) -> Any:
+    """`text` read as `key`'s value; ConfigError in one line naming where the value comes from
+    (`server.properties:LINE`, `--override KEY`, a topic's config), the key, the value and what
+    is expected, as Kafka's ConfigException says `Invalid value abc for configuration
+    segment.bytes: Not a number of type INT`."""
     try:
         value = setting.parse(text)
-    except (ValueError, Exception) as error:
-        raise ConfigError(f"{source}: invalid value {text!r} for {key}: {error}") from None
+    except (ValueError, EngineError) as error:  # (each parser says what it expects)
+        expected = str(error)
+        if setting.parse is _parse_int and setting.minimum is not None and expected == "expected an integer":
+            limit = f" from {setting.minimum} to {setting.maximum}" if setting.maximum is not None else ""
+            expected += limit or f" of at least {setting.minimum}"
+        raise ConfigError(f"{source}: invalid value {text!r} for {key}: {expected}") from None
     if setting.minimum is not None and isinstance(value, int) and value < setting.minimum:
         raise ConfigError(f"{source}: {key}={text} is below the minimum of {setting.minimum}")
     if setting.maximum is not None and isinstance(value, int) and value > setting.maximum:

@@ -156,14 +156,36 @@ def _lock_holder(fd: int) -> int | None:
 
 
 def describe_process(pid: int | None) -> str:
-    """`process N (its whole command line)` for lock errors: who holds a data dir."""
+    """`process N (its whole command line)` for lock errors: who holds a data dir. The command
+    line is another process's, perhaps another user's (untrusted bytes): its arguments are
+    joined by spaces, and control characters (a newline, an escape sequence) and bytes that
+    are not UTF-8 are escaped (`\\n`, `\\x1b`), so that the message stays one line that
+    shows what is there and cannot move a terminal's cursor. Whole: an operator needs all of it
+    to tell one broker's java from another's."""
     if not pid:
         return "another process"
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return f"process {pid}"
-    return f"process {pid} ({cmdline})"
+    text = raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="backslashreplace").strip()
+    return f"process {pid} ({''.join(_escaped(char) for char in text)})"
+
+
+def _escaped(char: str) -> str:
+    """A character of an untrusted command line as shown: control characters (C0, DEL, C1 and
+    the line and paragraph separators) escaped as Python writes them."""
+    if char.isprintable() or char == " ":
+        return char
+    return char.encode("unicode_escape").decode("ascii")
+
+
+def _error_text(error: BaseException) -> str:
+    """An error in a message as the CLI shows one: an OSError as `path: reason` (without
+    Python's `[Errno N]`), anything else as its text."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    return str(error)
 
 
 def _node_id(log_dirs: tuple[Path, ...]) -> str | None:
@@ -215,6 +237,9 @@ SOURCE_METADATA_LOG = "metadata-log"  # a KRaft metadata log's ConfigRecord: dyn
 SOURCE_INTERNAL_TOPIC = "internal-topic"  # the configs Kafka creates its internal topics with
 SOURCE_TOPIC_OVERRIDE = "topic-override"  # the seglogfs overrides (.seglogfs-topic-configs.json)
 SOURCE_CLEANUP_OFF = "cleanup-off"  # seglogfs turned retention and compaction off (module docstring)
+UNKNOWN_CONFIGS_REMEDY = (
+    "set cleanup.policy in the topic's config, or --override log.cleanup.policy=delete|compact for all such topics"
+)
 SOURCE_DATADIR = "DATADIR"  # log.dirs: the command's DATADIR argument
 TOPIC_LEVEL_SOURCES = frozenset({SOURCE_METADATA_LOG, SOURCE_INTERNAL_TOPIC, SOURCE_TOPIC_OVERRIDE})
 
@@ -932,10 +957,12 @@ class DataDir:
                 )
             else:
                 entry = ConfigEntry(name, value, *defaults[name])
-            if name == "cleanup.policy" and (topic == METADATA_TOPIC or why is not None):
-                reason = "Kafka trims its metadata log with snapshots" if topic == METADATA_TOPIC else why
-                set_by = f"{entry.source} {entry.detail}".strip()
-                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, f"{reason} (set: {set_by})")
+            if name == "cleanup.policy" and topic == METADATA_TOPIC:
+                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, "Kafka trims its metadata log with snapshots")
+            elif name == "cleanup.policy" and why is not None:
+                # (The policy the layers would give is not in force and not known to be the
+                # topic's: saying which layer set it only read as if it were.)
+                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, f"{why}; {UNKNOWN_CONFIGS_REMEDY}")
             entries.append(entry)
         return entries
 
@@ -1156,12 +1183,12 @@ class DataDir:
                 try:
                     log.close()
                 except (EngineError, OSError) as error:
-                    failures.append(f"closing {log.topic}-{log.partition}: {error}")
+                    failures.append(f"closing {log.topic}-{log.partition}: {_error_text(error)}")
             if self.writable:
                 try:
                     self.checkpoint()
                 except OSError as error:
-                    failures.append(f"writing checkpoints: {error}")
+                    failures.append(f"writing checkpoints: {_error_text(error)}")
                 offline = any(log.offline_reason is not None for log in self._logs.values())
                 if not failures and not offline:
                     try:
@@ -1183,11 +1210,12 @@ class DataDir:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         """Close; when the block raised, a failure to close (the same full disk, most often) is
         logged and the block's error goes on: it names what failed first (the append, not the
-        checkpoint after it)."""
+        checkpoint after it). The log record carries that error as `after_error`, so that a
+        caller printing the error (the CLI) can say both in one line."""
         if exc_type is None:
             self.close()
             return
         try:
             self.close()
         except EngineError as error:
-            logger.error("%s", error)
+            logger.error("%s", error, extra={"after_error": exc[0] if exc else None})

@@ -40,11 +40,19 @@ to the bytes it shows). Renamed last: an interrupted backup leaves old indexes a
 beside logs that only grew, which is what a crash leaves; the next backup finishes the work. Every
 file written is fsynced, and each directory it changed.
 
-DEST holds `.seglogfs-backup.json` (source, log dir count, times, `"complete"`: false while a
-backup runs) and a `.lock` that the backup or restore holds (POSIX record lock, as Kafka's): two
-runs never write one dir at once, and a writer cannot open it meanwhile. A restore refuses a
-backup that did not complete. A backup is itself a data dir: `seglogfs check`, `consume` and
-`mount` read it as it is.
+DEST holds `.seglogfs-backup.json` (source, log dir count, times, `"complete"`) and a `.lock`
+that the backup or restore holds (POSIX record lock, as Kafka's): two runs never write one dir at
+once, and a writer cannot open it meanwhile. The manifest is how a backup says it is whole, as a
+backup tool's catalogue does: each run writes it first with `"complete": false` (fsynced, before
+it changes a file of DEST) and replaces it with `"complete": true` as its very last step (fsynced,
+after every file and directory). So whatever ends a run early — a reader of `-v` that went away
+(`| head`), ENOSPC or EIO, SIGINT, SIGTERM, `kill -9`, a power cut — leaves DEST marked
+incomplete: the run exits non-zero (1; 130 after SIGINT, 143 after SIGTERM; a closed pipe
+quietly, with no line), `restore` refuses DEST, `check` and `consume` of it say in one line that
+it is an incomplete backup (`incomplete_backup`; check exits 4), and the next backup into DEST
+completes it, removing what the cut-short run left (its `.*.seglogfs-tmp` files, files SRC no
+longer holds). A backup is otherwise a data dir: `seglogfs check`, `consume` and `mount` read it
+as it is.
 
 Links, FIFOs, sockets and devices are refused, never followed or read: a backup or a restore that
 meets one (a symbolic link named like a segment, a FIFO in a backup) names it in one line on
@@ -55,7 +63,9 @@ temporary files of its own (O_EXCL, O_NOFOLLOW) renamed into place, never throug
 Refusals (one line on stderr): SRC or DEST missing or of the wrong kind, DEST inside SRC or SRC
 inside DEST, DEST neither empty nor a backup, a non-empty DATADIR without --force: exit 2;
 DEST or DATADIR a live data dir (its `.lock` held: a mount, a broker, a writer): exit 3; a backup
-that did not complete: exit 1.
+that did not complete (restore): exit 1. A backup or restore that fails or is cut short exits 1
+(a backup: 130 after SIGINT, 143 after SIGTERM), a backup with one line naming the failure and
+DEST as incomplete.
 """
 
 from __future__ import annotations
@@ -66,11 +76,14 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import shutil
+import signal
 import stat
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -91,6 +104,7 @@ from seglogfs.engine.errors import UnsafeFileError
 from seglogfs.engine.files import is_regular, open_regular, read_regular
 from seglogfs.engine.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.fs.mirror import Mirror, MirrorFile
+from seglogfs.mount_tools.common import quiet_broken_pipe
 from seglogfs.mount_tools.progress import Progress
 
 COMMANDS = ("backup", "restore")
@@ -102,6 +116,8 @@ EXIT_OK = 0
 EXIT_DATA = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process Ctrl-C ended
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 _TMP_SUFFIX = ".seglogfs-tmp"
 _CHUNK_BYTES = 1 << 20
@@ -524,15 +540,17 @@ class _Copier:
                 written += len(chunk)
             os.fsync(fd)
             self._apply(fd, item.attributes)
-        except BaseException:
             os.close(fd)
+            fd = -1
+            self.stats.files_sent += 1
+            self.stats.bytes_sent += written
+            if self.say is not None:  # (a reader of -v gone: BrokenPipeError, and the copy is not kept)
+                self.say(f"sent {where} ({written} bytes)")
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
-        os.close(fd)
-        self.stats.files_sent += 1
-        self.stats.bytes_sent += written
-        if self.say is not None:
-            self.say(f"sent {where} ({written} bytes)")
         return tmp
 
     def _append(self, target: Path, item: _Item, have: int, where: str) -> None:
@@ -658,7 +676,47 @@ def _read_manifest(directory: Path) -> dict[str, object] | None:
 
 
 def _write_manifest(directory: Path, document: dict[str, object]) -> None:
+    """Replace the manifest durably (a temporary file fsynced, renamed, the directory fsynced):
+    a crash leaves the one before or this one, never half of one."""
     write_atomically(directory / MANIFEST, json.dumps(document, indent=2) + "\n")
+
+
+def incomplete_backup(log_dirs: Iterable[Path]) -> str | None:
+    """The line saying a DATADIR is a backup that did not complete, for `seglogfs check` and
+    `consume` to print (None when it is not one): a log dir holding the manifest of a backup
+    whose last run was cut short or failed, or a numbered log dir (`B/0`) of such a backup of
+    several log dirs. A manifest that cannot be read is said as such (its copy is not known to
+    be whole either)."""
+    for log_dir in log_dirs:
+        candidates = [(log_dir, False)]
+        if log_dir.name.isascii() and log_dir.name.isdigit():
+            candidates.append((log_dir.parent, True))
+        for directory, numbered in candidates:
+            try:
+                manifest = _read_manifest(directory)
+            except Refused as error:
+                return str(error)
+            if manifest is None or manifest.get("complete") is True:
+                continue
+            if numbered and manifest.get("logDirs", 1) == 1:
+                continue  # (a directory named 0 inside a backup of one log dir is not one of its log dirs)
+            started = manifest.get("startedMs")
+            when = (
+                time.strftime(" %Y-%m-%dT%H:%M:%SZ", time.gmtime(started / 1000))
+                if isinstance(started, int) and started >= 0
+                else ""
+            )
+            source = manifest.get("source")
+            again = (
+                f"seglogfs backup {shlex.quote(source)} {shlex.quote(str(directory))}"
+                if isinstance(source, str) and source
+                else "a backup into it"
+            )
+            return (
+                f"{directory}: an incomplete backup: the backup into it started{when} did not complete "
+                f"(cut short or failed), so its files are not a consistent copy; {again} completes it"
+            )
+    return None
 
 
 def _report(stats: CopyStats, args: argparse.Namespace) -> None:
@@ -751,16 +809,66 @@ def _backup(args: argparse.Namespace) -> int:
             "startedMs": now_ms(),
             "complete": False,
         }
+        # Marked incomplete before any file of DEST changes, complete after the last (module
+        # docstring): a run that ends in between, however, leaves DEST saying so.
         _write_manifest(dest, manifest)
-        with Progress("backing up", total, plain=not args.json) as progress:
-            copier = _Copier(source, restoring=False, progress=progress, say=_say(args))
-            copier.copy(dest, frozenset({LOCK_FILE, MANIFEST}))
-        manifest.update(complete=True, finishedMs=now_ms(), stats=copier.stats.as_json())
-        if copier.refused:
-            manifest["refused"] = copier.refused
-        _write_manifest(dest, manifest)
+        try:
+            with _terminated_as_interrupted(), Progress("backing up", total, plain=not args.json) as progress:
+                copier = _Copier(source, restoring=False, progress=progress, say=_say(args))
+                copier.copy(dest, frozenset({LOCK_FILE, MANIFEST}))
+                manifest.update(complete=True, finishedMs=now_ms(), stats=copier.stats.as_json())
+                if copier.refused:
+                    manifest["refused"] = copier.refused
+                _write_manifest(dest, manifest)
+        except BrokenPipeError:  # the reader of -v went away (`| head`): quietly, but not as a success
+            quiet_broken_pipe()
+            return EXIT_DATA
+        except (KeyboardInterrupt, _Terminated) as signalled:
+            _tell(f"{dest}: the backup was interrupted: {_incomplete(dest)}")
+            return EXIT_TERMINATED if isinstance(signalled, _Terminated) else EXIT_INTERRUPTED
+        except (OSError, EngineError) as error:
+            _tell(f"{_one_line(error)}; {_incomplete(dest)}")
+            return EXIT_DATA
     _report(copier.stats, args)
     return _refused_answer(copier.refused)
+
+
+def _incomplete(dest: Path) -> str:
+    return f"the backup did not complete ({dest} is marked incomplete until a backup into it completes)"
+
+
+class _Terminated(BaseException):
+    """SIGTERM during a copy: it ends as Ctrl-C does, removing the files it had staged."""
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted() -> Iterator[None]:
+    """SIGTERM raises `_Terminated` meanwhile (in the main thread, where handlers belong)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(_signal: int, _frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(error: BaseException) -> str:
+    """An error as the CLI prints it (an OSError as `path: reason`)."""
+    if isinstance(error, OSError) and error.strerror:
+        return f"{error.filename}: {error.strerror}" if error.filename else error.strerror
+    return str(error)
+
+
+def _tell(line: str) -> None:
+    """One line on stderr, `seglogfs: …`; a stderr that is gone too (`2>&1 | head`) is let be."""
+    with contextlib.suppress(OSError):
+        print(f"seglogfs: {line}", file=sys.stderr, flush=True)
 
 
 # -- restore --------------------------------------------------------------------------------------
@@ -814,7 +922,11 @@ def _restore(args: argparse.Namespace) -> int:
             tree = _TreeSource(root, hidden=frozenset({MANIFEST, LOCK_FILE}))
             with Progress("restoring", tree.total_bytes(), plain=not getattr(args, "json", False)) as progress:
                 copier = _Copier(tree, restoring=True, progress=progress, say=_say(args))
-                copier.copy(target, _NOT_DATA)
+                try:
+                    copier.copy(target, _NOT_DATA)
+                except BrokenPipeError:  # the reader of -v went away: quietly, but the restore is not whole
+                    quiet_broken_pipe()
+                    return EXIT_DATA
             for field in ("bytes_sent", "files_sent", "files_appended", "files_skipped", "files_deleted"):
                 setattr(stats, field, getattr(stats, field) + getattr(copier.stats, field))
             refused += copier.refused
@@ -846,7 +958,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "backup",
         help="copy a data dir or a mount's .logdir into a backup dir, incrementally and consistently",
         description="Copy SRC (a data dir, even one being written, or a seglogfs mount point) into DEST: "
-        "only what is new or grew since the last backup is sent, and what SRC no longer holds is deleted.",
+        "only what is new or grew since the last backup is sent, and what SRC no longer holds is deleted. "
+        "DEST is marked incomplete (its .seglogfs-backup.json) until the backup has completed: a backup cut "
+        "short or failed (a closed pipe, a full disk, a signal, kill -9) exits non-zero, check and consume of "
+        "DEST say it is incomplete, restore refuses it, and the next backup into DEST completes it.",
+        epilog="Exit codes: 0 complete, 1 failed or cut short (DEST marked incomplete) or files refused, "
+        "2 bad command line, 3 DEST in use, 130 Ctrl-C, 143 SIGTERM.",
     )
     backup.add_argument("src", metavar="SRC", help="data dir (log dirs separated by commas) or seglogfs mount point")
     backup.add_argument("dest", metavar="DEST", help="backup dir: new, empty, or an earlier backup of SRC")

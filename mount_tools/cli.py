@@ -22,18 +22,22 @@ Exit codes (mount_tools.common):
        missing data dir, …)
     2  the command line is wrong
     3  the data dir is locked by another process
-    4  `check` found problems (after `--repair`: problems it could not repair)
+    4  `check` found problems (after `--repair`: problems it could not repair), or DATADIR is a
+       backup that did not complete (`seglogfs backup` cut short or failed)
     7  `check` found no problems, but records are set aside beside a log dir (by recovery or a
        repair: see engine.set_aside) until an operator removes the place (`rm -r`)
     70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
 Errors are one line on stderr, `seglogfs: <what and where>` (a bad command line:
 `seglogfs COMMAND: <what> (see seglogfs COMMAND --help)`), with no traceback. A reader that goes
-away (`| head`) ends any command quietly with status 0.
+away (`| head`) ends any command quietly with status 0, but `backup` and `restore`: a copy cut
+short exits 1 (quietly too), as its work is not done.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import stat
 import sys
@@ -235,7 +239,7 @@ def _print_cleanup(document: dict[str, Any]) -> None:
                 f"kept; {item['elapsedSeconds']:.2f} s"
             )
     for item in document["failed"]:
-        print(f"{item['topic']}-{item['partition']}: not compacted: {item['reason']}", file=sys.stderr)
+        print(f"seglogfs: {item['topic']}-{item['partition']}: not compacted: {item['reason']}", file=sys.stderr)
     if document["unknownConfigs"]:
         print(_unknown_configs_line(document["unknownConfigs"]))
     if not (document["retention"] or document["compaction"] or document["failed"]):
@@ -306,13 +310,16 @@ def _set_aside_document(runs: list[SetAsideRun]) -> list[dict[str, Any]]:
     ]
 
 
-def _check_document(dirs: list[Path], report: CheckReport) -> dict[str, Any]:
+def _check_document(dirs: list[Path], report: CheckReport, incomplete: str | None = None) -> dict[str, Any]:
     """`check --json`: the report's figures, its problems and notes, what is set aside beside the
-    log dirs (`clean` is false while anything is); `repaired`, `problemsBeforeRepair` and
-    `setAsideByRepair` are set by `--repair`, `repairPlan` by `--repair --dry-run`."""
+    log dirs (`clean` is false while anything is), `incompleteBackup` (the line saying DATADIR
+    is a backup that did not complete, or null; `clean` is false then too); `repaired`,
+    `problemsBeforeRepair` and `setAsideByRepair` are set by `--repair`, `repairPlan` by
+    `--repair --dry-run`."""
     return {
         "logDirs": [str(d) for d in dirs],
-        "clean": report.clean and not report.set_aside,
+        "clean": report.clean and not report.set_aside and incomplete is None,
+        "incompleteBackup": incomplete,
         "partitions": report.partitions,
         "segments": report.segments,
         "batches": report.batches,
@@ -339,12 +346,16 @@ def _print_set_aside(report: CheckReport, told: list[SetAsidePiece]) -> None:
                 print(f"set aside: {piece.path}: {piece.describe()}")
 
 
-def _summary(report: CheckReport, dirs: list[Path]) -> str:
-    """The last line: never `clean` while records are set aside beside a log dir."""
+def _summary(report: CheckReport, dirs: list[Path], incomplete: str | None) -> str:
+    """The last line: never `clean` while records are set aside beside a log dir, nor of a
+    backup that did not complete."""
     figures = (
         f"{report.partitions} partitions, {report.segments} segments, {report.batches} batches, "
         f"{report.records} records, {report.bytes} bytes: "
     )
+    if incomplete is not None:
+        problems = f"{len(report.problems)} problems" if report.problems else "no problems"
+        return figures + f"{problems}, but an incomplete backup (see above)"
     if not report.set_aside:
         return figures + ("clean" if report.clean else f"{len(report.problems)} problems")
     places = sorted({str(place_for(log_dir)) for log_dir in dirs if os.path.lexists(place_for(log_dir))})
@@ -380,7 +391,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     total = sum(p.lstat().st_size for d in dirs for p in d.glob("*/*.log"))
     with Progress("check", total, plain=not args.json) as progress:
         report = check_log_dirs(dirs, progress.advance)
+    # A backup cut short holds files that each check out, but not the source's state as a whole.
+    incomplete = backup.incomplete_backup(dirs)
     text = not args.json
+    if incomplete is not None:
+        print(f"seglogfs: {incomplete}", file=sys.stderr)
     if text:
         for log_dir, pid in report.in_use_by.items():
             holder = f"process {pid}" if pid else "another process"
@@ -399,7 +414,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if report.problems and args.repair:
         if report.in_use_by:
             if not text:
-                print_json(_check_document(dirs, report))
+                print_json(_check_document(dirs, report, incomplete))
             print("seglogfs: not repairing a data dir that another process holds", file=sys.stderr)
             return EXIT_LOCKED
         if args.dry_run:
@@ -426,9 +441,9 @@ def cmd_check(args: argparse.Namespace) -> int:
                     print(f"still: {problem}")
     if text:
         _print_set_aside(report, kept)
-        print(_summary(report, dirs))
+        print(_summary(report, dirs, incomplete))
     else:
-        document = _check_document(dirs, report)
+        document = _check_document(dirs, report, incomplete)
         if report is not before:
             document["repaired"] = True
             document["problemsBeforeRepair"] = _check_document(dirs, before)["problems"]
@@ -443,7 +458,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                 for plan in plans
             ]
         print_json(document)
-    if report.problems:
+    if report.problems or incomplete is not None:
         return EXIT_CHECK_FAILED
     return EXIT_SET_ASIDE if report.set_aside else EXIT_OK
 
@@ -558,10 +573,39 @@ def _normalise(arguments: list[str]) -> list[str]:
     return arguments
 
 
-def _say(error: object) -> None:
-    """The error line: `seglogfs: <what and where>`, one line whatever the message holds (a
-    holder's command line from /proc may have newlines in it)."""
-    print("seglogfs: " + " ".join(str(error).splitlines()), file=sys.stderr)
+def _say(error: object, *also: str) -> None:
+    """The error line: `seglogfs: <what and where>`, one line whatever the message holds; `also`:
+    what failed after it because of it (closing the data dir on the same full disk), said in
+    the same line."""
+    line = " ".join(str(error).splitlines())
+    if also:
+        line += f" (then closing the data dir failed too: {'; '.join(also)})"
+    print(f"seglogfs: {line}", file=sys.stderr)
+
+
+class _LogLines(logging.Handler):
+    """How the engine's log records reach stderr when a command runs (the mount sets up its
+    own logging): `seglogfs: <message>`, one line each, WARNING and above. It stands in for
+    Python's last-resort handler, which printed the bare message; `Progress` wraps it, erasing
+    its line first. A record that follows an error the command is about to print (the data
+    dir's close failing after the append that failed, `after_error`) is held, and said in that
+    error's line: one error, one line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.held: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = " ".join(record.getMessage().splitlines())
+        if getattr(record, "after_error", None) is not None:
+            self.held.append(message)
+            return
+        with contextlib.suppress(OSError, ValueError):  # (a stderr gone: the command goes on)
+            print(f"seglogfs: {message}", file=sys.stderr, flush=True)
+
+    def take_held(self) -> list[str]:
+        held, self.held = self.held, []
+        return held
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -569,6 +613,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(_normalise(list(sys.argv[1:] if argv is None else argv)))
     handler: Callable[[argparse.Namespace], int] = args.handler
+    lines = _LogLines()
+    previous, logging.lastResort = logging.lastResort, lines
+    try:
+        return _run(handler, args, lines)
+    finally:
+        logging.lastResort = previous
+        for held in lines.take_held():  # (the command caught the error it followed: said on its own)
+            with contextlib.suppress(OSError, ValueError):
+                _say(held)
+
+
+def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace, lines: _LogLines) -> int:
+    """The command, its errors as one line each and the documented exit codes."""
     try:
         return handler(args)
     except BrokenPipeError:  # the reader went away (`| head`): quietly, as a Unix tool
@@ -578,13 +635,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say(error)
         return EXIT_USAGE
     except LogDirLockedError as error:
-        _say(error)
+        _say(error, *lines.take_held())
         return EXIT_LOCKED
     except (ConfigError, InvalidRecordError, EngineError) as error:
-        _say(error)
+        _say(error, *lines.take_held())
         return EXIT_DATA
     except OSError as error:
-        _say(f"{error.filename}: {error.strerror or error}" if error.filename else (error.strerror or error))
+        what = f"{error.filename}: {error.strerror or error}" if error.filename else (error.strerror or error)
+        _say(what, *lines.take_held())
         return EXIT_DATA
     except KeyboardInterrupt:
         return 130

@@ -6,7 +6,8 @@ Exit codes (the CLI's contract, in `seglogfs --help`):
     1  the data or the input is bad (corrupt, out of range, malformed, unknown topic, missing dir)
     2  the command line is wrong
     3  the data dir is locked by another process (a mount, a broker, another writer)
-    4  `check` found problems (after `--repair`: problems it could not repair)
+    4  `check` found problems (after `--repair`: problems it could not repair), or DATADIR is a
+       backup that did not complete
     5  the mount point is in use: already mounted, not empty (without -o nonempty), a dead mount
        of another filesystem; for umount, busy
     6  umount: no seglogfs mount there (nothing mounted, or another filesystem)
@@ -37,8 +38,9 @@ EXIT_CHECK_FAILED = 4
 EXIT_SET_ASIDE = 7
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 EPILOG = (
-    "Exit codes: 0 ok, 1 bad data or input, 2 bad command line, 3 data dir locked, 4 check found problems, "
-    "5 mount point in use, 6 not a seglogfs mount (umount), 7 check: records set aside beside the data dir."
+    "Exit codes: 0 ok, 1 bad data or input, 2 bad command line, 3 data dir locked, "
+    "4 check found problems (or an incomplete backup), 5 mount point in use, 6 not a seglogfs mount (umount), "
+    "7 check: records set aside beside the data dir."
 )
 
 

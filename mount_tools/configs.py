@@ -14,7 +14,8 @@ set there), `--override`, `metadata-log` (a KRaft broker's dynamic broker config
 config), `internal-topic` (what Kafka creates __consumer_offsets and __transaction_state with),
 `topic-override` (the seglogfs overrides: `topics alter --config`, the mount's `config` file),
 `cleanup-off` (retention and compaction off: `__cluster_metadata`, or a topic whose broker
-configs are unknown), `DATADIR`. `--json` prints `{"topic": T or null, "configs": [{"name",
+configs are unknown; the value, an empty list, is shown as `(none)`, and the detail says why and
+what sets a policy), `DATADIR`. `--json` prints `{"topic": T or null, "configs": [{"name",
 "value", "source", "detail"}]}`. The data dir is opened read-only (no lock).
 """
 
@@ -28,6 +29,7 @@ from seglogfs.engine import DataDir
 from seglogfs.mount_tools.common import EPILOG, EXIT_OK, add_common, broker_config, now_ms, print_json
 
 ACTIONS = ("show",)
+EMPTY_VALUE = "(none)"
 _ALIGN_MAX = 48  # values are padded to one column up to this width; longer ones stand out
 
 
@@ -60,7 +62,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             }
         )
         return EXIT_OK
-    settings = [f"{e.name}={e.value}" for e in entries]
+    # An empty value (cleanup.policy with retention and compaction off) is shown as `(none)`: a
+    # blank would let the source column read as the value.
+    settings = [f"{e.name}={e.value or EMPTY_VALUE}" for e in entries]
     width = min(max(map(len, settings), default=0), _ALIGN_MAX)
     lines = [
         f"{setting:<{width}}  {e.source}" + (f" ({e.detail})" if e.detail else "")

@@ -13,6 +13,8 @@ record (and implies `--follow`, as it means "wait that long" in Kafka's tool); `
 ends it after that many records. Either way, and on Ctrl-C or SIGTERM, the consumer ends with
 status 0 and `Processed a total of N messages` on stderr. A reader that goes away (`| head -1`)
 ends it quietly with status 0, also while it waits: a closed pipe is noticed without a write.
+A DATADIR that is a backup whose last `seglogfs backup` did not complete is read as far as the
+copy got, after one line on stderr saying so (mount_tools.backup.incomplete_backup).
 
 The data dir is opened read-only (no lock: it works beside the writer it follows); each poll, a
 partition takes in what the writer did since the last look (`PartitionLog.refresh`: appends,
@@ -47,6 +49,7 @@ from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.timestamps import parse_timestamp
 from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED, TransactionTracker
+from seglogfs.mount_tools.backup import incomplete_backup
 from seglogfs.mount_tools.common import (
     EXIT_OK,
     UsageError,
@@ -461,6 +464,9 @@ def cmd_consume(args: argparse.Namespace) -> int:
     if args.timestamp is not None:
         parse_timestamp(args.timestamp)  # fail before opening anything
     follow = args.follow or args.timeout_ms is not None
+    incomplete = incomplete_backup(config.log_dirs)
+    if incomplete is not None:  # (its records are read as far as the copy got; the reader is told)
+        print(f"seglogfs: {incomplete}", file=sys.stderr, flush=True)
     consumer = _Consumer([], sys.stdout.buffer, args.max_messages)
     try:
         with _sigterm_interrupts(), DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:

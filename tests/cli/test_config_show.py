@@ -105,7 +105,19 @@ def test_unknown_broker_configs_say_why(tmp_path: Path) -> None:
     (data / "t-0").mkdir(parents=True)
     (data / "meta.properties").write_text("version=0\nbroker.id=1001\n")  # a ZooKeeper-mode broker's dir
     value, source, detail = shown(str(data), "--topic", "t")["cleanup.policy"]
-    assert (value, source) == ("", "cleanup-off") and "ZooKeeper" in detail and detail.endswith("(set: default)")
+    assert (value, source) == ("", "cleanup-off") and "ZooKeeper" in detail
+    assert detail.endswith(
+        "; set cleanup.policy in the topic's config, or --override log.cleanup.policy=delete|compact "
+        "for all such topics"
+    )
+    # In text the empty policy is said as such (a blank value read as if the source were the
+    # value), and the detail is one parenthesis: it names no layer as having set a policy.
+    line = next(
+        line
+        for line in run("config", "show", str(data), "--topic", "t").stdout.splitlines()
+        if line.startswith("cleanup.policy=")
+    )
+    assert re.fullmatch(r"cleanup\.policy=\(none\) +cleanup-off \(no metadata log: [^()]*ZooKeeper[^()]*\)", line), line
     value, source, _ = shown(str(data), "--topic", "t", "--override", "log.cleanup.policy=compact")["cleanup.policy"]
     assert (value, source) == ("compact", "--override")
 
@@ -117,3 +129,30 @@ def test_refusals(tmp_path: Path) -> None:
     bad = run("config", "show", str(data), "--override", "log.segment.bytes=big", code=1)
     assert "--override log.segment.bytes: invalid value 'big'" in one_error_line(bad)
     assert "invalid choice: 'list'" in one_error_line(run("config", "list", str(data), code=2))
+
+
+def test_a_bad_value_names_where_which_key_and_what_is_expected(tmp_path: Path) -> None:
+    """As Kafka's ConfigException does (`Invalid value abc for configuration segment.bytes: Not a
+    number of type INT`), never Python's words (`invalid literal for int() with base 10`)."""
+    data = tmp_path / "data"
+    run("topics", str(data), "create", "--topic", "t")
+    properties = tmp_path / "server.properties"
+    properties.write_text("num.partitions=3\nlog.segment.bytes = 12abc\n")
+    assert one_error_line(run("config", "show", str(data), "-c", str(properties), code=1)) == (
+        f"seglogfs: {properties}:2: invalid value '12abc' for log.segment.bytes: "
+        "expected an integer from 14 to 2147483647"
+    )
+    said = {
+        "num.partitions=abc": "--override num.partitions: invalid value 'abc' for num.partitions: "
+        "expected an integer of at least 1",
+        "log.retention.ms=1_000": "--override log.retention.ms: invalid value '1_000' for log.retention.ms: "
+        "expected an integer of at least -1",
+        "log.cleaner.min.cleanable.ratio=half": "--override log.cleaner.min.cleanable.ratio: invalid value 'half' "
+        "for log.cleaner.min.cleanable.ratio: expected a number between 0 and 1",
+    }
+    for override, line in said.items():
+        assert one_error_line(run("config", "show", str(data), "--override", override, code=1)) == f"seglogfs: {line}"
+    created = run("topics", str(data), "create", "--topic", "u", "--config", "retention.ms=abc", code=1)
+    assert one_error_line(created) == (
+        "seglogfs: --config: invalid value 'abc' for retention.ms: expected an integer of at least -1"
+    )

@@ -444,11 +444,15 @@ def test_a_backup_onto_a_full_disk_names_the_file_and_leaves_an_incomplete_backu
     try:
         done = backup(data, small / "b", expect=1)
         assert done.stderr.splitlines() == [
-            f"seglogfs: {small / 'b' / 't-0' / '00000000000000000000.log'}: No space left on device"
+            f"seglogfs: {small / 'b' / 't-0' / '00000000000000000000.log'}: No space left on device; the backup "
+            f"did not complete ({small / 'b'} is marked incomplete until a backup into it completes)"
         ]
         assert not list((small / "b").rglob("*.seglogfs-tmp"))  # no half-written copy left
         assert json.loads((small / "b" / MANIFEST).read_text())["complete"] is False
         restore(small / "b", tmp_path / "restored", expect=1)  # an incomplete backup is refused
+        checked = run(SEGLOGFS, "check", small / "b", expect=4)  # and check says what it is
+        assert checked.stderr.startswith(f"seglogfs: {small / 'b'}: an incomplete backup: "), checked.stderr
+        assert checked.stdout.rstrip().endswith("but an incomplete backup (see above)"), checked.stdout
     finally:
         subprocess.run(["umount", str(small)], check=True)
     check(data)
