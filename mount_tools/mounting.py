@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import logging.handlers
 import os
@@ -196,6 +197,20 @@ def check_log_file(log: Path | None) -> None:
         ) from None
 
 
+class _RepliesNobodyWaitsFor(logging.Filter):
+    """pyfuse3 logs an ERROR when the kernel refuses a reply with ENOENT: the request is gone,
+    interrupted (its process killed) or dropped by an unmount (a `close` just before `umount`
+    leaves its release in flight). Nobody waits for that reply, and nothing is lost: DEBUG."""
+
+    _GONE = os.strerror(errno.ENOENT)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).endswith("fuse_reply_* failed with %s") and record.args == (self._GONE,):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> None:
     """The mount's log lines: to stderr in the foreground; to `file` (appended, reopened when
     rotated) and to syslog (the journal) where there is one. Each line names the mount."""
@@ -216,6 +231,9 @@ def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> 
     if foreground and file is None:  # (several mounts may log to one terminal: each line names its own)
         handlers[0].setFormatter(logging.Formatter(f"seglogfs {mountpoint}: %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=handlers, force=True)
+    pyfuse3_log = logging.getLogger("pyfuse3")
+    if not any(isinstance(known, _RepliesNobodyWaitsFor) for known in pyfuse3_log.filters):
+        pyfuse3_log.addFilter(_RepliesNobodyWaitsFor())
 
 
 def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:

@@ -85,3 +85,23 @@ def test_a_foreground_mount_whose_close_fails_on_a_full_disk_exits_1_saying_why(
     ), said
     assert not any("[Errno" in line for line in said), said
     assert one_error_line(umount).startswith(f"seglogfs: {mountpoint}: the mount's process {mount.process.pid} exited")
+
+
+def test_a_reply_the_kernel_no_longer_waits_for_is_not_an_error(tmp_path: Path) -> None:
+    """pyfuse3's ERROR for a reply refused with ENOENT (a release still in flight when the file
+    system is unmounted, a request whose process was killed) is a DEBUG line of the mount's log;
+    a reply refused for another reason stays an ERROR."""
+    log = tmp_path / "mount.log"
+    script = (
+        "import logging; from pathlib import Path; from seglogfs.mount_tools.mounting import set_up_logging;"
+        f"set_up_logging(Path('/mnt/x'), foreground=False, file=Path({str(log)!r}));"
+        "fuse = logging.getLogger('pyfuse3');"
+        "fuse.error('fuse_release(): fuse_reply_* failed with %s', 'No such file or directory');"
+        "fuse.error('fuse_read(): fuse_reply_* failed with %s', 'Invalid argument')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and "ERROR pyfuse3: fuse_read(): fuse_reply_* failed with Invalid argument" in lines[0]
