@@ -629,6 +629,26 @@ def test_umount_returns_once_the_mount_has_closed_the_data_dir(mount, monkeypatc
     assert produced.returncode == 0, produced.stderr
 
 
+def test_umount_of_2000_partitions_then_produce_at_once(mount, tmp_path: Path) -> None:
+    """The issue's case without a test hook: 2,000 partitions mounted and appended to, then
+    `umount && produce` — the marker is there when umount returns and produce finds the data
+    dir free."""
+    data = tmp_path / "data"
+    seglogfs = [sys.executable, "-m", "seglogfs.mount_tools.cli"]
+    create = [*seglogfs, "topics", str(data), "create", "--topic", "t", "--partitions", "2000"]
+    subprocess.run(create, cwd=REPO, capture_output=True, timeout=120, check=True)
+    m: Mount = mount(data)
+    for partition in (0, 999, 1999):
+        (m.path / "t" / str(partition) / "append").write_bytes(b"before\n")
+    done = subprocess.run([*seglogfs, "umount", str(m.path)], cwd=REPO, capture_output=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stderr == b"", done
+    assert (data / ".kafka_cleanshutdown").exists()
+    assert m.process.poll() == 0
+    produce = [*seglogfs, "produce", str(data), "--topic", "t", "--partition", "1999"]
+    produced = subprocess.run(produce, input=b"after\n", cwd=REPO, capture_output=True, timeout=60, check=False)
+    assert produced.returncode == 0, produced.stderr
+
+
 def test_umount_of_a_read_only_mount_beside_a_writer_returns_at_once(mount) -> None:
     """A read-only mount holds no lock: the lock's holder is the writer beside it, which umount
     of the read-only mount does not wait for."""
