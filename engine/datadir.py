@@ -4,7 +4,7 @@ LogManager, for one broker).
 Each log dir holds `<topic>-<partition>/` dirs and, at its root, Kafka's files:
 
     .lock                               held (POSIX record lock) by the process that writes
-    .kafka_cleanshutdown                present only after a clean close
+    .kafka_cleanshutdown                present only after a clean close (a broker's epoch kept in it)
     recovery-point-offset-checkpoint    offset checkpoints, see engine.checkpoint
     log-start-offset-checkpoint         (only partitions whose start is above their first segment)
     replication-offset-checkpoint       high watermarks
@@ -79,7 +79,9 @@ from seglogfs.engine.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
+    format_clean_shutdown,
     fsync_dir,
+    read_broker_epoch,
     read_offset_checkpoint,
     read_partition_metadata,
     try_writing,
@@ -302,6 +304,9 @@ class DataDir:
         self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
         self._cleaner_checkpoints: dict[TopicPartition, int] = {}
         self._cleaner_checkpoints_written: dict[TopicPartition, int] | None = None
+        # Each log dir's broker epoch from the clean-shutdown file found at a writable open
+        # (None: no file, or none in it), written back into the file at close.
+        self._broker_epochs: dict[Path, int | None] = {}
         self._uncleanable: dict[TopicPartition, str] = {}
         self._delete_horizons: dict[TopicPartition, int | None] = {}
         # What the broker's own files say about topic configs (set once, at open).
@@ -463,6 +468,9 @@ class DataDir:
                 )
         self._logs = logs
         if self.writable and os.path.lexists(marker):
+            # The broker epoch goes back into the file at close (see close); read before the file
+            # goes, as Kafka reads it at start before loading the logs deletes it.
+            self._broker_epochs[log_dir] = read_broker_epoch(marker)
             # From now on the dir is in use: a crash must not look like a clean stop.
             marker.unlink()
             fsync_dir(log_dir)
@@ -1139,6 +1147,12 @@ class DataDir:
         """Flush, close every partition, write the checkpoints and `.kafka_cleanshutdown`, and
         release the locks: the state Kafka leaves after a clean shutdown. Safe to call twice.
 
+        The clean-shutdown file keeps what a broker left in it: the broker epoch of a Kafka 3.7+
+        file, in Kafka's JSON, so that the broker's next registration still counts its last stop
+        as clean (KIP-966); an empty file where there was none, or none with an epoch in it
+        (Kafka before 3.7, a broker that did not stop cleanly, a dir seglogfs made: the broker
+        then has no epoch to offer, as before the mount).
+
         A partition or checkpoint that fails to close (a full disk, EIO) does not stop the
         others: no clean-shutdown marker is written (the next open recovers, as after a crash),
         one EngineError names the first failure at the end, and the others are logged.
@@ -1162,7 +1176,8 @@ class DataDir:
                 if not failures and not offline:
                     try:
                         for log_dir in self.config.log_dirs:
-                            write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
+                            marker = format_clean_shutdown(self._broker_epochs.get(log_dir))
+                            write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, marker)
                     except OSError as error:
                         failures.append(f"writing {CLEAN_SHUTDOWN_FILE}: {error}")
         finally:
