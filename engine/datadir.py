@@ -303,7 +303,9 @@ class DataDir:
         self._closed = False
         self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
         self._cleaner_checkpoints: dict[TopicPartition, int] = {}
-        self._cleaner_checkpoints_written: dict[TopicPartition, int] | None = None
+        # The entries of each root checkpoint file as read at open or last written: a file whose
+        # entries would not change is not written again (absent: not known, written).
+        self._checkpoints_on_disk: dict[Path, dict[TopicPartition, int]] = {}
         # Each log dir's broker epoch from the clean-shutdown file found at a writable open
         # (None: no file, or none in it), written back into the file at close.
         self._broker_epochs: dict[Path, int | None] = {}
@@ -392,8 +394,8 @@ class DataDir:
         marker = log_dir / CLEAN_SHUTDOWN_FILE
         clean = os.path.lexists(marker)
         try:
-            recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
-            start_offsets = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
+            recovery_points = self._read_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
+            start_offsets = self._read_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
         except CheckpointError as error:
             # Kafka's LogManager.loadLogs warns and goes on as without the file ("resetting the
             # recovery checkpoint to 0"): a writable open recovers everything and writes the file
@@ -407,9 +409,12 @@ class DataDir:
         if self._recover_all:
             recovery_points, clean = {}, False
         try:
-            self._cleaner_checkpoints.update(read_offset_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
+            self._cleaner_checkpoints.update(self._read_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
         except CheckpointError as error:
             logger.warning("%s; compaction starts again from each log's start", error)
+        if self.writable:
+            with contextlib.suppress(CheckpointError):  # (never read otherwise: only so as not to write it for nothing)
+                self._read_checkpoint(log_dir / REPLICATION_OFFSET_CHECKPOINT)
         logs = dict(self._logs)
         for name, topic, partition in linked_partition_dirs(log_dir):
             # Never followed: its partition is offline, whatever it points at.
@@ -1094,16 +1099,29 @@ class DataDir:
             self._write_cleaner_checkpoints()  # reset ones too, even when nothing was cleaned
         return report
 
-    def _write_cleaner_checkpoints(self) -> None:
-        """Write `cleaner-offset-checkpoint` of every log dir, when it changed since the last
-        write (the scheduler asks every log.cleaner.backoff.ms)."""
-        logs = self._logs
-        current = {key: offset for key, offset in self._cleaner_checkpoints.items() if key in logs}
-        if current == self._cleaner_checkpoints_written:
+    def _read_checkpoint(self, path: Path) -> dict[TopicPartition, int]:
+        """An offset checkpoint's entries (CheckpointError when it cannot be read), noted as
+        what the file holds."""
+        offsets = read_offset_checkpoint(path)
+        self._checkpoints_on_disk[path] = dict(offsets)
+        return offsets
+
+    def _write_checkpoint(self, path: Path, offsets: dict[TopicPartition, int]) -> None:
+        """Write an offset checkpoint, unless it holds these entries already: a broker's files
+        stay as the broker wrote them where nothing changed (a missing file reads as no entries,
+        and stays missing for none), and a scheduled checkpoint of an idle dir costs no fsync."""
+        if self._checkpoints_on_disk.get(path) == offsets:
             return
-        self._cleaner_checkpoints_written = current
+        self._checkpoints_on_disk.pop(path, None)  # (unknown while it is written: a failure leaves either)
+        write_offset_checkpoint(path, offsets)
+        self._checkpoints_on_disk[path] = dict(offsets)
+
+    def _write_cleaner_checkpoints(self) -> None:
+        """Write `cleaner-offset-checkpoint` of every log dir, when it changed (the scheduler
+        asks every log.cleaner.backoff.ms)."""
+        logs = self._logs
         for log_dir in self.config.log_dirs:
-            write_offset_checkpoint(
+            self._write_checkpoint(
                 log_dir / CLEANER_OFFSET_CHECKPOINT,
                 {
                     key: offset
@@ -1114,20 +1132,22 @@ class DataDir:
 
     # -- checkpoints and closing -------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Write the root checkpoints of every log dir from the partitions' offsets now."""
+        """Write the root checkpoints of every log dir from the partitions' offsets now (those
+        whose entries changed). A KRaft broker's metadata log has no entries in them: Kafka's
+        LogManager does not load it (the broker's raft layer keeps it), and never lists it."""
         self._check_writable()
         self._write_cleaner_checkpoints()
         every = self._logs
         for log_dir in self.config.log_dirs:
-            logs = [log for log in every.values() if log.directory.parent == log_dir]
-            write_offset_checkpoint(
+            logs = [log for log in every.values() if log.directory.parent == log_dir and log.topic != METADATA_TOPIC]
+            self._write_checkpoint(
                 log_dir / RECOVERY_POINT_CHECKPOINT, {(log.topic, log.partition): log.recovery_point for log in logs}
             )
-            write_offset_checkpoint(
+            self._write_checkpoint(
                 log_dir / REPLICATION_OFFSET_CHECKPOINT,
                 {(log.topic, log.partition): log.high_watermark for log in logs},
             )
-            write_offset_checkpoint(
+            self._write_checkpoint(
                 log_dir / LOG_START_OFFSET_CHECKPOINT,
                 {
                     (log.topic, log.partition): log.log_start_offset

@@ -248,3 +248,41 @@ def test_a_leader_epoch_checkpoint_that_is_a_link_is_replaced_not_followed(part_
     assert elsewhere.read_bytes() == before
     log.close()
 
+
+# -- the root checkpoints ---------------------------------------------------------------------------
+ROOT_CHECKPOINTS = (
+    "recovery-point-offset-checkpoint",
+    "replication-offset-checkpoint",
+    "log-start-offset-checkpoint",
+    "cleaner-offset-checkpoint",
+)
+
+
+def test_the_root_checkpoints_never_name_the_metadata_log(tmp_path: Path) -> None:
+    """Kafka's LogManager does not load `__cluster_metadata-0` (the raft layer keeps it)."""
+    data = copy_fixture("experts-kafka-data", tmp_path)
+    with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=NOW_MS) as data_dir:
+        data_dir.partition("sensor-data", 0).append_records([b"appended"], now_ms=NOW_MS)
+        assert data_dir.partition("__cluster_metadata", 0).log_end_offset > 0
+    for name in ("recovery-point-offset-checkpoint", "replication-offset-checkpoint"):
+        text = (data / name).read_text()
+        assert "sensor-data 0 4\n" in text and "__cluster_metadata" not in text, name
+
+
+def test_a_checkpoint_whose_entries_did_not_change_is_not_written_again(tmp_path: Path, log_dir: Path) -> None:
+    data = copy_fixture("experts-kafka-data", tmp_path)  # an empty cleaner-offset-checkpoint, as Kafka makes it
+    with DataDir.open(BrokerConfig.load(log_dirs=[data]), now_ms=NOW_MS):
+        pass
+    config = broker_config(log_dir)
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", now_ms=NOW_MS)
+        data_dir.partition("t", 0).append_records([b"x"], now_ms=NOW_MS)
+    for where in (data, log_dir):
+        files = {name: (where / name).stat() for name in ROOT_CHECKPOINTS if (where / name).exists()}
+        with DataDir.open(BrokerConfig.load(log_dirs=[where]), now_ms=NOW_MS) as data_dir:
+            data_dir.checkpoint()
+        after = {name: (where / name).stat() for name in ROOT_CHECKPOINTS if (where / name).exists()}
+        assert {name: s.st_ino for name, s in after.items()} == {name: s.st_ino for name, s in files.items()}, where
+    assert (data / "cleaner-offset-checkpoint").read_bytes() == b""  # as the broker left it
+    assert not (log_dir / "cleaner-offset-checkpoint").exists()  # nothing compacted: no entries to write
+    assert (log_dir / "recovery-point-offset-checkpoint").read_text() == "0\n1\nt 0 1\n"
