@@ -86,6 +86,8 @@ def test_a_full_disk_that_takes_the_checkpoints_too_still_names_the_append(small
     first = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES)
     assert first.returncode == 1
     stored = consumed(data_dir)
+    # The next close has a checkpoint to write (one whose lines would not change is not written).
+    (data_dir / "recovery-point-offset-checkpoint").unlink()
     filler = fill(small_disk)  # (not a page left: the cut-back of the next append frees none either)
     done = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES[:100_000])
     assert done.returncode == 1, done
@@ -197,6 +199,8 @@ def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> N
     checkpoint = data / "recovery-point-offset-checkpoint"
     checkpoint.unlink()
     checkpoint.mkdir()  # the checkpoint's rename onto it fails, every time
+    with open(m.path / "b" / "0" / "append", "ab") as handle:  # (a line to write: an unchanged file is not written)
+        handle.write(b"b-two\n")
     assert log_shows(m, "checkpoint failed, retried later")
     segment = data / "a-0" / "00000000000000000000.log"
     segment.rename(segment.with_name("moved.log"))
@@ -205,8 +209,8 @@ def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> N
         (m.path / "a" / "0" / "records").read_bytes()
     assert raised.value.errno == errno.EIO
     with open(m.path / "b" / "0" / "append", "ab") as handle:
-        handle.write(b"b-two\n")
-    assert (m.path / "b" / "0" / "records").read_bytes() == b"b-one\nb-two\n"
+        handle.write(b"b-three\n")
+    assert (m.path / "b" / "0" / "records").read_bytes() == b"b-one\nb-two\nb-three\n"
     assert m.process.poll() is None
     checkpoint.rmdir()  # the operator mends it: the next try succeeds, and the unmount is clean
     segment.rmdir()
@@ -264,7 +268,8 @@ def test_a_background_mount_that_cannot_write_its_checkpoints_at_unmount_logs_on
     )
     assert said_by_umount[0].endswith(
         "(its log says: the mount stopped: writing checkpoints: [Errno 28] writing "
-        f"{data_dir}/cleaner-offset-checkpoint: No space left on device; the next open recovers as after a crash)"
+        f"{data_dir}/recovery-point-offset-checkpoint: No space left on device; "
+        "the next open recovers as after a crash)"
     ), said_by_umount
     said = [line for line in log.read_text().splitlines() if " ERROR " in line]
     assert len(said) == 1 and "the mount stopped: writing checkpoints:" in said[0], said
