@@ -474,8 +474,11 @@ class DataDir:
         self._logs = logs
         if self.writable and os.path.lexists(marker):
             # The broker epoch goes back into the file at close (see close); read before the file
-            # goes, as Kafka reads it at start before loading the logs deletes it.
-            self._broker_epochs[log_dir] = read_broker_epoch(marker)
+            # goes, as Kafka reads it at start before loading the logs deletes it. Not when this
+            # open's recovery (a repair) cut records: the epoch would tell the broker's controller
+            # that the broker's log is as it stopped with it.
+            cut = any(log.set_aside for log in logs.values() if log.directory.parent == log_dir)
+            self._broker_epochs[log_dir] = None if cut else read_broker_epoch(marker)
             # From now on the dir is in use: a crash must not look like a clean stop.
             marker.unlink()
             fsync_dir(log_dir)
@@ -1171,7 +1174,7 @@ class DataDir:
         file, in Kafka's JSON, so that the broker's next registration still counts its last stop
         as clean (KIP-966); an empty file where there was none, or none with an epoch in it
         (Kafka before 3.7, a broker that did not stop cleanly, a dir seglogfs made: the broker
-        then has no epoch to offer, as before the mount).
+        then has no epoch to offer, as before the mount), or where a repair cut records.
 
         A partition or checkpoint that fails to close (a full disk, EIO) does not stop the
         others: no clean-shutdown marker is written (the next open recovers, as after a crash),

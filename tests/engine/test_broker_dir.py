@@ -286,3 +286,22 @@ def test_a_checkpoint_whose_entries_did_not_change_is_not_written_again(tmp_path
     assert (data / "cleaner-offset-checkpoint").read_bytes() == b""  # as the broker left it
     assert not (log_dir / "cleaner-offset-checkpoint").exists()  # nothing compacted: no entries to write
     assert (log_dir / "recovery-point-offset-checkpoint").read_text() == "0\n1\nt 0 1\n"
+
+
+@pytest.mark.expect_warnings("cut .* bytes|set aside")
+def test_a_repair_that_cuts_records_leaves_no_broker_epoch(log_dir: Path) -> None:
+    """The epoch tells the broker's controller that the broker's log is as it stopped with it:
+    not after `check --repair` cut what damage made unreadable."""
+    config = broker_config(log_dir)
+    with DataDir.open(config, now_ms=NOW_MS) as data_dir:
+        data_dir.create_topic("t", now_ms=NOW_MS)
+        data_dir.partition("t", 0).append_records([b"x"], now_ms=NOW_MS)
+    (log_dir / CLEAN_SHUTDOWN_FILE).write_text(format_clean_shutdown(6439))
+    with DataDir.open(config, recover_all=True, now_ms=NOW_MS) as data_dir:
+        assert data_dir.partition("t", 0).set_aside == []
+    assert read_broker_epoch(log_dir / CLEAN_SHUTDOWN_FILE) == 6439  # a repair that cut nothing keeps it
+    with open(log_dir / "t-0" / "00000000000000000000.log", "ab") as segment:
+        segment.write(b"\x01" * 20)
+    with DataDir.open(config, recover_all=True, now_ms=NOW_MS) as data_dir:
+        assert data_dir.partition("t", 0).set_aside
+    assert (log_dir / CLEAN_SHUTDOWN_FILE).read_text() == ""
