@@ -15,10 +15,11 @@ Kafka's do: a truncation removes those at or past the new log end; a log start o
 (retention, delete-records) drops the entries wholly below it and moves the last of them to it;
 a log cut below its first segment starts with none. The current epoch never goes down with them.
 
-Writes: only when the entries come to differ from the file's, atomically (engine.checkpoint.write_atomically; never
-through a link). Kafka writes an entry before the batch that needs it, and so does `assign`: a
-crash between the two leaves an entry at the log end, which does no harm (the next open's log
-end is its start; `truncate_from_end` of a later cut removes it).
+Writes: only when the entries come to differ from the file's, atomically
+(engine.checkpoint.write_atomically: never through a link). Kafka writes an entry before the
+batch that needs it, and so does `assign`: a crash between the two leaves an entry at the log
+end, which does no harm (the next open drops it in memory, as Kafka's loader does, and from the
+file at the next change; or the next append in the epoch starts there).
 
 Not thread-safe: its partition's lock guards it; it is read from the disk at the first use.
 """
