@@ -482,6 +482,7 @@ class PartitionLog:
                 raise OSError(errno.EXDEV, f"{path} is not on the filesystem of {self.directory}")
             self._assign_leader_epoch_locked(headers[0].base_offset)
             segment = self._roll_locked(self._log_end_offset, now_ms)
+            self._join_behind()  # (the sealed segment's batches durable before the adopted file's name)
             segment.adopt(path)
             fsync_dir(self.directory)
             self._log_end_offset = headers[-1].next_offset
@@ -675,27 +676,33 @@ class PartitionLog:
         segment.roll_jitter_ms = self._new_jitter()
         segment.make_active()
         self._segments.add(segment)
-        # The new files' directory entries are durable before the recovery point passes them.
-        fsync_dir(self.directory)
+        # The new files' directory entries are made durable after the sealed segment's batches
+        # (its fsync, then the directory's): a power cut between the two must not leave the new
+        # segment's name without the batches below its base offset, a gap no recovery sees. The
+        # recovery point passes the new base once both are done.
         try:
             descriptor = active.take_flush()  # (only now: a roll that failed above left it to be flushed)
         except OSError:  # (no descriptor to spare, EMFILE: flushed here and now)
             active.flush()
             descriptor = None
         if descriptor is None:
+            fsync_dir(self.directory)
             self._recovery_point = max(self._recovery_point, new_base)
         else:
             self._flush_behind(active, descriptor, new_base)
         return segment
 
     def _flush_behind(self, segment: LogSegment, descriptor: int, recovery_point: int) -> None:
-        """fsync `descriptor` (a duplicate of `segment`'s `.log`, closed when done) on a thread of
-        its own (here, when no thread can be started); `_join_behind` waits for it."""
+        """fsync `descriptor` (a duplicate of `segment`'s `.log`, closed when done), then the
+        partition's directory (the new segment's names), on a thread of its own (here, when no
+        thread can be started); `_join_behind` waits for it."""
         behind = _RollFlush(segment, recovery_point, self.truncations)
+        directory = self.directory
 
         def flush() -> None:
             try:
                 os.fsync(descriptor)
+                fsync_dir(directory)
             except BaseException as error:  # said by `_join_behind`, in the thread that rolls or flushes next
                 behind.failure = error
             finally:
