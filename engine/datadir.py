@@ -1104,15 +1104,18 @@ class DataDir:
 
     def _read_checkpoint(self, path: Path) -> dict[TopicPartition, int]:
         """An offset checkpoint's entries (CheckpointError when it cannot be read), noted as
-        what the file holds."""
+        what the file holds when there is one."""
+        present = os.path.lexists(path)
         offsets = read_offset_checkpoint(path)
-        self._checkpoints_on_disk[path] = dict(offsets)
+        if present:
+            self._checkpoints_on_disk[path] = dict(offsets)
         return offsets
 
     def _write_checkpoint(self, path: Path, offsets: dict[TopicPartition, int]) -> None:
         """Write an offset checkpoint, unless it holds these entries already: a broker's files
-        stay as the broker wrote them where nothing changed (a missing file reads as no entries,
-        and stays missing for none), and a scheduled checkpoint of an idle dir costs no fsync."""
+        stay as the broker wrote them where nothing changed, and a scheduled checkpoint of an
+        idle dir costs no fsync. A missing one is made, with no entries too, as Kafka makes
+        every root checkpoint."""
         if self._checkpoints_on_disk.get(path) == offsets:
             return
         self._checkpoints_on_disk.pop(path, None)  # (unknown while it is written: a failure leaves either)

@@ -268,8 +268,7 @@ def test_a_background_mount_that_cannot_write_its_checkpoints_at_unmount_logs_on
     )
     assert said_by_umount[0].endswith(
         "(its log says: the mount stopped: writing checkpoints: [Errno 28] writing "
-        f"{data_dir}/recovery-point-offset-checkpoint: No space left on device; "
-        "the next open recovers as after a crash)"
+        f"{data_dir}/cleaner-offset-checkpoint: No space left on device; the next open recovers as after a crash)"
     ), said_by_umount
     said = [line for line in log.read_text().splitlines() if " ERROR " in line]
     assert len(said) == 1 and "the mount stopped: writing checkpoints:" in said[0], said
