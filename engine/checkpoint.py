@@ -11,6 +11,14 @@ Offset checkpoints (`recovery-point-offset-checkpoint`, `log-start-offset-checkp
 `leader-epoch-checkpoint` (per partition) has the same frame with `epoch start_offset` lines;
 `partition.metadata` is `version: 0` and `topic_id: <base64 uuid>` lines.
 
+`.kafka_cleanshutdown` (per log dir) says by being there that the broker stopped cleanly, so
+that its next start skips recovery. Kafka 3.7 and later write into it the broker epoch the broker
+stopped in, `{"version":0,"brokerEpoch":6439}` (KIP-966: at its next registration the broker
+offers it back, and the controller counts the stop as clean only when the epoch is the one it
+still holds), and find no epoch in a file they cannot read as that JSON, an empty one included;
+earlier versions write an empty file and only ask whether it exists. So an empty file means a
+clean stop to every version, and a broker epoch only to 3.7 and later.
+
 Writes are atomic as Kafka makes them: a `.tmp` file written and fsynced, renamed over the old
 one, the directory fsynced. A crash leaves the old file or the new, never a mix; a leftover
 `.tmp` is ignored.
@@ -19,6 +27,7 @@ one, the directory fsynced. A crash leaves the old file or the new, never a mix;
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -166,6 +175,29 @@ def read_leader_epochs(path: Path) -> list[tuple[int, int]]:
 def write_leader_epochs(path: Path, entries: list[tuple[int, int]]) -> None:
     lines = [str(CURRENT_VERSION), str(len(entries))] + [f"{epoch} {start}" for epoch, start in entries]
     write_atomically(path, "\n".join(lines) + "\n")
+
+
+def read_broker_epoch(path: Path) -> int | None:
+    """The broker epoch in a clean-shutdown file, as Kafka's CleanShutdownFileHandler.read finds
+    it: a JSON object's integer `brokerEpoch` (its `version` and other fields are not looked at).
+    None for anything else: no file, an empty one (Kafka before 3.7), bytes that are not that
+    JSON, a link or a FIFO there (never followed or waited on). Kafka reads those as no epoch."""
+    try:
+        text = _read_text(path)
+        document = json.loads(text) if text else None
+    except (CheckpointError, ValueError):
+        return None
+    epoch = document.get("brokerEpoch") if isinstance(document, dict) else None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+
+
+def format_clean_shutdown(broker_epoch: int | None) -> str:
+    """A clean-shutdown file's text: Kafka 3.7's JSON (the field order Kafka writes, no newline)
+    for a known broker epoch; an empty file, which Kafka of every version reads as a clean stop
+    with no epoch, for none."""
+    if broker_epoch is None:
+        return ""
+    return json.dumps({"version": CURRENT_VERSION, "brokerEpoch": broker_epoch}, separators=(",", ":"))
 
 
 def write_partition_metadata(path: Path, topic_id: str) -> None:

@@ -4,7 +4,7 @@ LogManager, for one broker).
 Each log dir holds `<topic>-<partition>/` dirs and, at its root, Kafka's files:
 
     .lock                               held (POSIX record lock) by the process that writes
-    .kafka_cleanshutdown                present only after a clean close
+    .kafka_cleanshutdown                present only after a clean close (a broker's epoch kept in it)
     recovery-point-offset-checkpoint    offset checkpoints, see engine.checkpoint
     log-start-offset-checkpoint         (only partitions whose start is above their first segment)
     replication-offset-checkpoint       high watermarks
@@ -79,7 +79,9 @@ from seglogfs.engine.checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
     CheckpointError,
+    format_clean_shutdown,
     fsync_dir,
+    read_broker_epoch,
     read_offset_checkpoint,
     read_partition_metadata,
     try_writing,
@@ -326,7 +328,12 @@ class DataDir:
         self._closed = False
         self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
         self._cleaner_checkpoints: dict[TopicPartition, int] = {}
-        self._cleaner_checkpoints_written: dict[TopicPartition, int] | None = None
+        # The entries of each root checkpoint file as read at open or last written: a file whose
+        # entries would not change is not written again (absent: not known, written).
+        self._checkpoints_on_disk: dict[Path, dict[TopicPartition, int]] = {}
+        # Each log dir's broker epoch from the clean-shutdown file found at a writable open
+        # (None: no file, or none in it), written back into the file at close.
+        self._broker_epochs: dict[Path, int | None] = {}
         self._uncleanable: dict[TopicPartition, str] = {}
         self._delete_horizons: dict[TopicPartition, int | None] = {}
         # Held by a background pass (Scheduler.run_due) and by `delete_topic`: a mount deletes a
@@ -416,8 +423,8 @@ class DataDir:
         marker = log_dir / CLEAN_SHUTDOWN_FILE
         clean = os.path.lexists(marker)
         try:
-            recovery_points = read_offset_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
-            start_offsets = read_offset_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
+            recovery_points = self._read_checkpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
+            start_offsets = self._read_checkpoint(log_dir / LOG_START_OFFSET_CHECKPOINT)
         except CheckpointError as error:
             # Kafka's LogManager.loadLogs warns and goes on as without the file ("resetting the
             # recovery checkpoint to 0"): a writable open recovers everything and writes the file
@@ -431,9 +438,12 @@ class DataDir:
         if self._recover_all:
             recovery_points, clean = {}, False
         try:
-            self._cleaner_checkpoints.update(read_offset_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
+            self._cleaner_checkpoints.update(self._read_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
         except CheckpointError as error:
             logger.warning("%s; compaction starts again from each log's start", error)
+        if self.writable:
+            with contextlib.suppress(CheckpointError):  # (never read otherwise: only so as not to write it for nothing)
+                self._read_checkpoint(log_dir / REPLICATION_OFFSET_CHECKPOINT)
         logs = dict(self._logs)
         for name, topic, partition in linked_partition_dirs(log_dir):
             # Never followed: its partition is offline, whatever it points at.
@@ -492,6 +502,12 @@ class DataDir:
                 )
         self._logs = logs
         if self.writable and os.path.lexists(marker):
+            # The broker epoch goes back into the file at close (see close); read before the file
+            # goes, as Kafka reads it at start before loading the logs deletes it. Not when this
+            # open's recovery (a repair) cut records: the epoch would tell the broker's controller
+            # that the broker's log is as it stopped with it.
+            cut = any(log.set_aside for log in logs.values() if log.directory.parent == log_dir)
+            self._broker_epochs[log_dir] = None if cut else read_broker_epoch(marker)
             # From now on the dir is in use: a crash must not look like a clean stop.
             marker.unlink()
             fsync_dir(log_dir)
@@ -1117,16 +1133,32 @@ class DataDir:
             self._write_cleaner_checkpoints()  # reset ones too, even when nothing was cleaned
         return report
 
-    def _write_cleaner_checkpoints(self) -> None:
-        """Write `cleaner-offset-checkpoint` of every log dir, when it changed since the last
-        write (the scheduler asks every log.cleaner.backoff.ms)."""
-        logs = self._logs
-        current = {key: offset for key, offset in self._cleaner_checkpoints.items() if key in logs}
-        if current == self._cleaner_checkpoints_written:
+    def _read_checkpoint(self, path: Path) -> dict[TopicPartition, int]:
+        """An offset checkpoint's entries (CheckpointError when it cannot be read), noted as
+        what the file holds when there is one."""
+        present = os.path.lexists(path)
+        offsets = read_offset_checkpoint(path)
+        if present:
+            self._checkpoints_on_disk[path] = dict(offsets)
+        return offsets
+
+    def _write_checkpoint(self, path: Path, offsets: dict[TopicPartition, int]) -> None:
+        """Write an offset checkpoint, unless it holds these entries already: a broker's files
+        stay as the broker wrote them where nothing changed, and a scheduled checkpoint of an
+        idle dir costs no fsync. A missing one is made, with no entries too, as Kafka makes
+        every root checkpoint."""
+        if self._checkpoints_on_disk.get(path) == offsets:
             return
-        self._cleaner_checkpoints_written = current
+        self._checkpoints_on_disk.pop(path, None)  # (unknown while it is written: a failure leaves either)
+        write_offset_checkpoint(path, offsets)
+        self._checkpoints_on_disk[path] = dict(offsets)
+
+    def _write_cleaner_checkpoints(self) -> None:
+        """Write `cleaner-offset-checkpoint` of every log dir, when it changed (the scheduler
+        asks every log.cleaner.backoff.ms)."""
+        logs = self._logs
         for log_dir in self.config.log_dirs:
-            write_offset_checkpoint(
+            self._write_checkpoint(
                 log_dir / CLEANER_OFFSET_CHECKPOINT,
                 {
                     key: offset
@@ -1137,20 +1169,22 @@ class DataDir:
 
     # -- checkpoints and closing -------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Write the root checkpoints of every log dir from the partitions' offsets now."""
+        """Write the root checkpoints of every log dir from the partitions' offsets now (those
+        whose entries changed). A KRaft broker's metadata log has no entries in them: Kafka's
+        LogManager does not load it (the broker's raft layer keeps it), and never lists it."""
         self._check_writable()
         self._write_cleaner_checkpoints()
         every = self._logs
         for log_dir in self.config.log_dirs:
-            logs = [log for log in every.values() if log.directory.parent == log_dir]
-            write_offset_checkpoint(
+            logs = [log for log in every.values() if log.directory.parent == log_dir and log.topic != METADATA_TOPIC]
+            self._write_checkpoint(
                 log_dir / RECOVERY_POINT_CHECKPOINT, {(log.topic, log.partition): log.recovery_point for log in logs}
             )
-            write_offset_checkpoint(
+            self._write_checkpoint(
                 log_dir / REPLICATION_OFFSET_CHECKPOINT,
                 {(log.topic, log.partition): log.high_watermark for log in logs},
             )
-            write_offset_checkpoint(
+            self._write_checkpoint(
                 log_dir / LOG_START_OFFSET_CHECKPOINT,
                 {
                     (log.topic, log.partition): log.log_start_offset
@@ -1169,6 +1203,12 @@ class DataDir:
     def close(self) -> None:
         """Flush, close every partition, write the checkpoints and `.kafka_cleanshutdown`, and
         release the locks: the state Kafka leaves after a clean shutdown. Safe to call twice.
+
+        The clean-shutdown file keeps what a broker left in it: the broker epoch of a Kafka 3.7+
+        file, in Kafka's JSON, so that the broker's next registration still counts its last stop
+        as clean (KIP-966); an empty file where there was none, or none with an epoch in it
+        (Kafka before 3.7, a broker that did not stop cleanly, a dir seglogfs made: the broker
+        then has no epoch to offer, as before the mount), or where a repair cut records.
 
         A partition or checkpoint that fails to close (a full disk, EIO) does not stop the
         others: no clean-shutdown marker is written (the next open recovers, as after a crash),
@@ -1193,7 +1233,8 @@ class DataDir:
                 if not failures and not offline:
                     try:
                         for log_dir in self.config.log_dirs:
-                            write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, "")
+                            marker = format_clean_shutdown(self._broker_epochs.get(log_dir))
+                            write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, marker)
                     except OSError as error:
                         failures.append(f"writing {CLEAN_SHUTDOWN_FILE}: {error}")
         finally:

@@ -52,6 +52,7 @@ from seglogfs.engine.errors import (
     UnsafeFileError,
 )
 from seglogfs.engine.files import describe_mode, open_regular
+from seglogfs.engine.leader_epochs import DEFAULT_LEADER_EPOCH, LeaderEpochCache
 from seglogfs.engine.loader import load_partition, segment_for
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
@@ -76,7 +77,6 @@ from seglogfs.engine.transaction_index import TransactionIndexBuilder
 
 logger = logging.getLogger(__name__)
 
-LEADER_EPOCH = 0  # a single replica is leader of epoch 0 for its whole life
 _INT32_MAX = 2**31 - 1
 
 
@@ -158,6 +158,9 @@ class PartitionLog:
         # process, then kept up to date by every transactional batch appended; None again after
         # a truncation. A log without transactions never builds it.
         self._transactions: TransactionIndexBuilder | None = None
+        # The leader epochs of `leader-epoch-checkpoint` (engine.leader_epochs): read at the first
+        # append, truncation or move of the log start, which keep it in line with the log.
+        self._leader_epochs: LeaderEpochCache | None = None
         if writable and segments:
             segments[-1].roll_jitter_ms = self._new_jitter()
 
@@ -243,7 +246,7 @@ class PartitionLog:
         leader-epoch checkpoint, as a Kafka broker leaves a new partition."""
         directory.mkdir(parents=False, exist_ok=False)
         write_partition_metadata(directory / PARTITION_METADATA, topic_id)
-        write_leader_epochs(directory / LEADER_EPOCH_CHECKPOINT, [(LEADER_EPOCH, 0)])
+        write_leader_epochs(directory / LEADER_EPOCH_CHECKPOINT, [(DEFAULT_LEADER_EPOCH, 0)])
         log = cls.open(directory, topic, partition, config, writable=True, clean_shutdown=True, now_ms=now_ms)
         # The first segment's names and the partition dir's own name: durable before a record
         # is (an fsync of the segment alone does not make its name survive a power cut).
@@ -333,7 +336,14 @@ class PartitionLog:
         codec = compression if compression is not None else self._topic_compression()
         with self.lock:
             batches = self._encode(
-                values, keys, headers, ts, compression=codec, producer=producer, base_offset=self._log_end_offset
+                values,
+                keys,
+                headers,
+                ts,
+                compression=codec,
+                producer=producer,
+                base_offset=self._log_end_offset,
+                leader_epoch=self._leader_epochs_locked().leader_epoch,
             )
             if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
                 return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
@@ -364,8 +374,10 @@ class PartitionLog:
         compression: CompressionType,
         producer: ProducerState = NO_PRODUCER,
         base_offset: int = 0,
+        leader_epoch: int = DEFAULT_LEADER_EPOCH,
     ) -> list[bytearray]:
-        """The records as this log's batches (`max.message.bytes` each at most)."""
+        """The records as this log's batches (`max.message.bytes` each at most), stamped with
+        `leader_epoch` (the append stamps its own again: see `_stamp`)."""
         return encode_batches(
             values,
             keys=keys,
@@ -376,7 +388,7 @@ class PartitionLog:
             base_offset=base_offset,
             compression=compression,
             producer=producer,
-            partition_leader_epoch=LEADER_EPOCH,
+            partition_leader_epoch=leader_epoch,
         )
 
     def append_encoded(self, encoded: bytes, now_ms: int) -> AppendInfo:
@@ -468,7 +480,9 @@ class PartitionLog:
                 raise RecordTooLargeError(f"{where}: {path} holds {records} records, too many for one segment")
             if os.stat(path).st_dev != os.stat(self.directory).st_dev:  # (before the roll: nothing changes)
                 raise OSError(errno.EXDEV, f"{path} is not on the filesystem of {self.directory}")
+            self._assign_leader_epoch_locked(headers[0].base_offset)
             segment = self._roll_locked(self._log_end_offset, now_ms)
+            self._join_behind()  # (the sealed segment's batches durable before the adopted file's name)
             segment.adopt(path)
             fsync_dir(self.directory)
             self._log_end_offset = headers[-1].next_offset
@@ -487,12 +501,13 @@ class PartitionLog:
         log end (for a producer's), the leader epoch, and LogAppendTime where the topic asks."""
         log_append_time = self.config.timestamp_type is TimestampType.LOG_APPEND_TIME
         offset = self._log_end_offset
+        epoch = self._leader_epochs_locked().leader_epoch.to_bytes(4, "big", signed=True)
         for header in headers:
             batch = view[header.position : header.next_position]
             if assign_offsets:
                 batch[0:8] = offset.to_bytes(8, "big", signed=True)
                 offset += header.last_offset_delta + 1
-            batch[12:16] = LEADER_EPOCH.to_bytes(4, "big", signed=True)
+            batch[12:16] = epoch
             if log_append_time and not header.is_control:
                 set_log_append_time(batch, now_ms)  # type: ignore[arg-type]
 
@@ -549,6 +564,7 @@ class PartitionLog:
         """Append checked batches (`headers[i]` parsed from `batches[i]`, position 0), rolling
         as needed; on any failure cut the log back so that none of them stays."""
         start_end = self._log_end_offset
+        self._assign_leader_epoch_locked(headers[0].base_offset)
         try:  # (a batch that fails midway is cut back by the segment itself)
             for batch, header in zip(batches, headers, strict=True):
                 segment = self._maybe_roll(len(batch), header, now_ms)
@@ -564,6 +580,22 @@ class PartitionLog:
             raise
         size = len(batches[0]) if len(batches) == 1 else sum(map(len, batches))
         return self._appended_locked(headers, size, now_ms)
+
+    def _leader_epochs_locked(self) -> LeaderEpochCache:
+        """The partition's leader epochs, read from its checkpoint the first time. Holds: the lock."""
+        if self._leader_epochs is None:
+            self._leader_epochs = LeaderEpochCache.load(
+                self.directory, log_start_offset=self._log_start_offset, log_end_offset=self._log_end_offset
+            )
+        return self._leader_epochs
+
+    def _assign_leader_epoch_locked(self, start_offset: int) -> None:
+        """Before batches stamped with the current leader epoch are appended from `start_offset`:
+        the epoch's entry in the checkpoint (written when it has none yet), as Kafka's
+        UnifiedLog.append assigns each batch's epoch before it appends the batch. Every append
+        comes here: records, batches, encoded batches, adopted files."""
+        epochs = self._leader_epochs_locked()
+        epochs.assign(epochs.leader_epoch, start_offset)
 
     def _track_transaction_locked(
         self, segment: LogSegment, header: BatchHeader, batch: bytes | bytearray | memoryview
@@ -644,27 +676,33 @@ class PartitionLog:
         segment.roll_jitter_ms = self._new_jitter()
         segment.make_active()
         self._segments.add(segment)
-        # The new files' directory entries are durable before the recovery point passes them.
-        fsync_dir(self.directory)
+        # The new files' directory entries are made durable after the sealed segment's batches
+        # (its fsync, then the directory's): a power cut between the two must not leave the new
+        # segment's name without the batches below its base offset, a gap no recovery sees. The
+        # recovery point passes the new base once both are done.
         try:
             descriptor = active.take_flush()  # (only now: a roll that failed above left it to be flushed)
         except OSError:  # (no descriptor to spare, EMFILE: flushed here and now)
             active.flush()
             descriptor = None
         if descriptor is None:
+            fsync_dir(self.directory)
             self._recovery_point = max(self._recovery_point, new_base)
         else:
             self._flush_behind(active, descriptor, new_base)
         return segment
 
     def _flush_behind(self, segment: LogSegment, descriptor: int, recovery_point: int) -> None:
-        """fsync `descriptor` (a duplicate of `segment`'s `.log`, closed when done) on a thread of
-        its own (here, when no thread can be started); `_join_behind` waits for it."""
+        """fsync `descriptor` (a duplicate of `segment`'s `.log`, closed when done), then the
+        partition's directory (the new segment's names), on a thread of its own (here, when no
+        thread can be started); `_join_behind` waits for it."""
         behind = _RollFlush(segment, recovery_point, self.truncations)
+        directory = self.directory
 
         def flush() -> None:
             try:
                 os.fsync(descriptor)
+                fsync_dir(directory)
             except BaseException as error:  # said by `_join_behind`, in the thread that rolls or flushes next
                 behind.failure = error
             finally:
@@ -931,6 +969,7 @@ class PartitionLog:
             self._log_start_offset = max(self._log_start_offset, first)
             self._recovery_point = max(self._recovery_point, first)
             fsync_dir(self.directory)
+            self._leader_epochs_locked().truncate_from_start(self._log_start_offset)
         return decision
 
     def delete_records(self, offset: int, now_ms: int) -> int:
@@ -947,7 +986,9 @@ class PartitionLog:
                     self._log_start_offset,
                     self.high_watermark,
                 )
-            self._log_start_offset = max(self._log_start_offset, offset)
+            if offset > self._log_start_offset:
+                self._log_start_offset = offset
+                self._leader_epochs_locked().truncate_from_start(offset)
             decision = segments_below_log_start(
                 self._segments.snapshot(),
                 log_start_offset=self._log_start_offset,
@@ -1018,6 +1059,7 @@ class PartitionLog:
         self._log_end_offset = active.read_next_offset()
         self._recovery_point = min(self._recovery_point, self._log_end_offset)
         self._log_start_offset = min(self._log_start_offset, self._log_end_offset)
+        self._leader_epochs_locked().truncate_from_end(self._log_end_offset)
 
     def _truncate_fully_locked(self, offset: int, now_ms: int) -> None:
         """Drop every segment and start empty at `offset` (Kafka's truncateFullyAndStartAt)."""
@@ -1033,6 +1075,7 @@ class PartitionLog:
         fsync_dir(self.directory)
         self._log_start_offset = self._log_end_offset = offset
         self._recovery_point = offset
+        self._leader_epochs_locked().clear()
 
     # -- closing ------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -313,10 +313,14 @@ def test_a_roll_leaves_the_sealed_segment_s_fsync_to_a_thread_of_its_own(part_di
     assert log.recovery_point < behind
 
 
-def test_a_roll_that_fails_half_way_leaves_the_sealed_segment_to_be_flushed(part_dir: Path, monkeypatch) -> None:
-    """A roll that fails after sealing the segment (the new segment's directory entry cannot be
-    made durable): the sealed segment is still to be flushed, and the next flush fsyncs it (it
-    was counted flushed before its fsync had run, and the recovery point passed it)."""
+@pytest.mark.expect_warnings("t-0 is offline: flush of .* Input/output error")
+def test_a_roll_makes_the_new_segments_names_durable_after_the_sealed_segments_batches(
+    part_dir: Path, monkeypatch
+) -> None:
+    """A roll's flush thread fsyncs the sealed segment, then the directory (the new segment's
+    names): a power cut between the two must not keep the new segment without the batches below
+    its base. A failure of the directory's fsync is the flush's: raised by the next flush, the
+    partition offline (the sealed segment's batches were fsynced before it)."""
     import errno as errno_module
 
     from seglogfs.engine import log as log_module
@@ -324,24 +328,27 @@ def test_a_roll_that_fails_half_way_leaves_the_sealed_segment_to_be_flushed(part
     log = make_log(part_dir, segment_bytes=300)
     log.append_records([b"x" * 100], now_ms=NOW_MS)
     sealed = log.active_segment
-    synced: set[int] = set()
+    order: list[str] = []
     real_fsync = os.fsync
 
     def recording_fsync(fd: int) -> None:
-        synced.add(os.fstat(fd).st_ino)
+        if os.fstat(fd).st_ino == sealed.log_path.stat().st_ino:
+            order.append("sealed")
         real_fsync(fd)
 
     def failing_fsync_dir(path: object) -> None:
-        raise OSError(errno_module.ENOSPC, "No space left on device")
+        order.append("directory")
+        raise OSError(errno_module.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", recording_fsync)
     with monkeypatch.context() as patched:
         patched.setattr(log_module, "fsync_dir", failing_fsync_dir)
-        with pytest.raises(OSError, match="No space left"):
-            log.append_records([b"y" * 100], now_ms=NOW_MS)  # rolls, and fails
-    assert sealed.log_path.stat().st_ino not in synced
-    log.flush()
-    assert sealed.log_path.stat().st_ino in synced
+        log.append_records([b"y" * 100], now_ms=NOW_MS)  # rolls: its flush runs behind
+        assert len(log.segments) == 2
+        with pytest.raises(OSError, match="Input/output error"):
+            log.flush()
+    assert order == ["sealed", "directory"]
+    assert log.offline_reason is not None and "Input/output error" in log.offline_reason
     log.close()
 
 

@@ -93,6 +93,8 @@ def test_a_full_disk_that_takes_the_checkpoints_too_still_names_the_append(small
     first = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES)
     assert first.returncode == 1
     stored = consumed(data_dir)
+    # The next close has a checkpoint to write (one whose lines would not change is not written).
+    (data_dir / "recovery-point-offset-checkpoint").unlink()
     filler = fill(small_disk)  # (not a page left: the cut-back of the next append frees none either)
     done = seglogfs("produce", str(data_dir), "--topic", "t", data=LINES[:100_000])
     assert done.returncode == 1, done
@@ -204,6 +206,8 @@ def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> N
     checkpoint = data / "recovery-point-offset-checkpoint"
     checkpoint.unlink()
     checkpoint.mkdir()  # the checkpoint's rename onto it fails, every time
+    with open(m.path / "b" / "0" / "append", "ab") as handle:  # (a line to write: an unchanged file is not written)
+        handle.write(b"b-two\n")
     assert log_shows(m, "checkpoint failed, retried later")
     segment = data / "a-0" / "00000000000000000000.log"
     segment.rename(segment.with_name("moved.log"))
@@ -212,8 +216,8 @@ def test_faults_under_a_mount_leave_the_rest_serving(mount, tmp_path: Path) -> N
         (m.path / "a" / "0" / "records").read_bytes()
     assert raised.value.errno == errno.EIO
     with open(m.path / "b" / "0" / "append", "ab") as handle:
-        handle.write(b"b-two\n")
-    assert (m.path / "b" / "0" / "records").read_bytes() == b"b-one\nb-two\n"
+        handle.write(b"b-three\n")
+    assert (m.path / "b" / "0" / "records").read_bytes() == b"b-one\nb-two\nb-three\n"
     assert m.process.poll() is None
     checkpoint.rmdir()  # the operator mends it: the next try succeeds, and the unmount is clean
     segment.rmdir()
