@@ -34,6 +34,7 @@ LONG_FIRST = (
     "tests/test_packaging.py",
     "tests/test_readme.py",
     "tests/fs/test_fixture_mounts.py",
+    "tests/fs/test_broker_dir_after_mount.py",
 )
 
 
