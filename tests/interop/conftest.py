@@ -217,7 +217,7 @@ class Broker:
 
     def format(self) -> None:
         cluster = base64_uuid()
-        self.kafka.run("storage", "format", "--standalone", "-t", cluster, "-c", str(self.properties))
+        self.kafka.run("storage", "format", "--standalone", f"--cluster-id={cluster}", "-c", str(self.properties))
 
     def start(self, timeout: float = 180) -> None:
         """Start it and wait for its `Kafka Server started` line (and its port answering)."""
@@ -285,31 +285,10 @@ class Broker:
         finally:
             admin.close()
 
-    def produce(self, topic: str, lines: Sequence[str], *options: str) -> None:
-        """Kafka's console producer: `KEY<TAB>VALUE` lines, or `HEADERS<TAB>KEY<TAB>VALUE` with
-        `parse.headers=true` among the options' properties."""
-        text = "".join(line + "\n" for line in lines).encode()
-        self.kafka.run(
-            "console-producer",
-            "--bootstrap-server",
-            self.bootstrap,
-            "--topic",
-            topic,
-            "--property",
-            "parse.key=true",
-            "--property",
-            "key.separator=\t",
-            "--property",
-            "headers.delimiter=\t",
-            "--property",
-            "null.marker=<null>",
-            *options,
-            stdin=text,
-        )
-
 
 def base64_uuid() -> str:
-    """A cluster id as kafka-storage random-uuid prints one (no JVM start for it)."""
+    """A cluster id as kafka-storage random-uuid prints one (no JVM start for it); it may begin
+    with `-`, so it is given as `--cluster-id=ID`."""
     import base64
 
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
