@@ -18,8 +18,8 @@ Same flags and lines as Kafka's DumpLogSegments (as of Kafka 4.0): a `Dumping <f
   A legacy message (magic 0 or 1) is a batch of its own, printed as Kafka prints one: `offset:
   <its offset> position: … NoTimestampType|CreateTime|LogAppendTime: … size: … magic: …
   compresscodec: … crc: … isvalid: …`; its records (a compressed wrapper's inner messages) as
-  `| offset: … keySize: … valueSize: … isValid: true crc: N}` (Kafka's line, closing brace
-  included), then key and payload as for any record.
+  `| offset: … keySize: … valueSize: … isValid: true crc: N` (Kafka 4's line: Kafka 3 ended it
+  with a stray `}`), then key and payload as for any record.
 * `.index` / `.timeindex`: `offset: X position: Y` / `timestamp: T offset: O`; mismatches on stderr.
 * `.snapshot` (producer state): per producer `producerId: … producerEpoch: … coordinatorEpoch: …
   currentTxnFirstOffset: OptionalLong… lastTimestamp: … firstSequence: … lastSequence: …
@@ -413,7 +413,7 @@ def _record_line(
             sequence = first + (record.offset - header.base_offset) if first >= 0 else -1
             line += f" sequence: {sequence} headerKeys: [{','.join(key for key, _ in record.headers)}]"
         else:
-            line += f" isValid: true crc: {legacy_checksum}}}"
+            line += f" isValid: true crc: {legacy_checksum}"
         if header.is_control:
             try:
                 line += describe_control_record(record.key, record.value)

@@ -525,8 +525,8 @@ def expected_legacy_lines(data: bytes) -> list[str]:
     """What DumpLogSegments prints for a message set with --print-data-log, magic < 2
     (printBatchLevel: "offset: <last offset> position: <bytes before> <TimestampType>: <timestamp>
     size: <entry size> magic: M compresscodec: <codec> crc: <CRC-32> isvalid: true"; per record
-    "| offset: O <wrapper's TimestampType>: T keySize: K valueSize: V isValid: true crc: C}"
-    (the closing brace is Kafka's), then " key: K" and " payload: P"). A magic 1 wrapper's inner
+    "| offset: O <wrapper's TimestampType>: T keySize: K valueSize: V isValid: true crc: C"
+    (Kafka 4's line; Kafka 3 ended it with a stray "}"), then " key: K" and " payload: P"). A magic 1 wrapper's inner
     offsets are relative to its offset (the last is the wrapper's)."""
     codecs = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4"}
     lines = []
@@ -550,7 +550,7 @@ def expected_legacy_lines(data: bytes) -> list[str]:
                 record_timestamp = timestamp
             line = (
                 f"| offset: {record_offset} {kind}: {record_timestamp} keySize: {-1 if key is None else len(key)} "
-                f"valueSize: {-1 if record_value is None else len(record_value)} isValid: true crc: {inner_crc}}}"
+                f"valueSize: {-1 if record_value is None else len(record_value)} isValid: true crc: {inner_crc}"
             )
             line += "" if key is None else f" key: {key.decode()}"
             line += "" if record_value is None else f" payload: {record_value.decode()}"
@@ -587,7 +587,7 @@ def test_legacy_and_v2_mixed(tmp_path: Path) -> None:
     tail = [re.sub(r"position: (\d+)", lambda m: f"position: {int(m.group(1)) + 1375}", line) for line in tail]
     assert legacy_lines == expected + tail
     assert lines[5] == (
-        "| offset: 2 CreateTime: 1633286831051 keySize: 5 valueSize: 33 isValid: true crc: 2125748918} key: alpha "
+        "| offset: 2 CreateTime: 1633286831051 keySize: 5 valueSize: 33 isValid: true crc: 2125748918 key: alpha "
         'payload: {"count":0,"filler":"aaaaaaaaaa"}'
     )
     batches = [BATCH.fullmatch(line) for line in lines if line.startswith("baseOffset: ")]
