@@ -135,7 +135,7 @@ STDERR = Path("(standard error)")
 # The reports DumpLogSegments prints once every file is dumped.
 TRAILER = re.compile(
     r"^(Mismatches in :|Found timestamp mismatch in :|Found out of order timestamp in :"
-    r"|Non-consecutive offsets in |The following indexed offsets are not found in the log)",
+    r"|Non-consecutive offsets in |The following indexed offsets are not found in )",
     re.MULTILINE,
 )
 
