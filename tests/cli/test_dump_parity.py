@@ -16,8 +16,10 @@ from typing import Any
 
 import cramjam
 import crc32c
+import pytest
 
 from seglogfs.engine.records import ProducerState, build_batch, decode_records, iter_batch_headers
+from seglogfs.mount_tools.dump import java_utf8
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures
 from tests.engine.test_metadata_log import compact_string, uvarint
@@ -647,3 +649,22 @@ def test_missing_and_misnamed_files_get_one_line_each(tmp_path: Path) -> None:
         "or .txnindex)",
         f"seglogfs: {tmp_path}: a directory where a regular file belongs: refused",
     ]
+
+
+@pytest.mark.parametrize(
+    ("data", "printed"),
+    [
+        # Where Java's decoder and Python's "replace" part (tests/interop compares the two tools
+        # on hundreds of such values): a surrogate's first two bytes, an encoded surrogate.
+        (b"\xed\xba\x69", "\ufffdi"),
+        (b"\xed\xa0\x80", "\ufffd"),
+        (b"\xed\xa0\x80".decode("utf-8", "replace").encode(), "\ufffd" * 3),
+        # Where they agree: overlong, past U+10FFFF, a cut tail, valid text.
+        (b"\xe0\x80\x80", "\ufffd" * 3),
+        (b"\xf4\x90\x80\x80", "\ufffd" * 4),
+        (b"ok\xf0\x9f\x98", "ok\ufffd"),
+        ("naïve 😀".encode(), "naïve 😀"),
+    ],
+)
+def test_keys_and_values_print_as_javas_decoder_reads_them(data: bytes, printed: str) -> None:
+    assert java_utf8(data) == printed

@@ -102,6 +102,10 @@ class Kafka:
             f"-Xmx{heap}",
             "-XX:TieredStopAtLevel=1",
             "-XX:+UseSerialGC",
+            # Output in UTF-8 whatever the locale (a replaced byte prints as U+FFFD, not "?")
+            "-Dfile.encoding=UTF-8",
+            "-Dsun.stdout.encoding=UTF-8",
+            "-Dsun.stderr.encoding=UTF-8",
             *(logging or self.tools_logging),
             "-cp",
             self.classpath,

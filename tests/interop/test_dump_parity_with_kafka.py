@@ -9,6 +9,7 @@ differently is listed here (`VERSION_DIFFERENCES`), and checked to still be so."
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 import shutil
 import subprocess
@@ -17,8 +18,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from seglogfs.engine.records import build_batch
 from tests.cli.support import SEGLOGFS
-from tests.conftest import REPO, kafka_fixtures
+from tests.conftest import NOW_MS, REPO, kafka_fixtures
 from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, split_dump
 
 SUFFIXES = (".log", ".index", ".timeindex", ".snapshot", ".txnindex", ".checkpoint")
@@ -48,6 +50,38 @@ def files_of(root: Path) -> list[Path]:
             continue
         files.append(path.resolve())
     return files
+
+
+# Keys and values that are not UTF-8: each tool prints them with its decoder's replacements.
+MALFORMED = [
+    b"\xed\xba\x69",  # a surrogate's lead and second byte, then ASCII
+    b"\xed\xa0\x80",  # an encoded surrogate, whole
+    b"\xe0\x80\x80",  # overlong
+    b"\xf0\x80\x80\x80",
+    b"\xf4\x90\x80\x80",  # past U+10FFFF
+    b"\xf5\x80\x80\x80",
+    b"\xc0\xaf",
+    b"\xe2\x82",  # cut at the end
+    b"\xf0\x9f\x98",
+    b"\xf0\x9f",
+    b"\xf0",
+    b"\xe2\x28\xa1",
+    b"\xf0\x28\x8c\x28",
+    b"\xf0\x90\x28\xbc",
+    b"a\x80b\xbfc\xfe\xff",
+    "naïve ✓ 😀".encode(),
+]
+
+
+def malformed_text(data: Path) -> Path:
+    """A segment whose keys and values are malformed UTF-8 (the list, then random bytes)."""
+    rng = random.Random(31)
+    values = [*MALFORMED, *(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12))) for _ in range(400))]
+    partition = data / "malformed-0"
+    partition.mkdir(parents=True)
+    batch = build_batch(values, keys=[v[::-1] for v in values], timestamps=NOW_MS)
+    (partition / "00000000000000000000.log").write_bytes(batch)
+    return data
 
 
 def copy_live(log_dir: Path, copy: Path) -> Path:
@@ -171,7 +205,7 @@ def test_dump_prints_what_kafkas_dump_log_prints(kafka: dict[str, Kafka], kafka_
     )
     assert "] ERROR " not in produced.stderr, produced.stderr[-3000:]
     live = copy_live(broker.log_dir, tmp_path / "live")
-    files = files_of(kafka_fixtures()) + files_of(live)
+    files = files_of(kafka_fixtures()) + files_of(live) + files_of(malformed_text(tmp_path / "made"))
     assert len(files) > 200
     assert len(list(live.glob("dumped-0/*.log"))) > 1, "the broker rolled no segment of the topic"
     newest = kafka[NEWEST]
