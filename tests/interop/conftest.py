@@ -2,12 +2,14 @@
 resolved (tests/interop/pom.xml; class paths in build/interop/). No test downloads anything: a
 missing class path or a missing `java` fails the test with the command that makes it.
 
-JVM starts are the cost here (1-2 s of CPU each): one broker serves the whole session (the tests
-that use it share an xdist group, so one worker runs them all), and Kafka's tools are given many
-files or topics per run."""
+JVM starts are the cost here (1-2 s of CPU each): one broker serves a worker's session (each xdist
+worker that draws a broker test starts its own: pytest-xdist's `xdist_group` does not group
+under pytest 9, whose node ids it can no longer rename), and Kafka's tools are given many files or
+topics per run."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -282,12 +284,19 @@ class Broker:
         as keyword arguments, underscores for dots."""
         from kafka.admin import KafkaAdminClient, NewTopic
 
-        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=60_000)
+        # (The client warns when its event loop was held up, as on a loaded machine: not ours.)
+        client_log = logging.getLogger("kafka")
+        level = client_log.level
+        client_log.setLevel(logging.ERROR)
         try:
-            topic_configs = {key.replace("_", "."): value for key, value in configs.items()}
-            admin.create_topics([NewTopic(name, partitions, 1, topic_configs=topic_configs)])
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=60_000)
+            try:
+                topic_configs = {key.replace("_", "."): value for key, value in configs.items()}
+                admin.create_topics([NewTopic(name, partitions, 1, topic_configs=topic_configs)])
+            finally:
+                admin.close()
         finally:
-            admin.close()
+            client_log.setLevel(level)
 
 
 def base64_uuid() -> str:
@@ -332,10 +341,3 @@ def kafka_broker(session_broker: Broker, request: pytest.FixtureRequest) -> Iter
     expected = [p for marker in request.node.iter_markers("expect_broker_errors") for p in marker.args]
     errors = session_broker.errors_since(first, expected)
     assert not errors, "the broker logged errors the test did not expect:\n" + "\n".join(errors)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # One worker runs every test of the broker (with `--dist loadgroup`): one broker per run.
-    for item in items:
-        if "kafka_broker" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("kafka-broker"))

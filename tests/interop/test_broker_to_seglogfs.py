@@ -1,11 +1,11 @@
 """Broker -> seglogfs: a live Kafka broker writes, seglogfs reads its log dir.
 
-Kafka's own console producer writes a topic per codec (none, gzip, snappy, lz4, zstd) with keys,
-null keys and values, and headers; then what `seglogfs consume` reads of the broker's log dir, the
-broker running, equals what Kafka's console consumer reads through the broker: offsets, keys,
-values, headers, timestamps and their types, line for line. And a read-only mount of the live dir
-followed with `tail -f`, and `seglogfs consume --follow`, while the producer writes, see every
-record once, in order."""
+Kafka's own console producer writes a topic per codec (none, gzip, snappy, lz4, zstd; lz4's
+with LogAppendTime) with keys, null keys and values, and headers; then what `seglogfs consume`
+reads of the broker's log dir, the broker running, equals what Kafka's console consumer reads
+through the broker: offsets, keys, values, headers, timestamps and their types, line for line.
+And a read-only mount of the live dir followed with `tail -f`, and `seglogfs consume --follow`,
+while the producer writes, see every record once, in order."""
 
 from __future__ import annotations
 
@@ -71,7 +71,9 @@ def test_seglogfs_reads_of_a_live_broker_dir_what_kafkas_consumer_reads(kafka_br
     producers = []
     for codec in CODECS:
         topic = f"codec-{codec}"
-        broker.create_topic(topic, internal_segment_bytes="8192")
+        # (lz4's topic stamps LogAppendTime: the broker's time, and the type each tool prints)
+        timestamps = "LogAppendTime" if codec == "lz4" else "CreateTime"
+        broker.create_topic(topic, internal_segment_bytes="8192", message_timestamp_type=timestamps)
         command = broker.kafka.command(
             "console-producer",
             "--bootstrap-server",
