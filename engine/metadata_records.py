@@ -7,13 +7,14 @@ The framing (frame version, api key, version, then the fields in Kafka's flexibl
 `common/metadata/*.json`, each in all its versions (all flexible from version 0; `tag N` is a
 tagged field, shown in the JSON only when it differs from its default, as the converters do):
 
-    RegisterBrokerRecord (0) v0-3      BrokerId int32, IsMigratingZkBroker bool (v2+),
+    RegisterBrokerRecord (0) v0-4      BrokerId int32, IsMigratingZkBroker bool (v2+),
                                        IncarnationId uuid, BrokerEpoch int64,
                                        EndPoints [Name string, Host string, Port uint16,
                                        SecurityProtocol int16], Features [Name string,
                                        MinSupportedVersion int16, MaxSupportedVersion int16],
                                        Rack nullable string, Fenced bool,
-                                       InControlledShutdown bool (v1+), LogDirs [uuid] (v3+, tag 0)
+                                       InControlledShutdown bool (v1+), LogDirs [uuid] (v3+, tag 0),
+                                       CordonedLogDirs nullable [uuid] (v4+, tag 1; Kafka 4.x)
     UnregisterBrokerRecord (1) v0      BrokerId int32, BrokerEpoch int64
     TopicRecord (2) v0                 Name string, TopicId uuid
     PartitionRecord (3) v0-2           PartitionId int32, TopicId uuid, Replicas [int32],
@@ -43,10 +44,10 @@ tagged field, shown in the JSON only when it differs from its default, as the co
     ClientQuotaRecord (14) v0          Entity [EntityType string, EntityName nullable string],
                                        Key string, Value float64, Remove bool
     ProducerIdsRecord (15) v0          BrokerId int32, BrokerEpoch int64, NextProducerId int64
-    BrokerRegistrationChangeRecord (17) v0-2
+    BrokerRegistrationChangeRecord (17) v0-3
                                        BrokerId int32, BrokerEpoch int64, then tagged: Fenced
                                        int8 (0), InControlledShutdown int8 (1, v1+), LogDirs
-                                       [uuid] (2, v2+)
+                                       [uuid] (2, v2+), CordonedLogDirs nullable [uuid] (3, v3+)
     AccessControlEntryRecord (18) v0   Id uuid, ResourceType int8, ResourceName string,
                                        PatternType int8, Principal string, Host string,
                                        Operation int8, PermissionType int8
@@ -130,8 +131,9 @@ METADATA_RECORD_TYPES = {
             Field("Fenced", "bool"),
             Field("InControlledShutdown", "bool", since(1)),
             Field("LogDirs", "[]uuid", since(3), tag=0, default=[]),
+            Field("CordonedLogDirs", "[]uuid", since(4), nullable=since(4), tag=1, default=None),
         ),
-        highest_version=3,
+        highest_version=4,
     ),
     1: MetadataRecordType(
         "UNREGISTER_BROKER_RECORD",
@@ -257,8 +259,9 @@ METADATA_RECORD_TYPES = {
             Field("Fenced", "int8", tag=0, default=0),
             Field("InControlledShutdown", "int8", since(1), tag=1, default=0),
             Field("LogDirs", "[]uuid", since(2), tag=2, default=[]),
+            Field("CordonedLogDirs", "[]uuid", since(3), nullable=since(3), tag=3, default=None),
         ),
-        highest_version=2,
+        highest_version=3,
     ),
     18: MetadataRecordType(
         "ACCESS_CONTROL_ENTRY_RECORD",

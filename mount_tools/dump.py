@@ -18,8 +18,8 @@ Same flags and lines as Kafka's DumpLogSegments (as of Kafka 4.0): a `Dumping <f
   A legacy message (magic 0 or 1) is a batch of its own, printed as Kafka prints one: `offset:
   <its offset> position: … NoTimestampType|CreateTime|LogAppendTime: … size: … magic: …
   compresscodec: … crc: … isvalid: …`; its records (a compressed wrapper's inner messages) as
-  `| offset: … keySize: … valueSize: … isValid: true crc: N}` (Kafka's line, closing brace
-  included), then key and payload as for any record.
+  `| offset: … keySize: … valueSize: … isValid: true crc: N` (Kafka 4's line: Kafka 3 ended it
+  with a stray `}`), then key and payload as for any record.
 * `.index` / `.timeindex`: `offset: X position: Y` / `timestamp: T offset: O`; mismatches on stderr.
 * `.snapshot` (producer state): per producer `producerId: … producerEpoch: … coordinatorEpoch: …
   currentTxnFirstOffset: OptionalLong… lastTimestamp: … firstSequence: … lastSequence: …
@@ -292,9 +292,107 @@ def _magic0_checksum(record: Record) -> int:
 # -- message parsers (kafka-dump-log's MessageParser implementations) -----------------------------
 def _default_parser(record: Record) -> tuple[str | None, str | None]:
     """Kafka's StringDecoder for keys and values."""
-    key = None if record.key is None else bytes(record.key).decode("utf-8", "replace")
-    value = None if record.value is None else bytes(record.value).decode("utf-8", "replace")
+    key = None if record.key is None else java_utf8(bytes(record.key))
+    value = None if record.value is None else java_utf8(bytes(record.value))
     return key, value
+
+
+REPLACEMENT = "\ufffd"
+
+
+def _continuation(byte: int) -> bool:
+    return byte & 0xC0 == 0x80
+
+
+def java_utf8(data: bytes) -> str:
+    """`data` as Java's `new String(data, UTF_8)` reads it, which is what kafka-dump-log prints:
+    valid UTF-8 as Python decodes it, and malformed sequences each replaced by U+FFFD as the
+    JDK's decoder cuts them, which is not always as Python's "replace" does (ED BA 69 is one
+    U+FFFD and an `i` to Java, two U+FFFD and an `i` to Python; a UTF-8 encoded surrogate is one
+    U+FFFD to Java, three to Python)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    out: list[str] = []
+    size, i = len(data), 0
+    while i < size:
+        lead = data[i]
+        if lead < 0x80:
+            out.append(chr(lead))
+            i += 1
+        elif 0xC2 <= lead <= 0xDF:  # two bytes
+            if i + 1 >= size:
+                out.append(REPLACEMENT)
+                break
+            if not _continuation(data[i + 1]):
+                out.append(REPLACEMENT)
+                i += 1
+            else:
+                out.append(chr((lead & 0x1F) << 6 | data[i + 1] & 0x3F))
+                i += 2
+        elif 0xE0 <= lead <= 0xEF:  # three bytes
+            if i + 2 < size:
+                second, third = data[i + 1], data[i + 2]
+                bad_second = (lead == 0xE0 and second & 0xE0 == 0x80) or not _continuation(second)
+                if bad_second or not _continuation(third):
+                    out.append(REPLACEMENT)
+                    i += 1 if bad_second else 2
+                    continue
+                char = (lead & 0x0F) << 12 | (second & 0x3F) << 6 | third & 0x3F
+                out.append(REPLACEMENT if 0xD800 <= char <= 0xDFFF else chr(char))
+                i += 3
+                continue
+            out.append(REPLACEMENT)
+            second_fits = i + 1 < size and not (
+                (lead == 0xE0 and data[i + 1] & 0xE0 == 0x80) or not _continuation(data[i + 1])
+            )
+            if i + 1 < size and not second_fits:
+                i += 1
+                continue
+            break  # a cut sequence at the end: one U+FFFD for all of it
+        elif 0xF0 <= lead <= 0xF7:  # four bytes
+            if i + 3 < size:
+                second, third, fourth = data[i + 1], data[i + 2], data[i + 3]
+                code = (lead & 0x07) << 18 | (second & 0x3F) << 12 | (third & 0x3F) << 6 | fourth & 0x3F
+                if (
+                    _continuation(second)
+                    and _continuation(third)
+                    and _continuation(fourth)
+                    and 0x10000 <= code <= 0x10FFFF
+                ):
+                    out.append(chr(code))
+                    i += 4
+                    continue
+                out.append(REPLACEMENT)
+                if _bad_second_of_four(lead, second):
+                    i += 1
+                elif not _continuation(third):
+                    i += 2
+                else:
+                    i += 3
+                continue
+            out.append(REPLACEMENT)
+            if lead > 0xF4 or (i + 1 < size and _bad_second_of_four(lead, data[i + 1])):
+                i += 1
+                continue
+            if i + 2 < size and not _continuation(data[i + 2]):
+                i += 2
+                continue
+            break  # a cut sequence at the end: one U+FFFD for all of it
+        else:  # a continuation byte without its lead, C0, C1, F8-FF
+            out.append(REPLACEMENT)
+            i += 1
+    return "".join(out)
+
+
+def _bad_second_of_four(lead: int, second: int) -> bool:
+    return (
+        lead > 0xF4
+        or (lead == 0xF0 and not 0x90 <= second <= 0xBF)
+        or (lead == 0xF4 and second & 0xF0 != 0x80)
+        or not _continuation(second)
+    )
 
 
 def _coordinator_record(
@@ -413,7 +511,7 @@ def _record_line(
             sequence = first + (record.offset - header.base_offset) if first >= 0 else -1
             line += f" sequence: {sequence} headerKeys: [{','.join(key for key, _ in record.headers)}]"
         else:
-            line += f" isValid: true crc: {legacy_checksum}}}"
+            line += f" isValid: true crc: {legacy_checksum}"
         if header.is_control:
             try:
                 line += describe_control_record(record.key, record.value)
@@ -568,8 +666,11 @@ def _dump_transaction_index(path: Path, out: Any) -> None:
 
 
 def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
-    """The entries in use, read up to the zero tail (a hole reads as one): never the whole
-    length of a file that may be a sparse terabyte."""
+    """The entries kafka-dump-log goes over, read up to the zero tail (a hole reads as one):
+    never the whole length of a file that may be a sparse terabyte. Kafka takes an existing
+    index as full to its end and stops at the first entry after the first whose relative offset
+    is 0: of a preallocated index with no entry yet (a live broker's active segment) it prints,
+    and checks, the first slot's zeros."""
     fd = open_regular(path)
     try:
         length = os.fstat(fd).st_size
@@ -577,7 +678,9 @@ def _read_entries(path: Path, dtype: np.dtype) -> np.ndarray:
             raise CorruptIndexError(
                 path, f"found {length} bytes which is neither positive nor a multiple of {dtype.itemsize}"
             )
-        return entries_in_use(read_index_prefix(fd, dtype, length))
+        entries = read_index_prefix(fd, dtype, length)
+        in_use = entries_in_use(entries)
+        return in_use if len(in_use) else entries[:1]
     finally:
         os.close(fd)
 
@@ -586,6 +689,11 @@ def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bo
     write = out.write
     base = _base_offset(path)
     if sanity_only:
+        # (Kafka reads an existing index as full to its end: it has no entry only when it is
+        # shorter than one, and then says so rather than checking it.)
+        if os.path.getsize(path) < OFFSET_INDEX_DTYPE.itemsize:
+            write(f"{name} is empty.\n")
+            return True
         index = OffsetIndex(path, base, max(os.path.getsize(path), 8), writable=False)
         try:
             log_path = path.with_name(path.name[: -len(INDEX_SUFFIX)] + LOG_SUFFIX)
@@ -595,7 +703,7 @@ def _dump_offset_index(path: Path, name: str, verify_only: bool, sanity_only: bo
         write(f"{name} passed sanity check.\n")
         return True
     entries = _read_entries(path, OFFSET_INDEX_DTYPE)
-    if len(entries) == 0:
+    if len(entries) == 0:  # (shorter than one entry)
         write(f"{name} is empty.\n")
         return True
     log_path = path.with_name(path.name[: -len(INDEX_SUFFIX)] + LOG_SUFFIX)
@@ -663,7 +771,8 @@ def _dump_time_index(path: Path, name: str, verify_only: bool, sanity_only: bool
         for index_ts, prev_ts in out_of_order:
             print(f"  Index timestamp: {index_ts}, Previously indexed timestamp: {prev_ts}", file=sys.stderr)
     if not_found:
-        print("The following indexed offsets are not found in the log.", file=sys.stderr)
+        # (Kafka 4's heading names the file; Kafka 3's said "… not found in the log.")
+        print(f"The following indexed offsets are not found in :{path.resolve()}", file=sys.stderr)
         for offset, log_offset in not_found:
             print(f"Indexed offset: {offset}, found log offset: {log_offset}", file=sys.stderr)
     return True

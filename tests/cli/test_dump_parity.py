@@ -16,8 +16,10 @@ from typing import Any
 
 import cramjam
 import crc32c
+import pytest
 
 from seglogfs.engine.records import ProducerState, build_batch, decode_records, iter_batch_headers
+from seglogfs.mount_tools.dump import java_utf8
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures
 from tests.engine.test_metadata_log import compact_string, uvarint
@@ -525,8 +527,8 @@ def expected_legacy_lines(data: bytes) -> list[str]:
     """What DumpLogSegments prints for a message set with --print-data-log, magic < 2
     (printBatchLevel: "offset: <last offset> position: <bytes before> <TimestampType>: <timestamp>
     size: <entry size> magic: M compresscodec: <codec> crc: <CRC-32> isvalid: true"; per record
-    "| offset: O <wrapper's TimestampType>: T keySize: K valueSize: V isValid: true crc: C}"
-    (the closing brace is Kafka's), then " key: K" and " payload: P"). A magic 1 wrapper's inner
+    "| offset: O <wrapper's TimestampType>: T keySize: K valueSize: V isValid: true crc: C"
+    (Kafka 4's line; Kafka 3 ended it with a stray "}"), then " key: K" and " payload: P"). A magic 1 wrapper's inner
     offsets are relative to its offset (the last is the wrapper's)."""
     codecs = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4"}
     lines = []
@@ -550,7 +552,7 @@ def expected_legacy_lines(data: bytes) -> list[str]:
                 record_timestamp = timestamp
             line = (
                 f"| offset: {record_offset} {kind}: {record_timestamp} keySize: {-1 if key is None else len(key)} "
-                f"valueSize: {-1 if record_value is None else len(record_value)} isValid: true crc: {inner_crc}}}"
+                f"valueSize: {-1 if record_value is None else len(record_value)} isValid: true crc: {inner_crc}"
             )
             line += "" if key is None else f" key: {key.decode()}"
             line += "" if record_value is None else f" payload: {record_value.decode()}"
@@ -587,7 +589,7 @@ def test_legacy_and_v2_mixed(tmp_path: Path) -> None:
     tail = [re.sub(r"position: (\d+)", lambda m: f"position: {int(m.group(1)) + 1375}", line) for line in tail]
     assert legacy_lines == expected + tail
     assert lines[5] == (
-        "| offset: 2 CreateTime: 1633286831051 keySize: 5 valueSize: 33 isValid: true crc: 2125748918} key: alpha "
+        "| offset: 2 CreateTime: 1633286831051 keySize: 5 valueSize: 33 isValid: true crc: 2125748918 key: alpha "
         'payload: {"count":0,"filler":"aaaaaaaaaa"}'
     )
     batches = [BATCH.fullmatch(line) for line in lines if line.startswith("baseOffset: ")]
@@ -647,3 +649,22 @@ def test_missing_and_misnamed_files_get_one_line_each(tmp_path: Path) -> None:
         "or .txnindex)",
         f"seglogfs: {tmp_path}: a directory where a regular file belongs: refused",
     ]
+
+
+@pytest.mark.parametrize(
+    ("data", "printed"),
+    [
+        # Where Java's decoder and Python's "replace" part (tests/interop compares the two tools
+        # on hundreds of such values): a surrogate's first two bytes, an encoded surrogate.
+        (b"\xed\xba\x69", "\ufffdi"),
+        (b"\xed\xa0\x80", "\ufffd"),
+        (b"\xed\xa0\x80".decode("utf-8", "replace").encode(), "\ufffd" * 3),
+        # Where they agree: overlong, past U+10FFFF, a cut tail, valid text.
+        (b"\xe0\x80\x80", "\ufffd" * 3),
+        (b"\xf4\x90\x80\x80", "\ufffd" * 4),
+        (b"ok\xf0\x9f\x98", "ok\ufffd"),
+        ("naïve 😀".encode(), "naïve 😀"),
+    ],
+)
+def test_keys_and_values_print_as_javas_decoder_reads_them(data: bytes, printed: str) -> None:
+    assert java_utf8(data) == printed

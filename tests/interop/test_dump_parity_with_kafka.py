@@ -1,0 +1,233 @@
+"""`seglogfs dump` and Kafka's own kafka-dump-log, byte for byte.
+
+On the files of the broker fixtures (segments up to a size that keeps the run short) and of a copy
+of the live broker's log dir, taken while it runs, for each flag both tools have: each file's
+output is compared whole, and the reports printed after the last file (on standard error, in the
+order of a Java HashMap) as a set. seglogfs follows the newest Kafka; what Kafka 3.9 prints
+differently is listed here (`VERSION_DIFFERENCES`), and checked to still be so."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from seglogfs.engine.records import build_batch
+from tests.cli.support import SEGLOGFS
+from tests.conftest import NOW_MS, REPO, kafka_fixtures
+from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, split_dump
+
+SUFFIXES = (".log", ".index", ".timeindex", ".snapshot", ".txnindex", ".checkpoint")
+BIGGEST_SEGMENT = 200_000  # bytes: Kafka checks a time index by reading its segment per entry
+
+# What Kafka 4's kafka-dump-log prints that seglogfs does not, on purpose.
+KNOWN = {
+    # Kafka 4's DumpLogSegments starts each file's run of offsets at -1 (3.9's did not): a
+    # segment whose first record is not offset 0 is reported "non-consecutive", wrongly.
+    "kafka-4-first-offset": re.compile(r"Non-consecutive offsets in \S+\n  -1 is followed by \d+\n"),
+}
+
+# Where Kafka 3.9.2 prints otherwise than 4.4.0 (seglogfs prints as 4.4.0 does).
+VERSION_DIFFERENCES = {
+    # A legacy (magic 0/1) record's line: 3.9 ends it with a stray "}".
+    "legacy-record-brace": re.compile(r"^\| offset: .* isValid: true crc: \d+\}", re.MULTILINE),
+}
+
+
+def files_of(root: Path) -> list[Path]:
+    files = []
+    for path in sorted(root.rglob("*")):
+        if not (path.is_file() and path.name.endswith(SUFFIXES) and path.name[0].isdigit()):
+            continue
+        segment = path.with_name(path.name.split(".")[0] + ".log")
+        if segment.exists() and segment.stat().st_size > BIGGEST_SEGMENT:
+            continue
+        files.append(path.resolve())
+    return files
+
+
+# Keys and values that are not UTF-8: each tool prints them with its decoder's replacements.
+MALFORMED = [
+    b"\xed\xba\x69",  # a surrogate's lead and second byte, then ASCII
+    b"\xed\xa0\x80",  # an encoded surrogate, whole
+    b"\xe0\x80\x80",  # overlong
+    b"\xf0\x80\x80\x80",
+    b"\xf4\x90\x80\x80",  # past U+10FFFF
+    b"\xf5\x80\x80\x80",
+    b"\xc0\xaf",
+    b"\xe2\x82",  # cut at the end
+    b"\xf0\x9f\x98",
+    b"\xf0\x9f",
+    b"\xf0",
+    b"\xe2\x28\xa1",
+    b"\xf0\x28\x8c\x28",
+    b"\xf0\x90\x28\xbc",
+    b"a\x80b\xbfc\xfe\xff",
+    "naïve ✓ 😀".encode(),
+]
+
+
+def malformed_text(data: Path) -> Path:
+    """A segment whose keys and values are malformed UTF-8 (the list, then random bytes)."""
+    rng = random.Random(31)
+    values = [*MALFORMED, *(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12))) for _ in range(400))]
+    partition = data / "malformed-0"
+    partition.mkdir(parents=True)
+    batch = build_batch(values, keys=[v[::-1] for v in values], timestamps=NOW_MS)
+    (partition / "00000000000000000000.log").write_bytes(batch)
+    return data
+
+
+def copy_live(log_dir: Path, copy: Path) -> Path:
+    """A copy of a running broker's log dir: its cleaner renames and deletes files meanwhile,
+    and a file gone by the time it is copied is left out (both tools read the same copy)."""
+    for path in sorted(log_dir.rglob("*")):
+        target = copy / path.relative_to(log_dir)
+        try:
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif path.name.endswith(SUFFIXES):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+        except FileNotFoundError:
+            continue
+    for index in [*copy.glob("*/*.index"), *copy.glob("*/*.timeindex")]:
+        if not index.with_suffix(".log").exists():  # (Kafka's dump of an index reads its segment)
+            index.unlink()
+    return copy
+
+
+def seglogfs_dump(files: Sequence[Path], flags: Sequence[str]) -> dict[Path, str]:
+    done = subprocess.run(
+        [SEGLOGFS, "dump", *flags, "--files", ",".join(map(str, files))],
+        capture_output=True,
+        cwd=REPO,
+        timeout=300,
+        check=False,
+    )
+    result = subprocess.CompletedProcess(
+        done.args,
+        done.returncode,
+        done.stdout.decode(errors="surrogateescape"),
+        done.stderr.decode(errors="surrogateescape"),
+    )
+    return split_dump(result.stdout, files, f"seglogfs dump {' '.join(flags)}", result)
+
+
+def reports(parts: dict[Path, str], known: set[str] | None = None) -> Counter[str]:
+    """The reports printed after the files (stdout and stderr), one per heading, as a multiset;
+    the KNOWN ones taken out (and named in `known`)."""
+    text = parts[AFTER_FILES] + "".join(
+        line + "\n"
+        for line in parts[STDERR].splitlines()
+        if not line.startswith("[")  # (a logged WARN)
+    )
+    for name, pattern in KNOWN.items():
+        text, count = pattern.subn("", text)
+        if count and known is not None:
+            known.add(name)
+    starts = [m.start() for m in TRAILER.finditer(text)]
+    leftover = text[: starts[0]] if starts else text
+    blocks = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=False)]
+    return Counter(blocks + ([leftover] if leftover else []))
+
+
+def differences(kafka: dict[Path, str], ours: dict[Path, str], known: set[str]) -> list[str]:
+    found = []
+    for path, expected in kafka.items():
+        if path in (AFTER_FILES, STDERR):
+            continue
+        mine = ours.get(path, "")
+        if mine != expected:
+            pairs = zip(expected.splitlines(), mine.splitlines(), strict=False)
+            first = next(((k, o) for k, o in pairs if k != o), (f"{len(expected)} chars", f"{len(mine)} chars"))
+            found.append(f"{path}:\n  kafka:    {first[0][:300]!r}\n  seglogfs: {first[1][:300]!r}")
+    theirs, mine = reports(kafka, known), reports(ours)
+    if theirs != mine:
+        found.append(f"reports after the files: only Kafka's {theirs - mine}, only seglogfs's {mine - theirs}")
+    return found
+
+
+def active(path: Path) -> bool:
+    """Whether `path` belongs to its partition's newest segment."""
+    return path.name.split(".")[0] == max(p.name.split(".")[0] for p in path.parent.glob("*.log"))
+
+
+def flag_sets(files: Sequence[Path]) -> list[tuple[list[str], list[Path]]]:
+    """Each flag set both tools have, with the files it applies to."""
+    logs = [f for f in files if f.suffix in (".log", ".checkpoint")]
+    metadata = [f for f in logs if "__cluster_metadata" in str(f)]
+    offsets = [f for f in logs if "__consumer_offsets" in str(f)]
+    transactions = [f for f in logs if "__transaction_state" in str(f)]
+    indexes = [f for f in files if f.suffix in (".index", ".timeindex")]
+    sets = [
+        ([], list(files)),
+        (["--deep-iteration"], logs),
+        (["--print-data-log"], [f for f in logs if f not in metadata]),
+        (["--print-data-log", "--skip-record-metadata"], logs),
+        (["--deep-iteration", "--max-bytes", "3000"], logs),
+        (["--verify-index-only"], indexes),
+        # (Not a live broker's active time index: preallocated, its zero tail is a last entry
+        # to Kafka, whose check then throws and ends the run; seglogfs checks the entries in use.)
+        (["--index-sanity-check"], [f for f in indexes if not (f.suffix == ".timeindex" and active(f))]),
+        (["--cluster-metadata-decoder"], metadata),
+        (["--offsets-decoder"], offsets),
+    ]
+    if transactions:
+        sets.append((["--transaction-log-decoder"], transactions))
+    return [(flags, chosen) for flags, chosen in sets if chosen]
+
+
+def test_dump_prints_what_kafkas_dump_log_prints(kafka: dict[str, Kafka], kafka_broker: Broker, tmp_path: Path) -> None:
+    broker = kafka_broker
+    broker.create_topic("dumped", internal_segment_bytes="4096", cleanup_policy="compact")
+    produced = broker.kafka.run(
+        "console-producer",
+        "--bootstrap-server",
+        broker.bootstrap,
+        "--topic",
+        "dumped",
+        "--compression-codec",
+        "lz4",
+        "--command-property",
+        "batch.size=2048",  # (a batch over the topic's segment size is refused)
+        "--reader-property",
+        "parse.key=true",
+        "--reader-property",
+        "key.separator=:",
+        stdin="".join(f"k{i % 13}:dumped-{i}-{hashlib.sha256(b'%d' % i).hexdigest()}\n" for i in range(500)).encode(),
+    )
+    assert "] ERROR " not in produced.stderr, produced.stderr[-3000:]
+    live = copy_live(broker.log_dir, tmp_path / "live")
+    files = files_of(kafka_fixtures()) + files_of(live) + files_of(malformed_text(tmp_path / "made"))
+    assert len(files) > 200
+    assert len(list(live.glob("dumped-0/*.log"))) > 1, "the broker rolled no segment of the topic"
+    newest = kafka[NEWEST]
+    older = next(k for version, k in kafka.items() if version != NEWEST)
+    runs = flag_sets(files)
+    # Two at a time: each a JVM or a Python process, most of it start-up and output.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        theirs = list(pool.map(lambda run: newest.dump_log(run[1], *run[0]), runs))
+        ours = list(pool.map(lambda run: seglogfs_dump(run[1], run[0]), runs))
+        legacy = [f for f in files if "magic0" in str(f) and f.suffix == ".log"]
+        old = older.dump_log(legacy, "--print-data-log")
+    known: set[str] = set()
+    found = []
+    for (flags, _), kafka_parts, our_parts in zip(runs, theirs, ours, strict=True):
+        found += [f"{' '.join(flags) or '(no flag)'}: {d}" for d in differences(kafka_parts, our_parts, known)]
+    assert not found, f"seglogfs dump differs from Kafka {NEWEST}'s kafka-dump-log:\n" + "\n".join(found[:30])
+    assert known == set(KNOWN), f"Kafka no longer prints {set(KNOWN) - known}: take it out of KNOWN"
+    # Kafka 3.9 on the legacy fixtures: it differs from 4.4 by the listed differences only.
+    newer = theirs[[flags for flags, _ in runs].index(["--print-data-log"])]
+    for path in legacy:
+        as_newest = old[path]
+        for pattern in VERSION_DIFFERENCES.values():
+            as_newest = pattern.sub(lambda m: m.group(0)[:-1], as_newest)
+        assert as_newest == newer[path], f"Kafka 3.9 and 4.4 differ on {path} otherwise than listed"
+        assert old[path] != newer[path], f"Kafka 3.9 prints {path} as 4.4 does now: update VERSION_DIFFERENCES"
