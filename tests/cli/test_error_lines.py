@@ -59,8 +59,9 @@ def test_a_lock_holders_command_line_is_one_line_with_its_control_characters_esc
 def test_a_foreground_mount_whose_close_fails_on_a_full_disk_exits_1_saying_why(
     small_tmpfs: Path, tmp_path: Path
 ) -> None:
-    """Its lines all start with `seglogfs:`, the last one says what could not be written (without
-    Python's `[Errno 28]`), and both the mount's process and `seglogfs umount` exit 1."""
+    """Its lines all start with `seglogfs:` (its log's, `seglogfs MNT:`), the last one says what
+    could not be written (without Python's `[Errno 28]`), and both the mount's process and
+    `seglogfs umount` exit 1."""
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     mount = Mount(small_tmpfs / "data", mountpoint, ["-o", "view.cache=none"])
@@ -76,7 +77,8 @@ def test_a_foreground_mount_whose_close_fails_on_a_full_disk_exits_1_saying_why(
         mount.stop()
     assert mount.process.returncode == 1, mount.output()
     said = mount.output().splitlines()
-    assert said and all(line.startswith("seglogfs: ") for line in said), said
+    # (the CLI's lines, and the mount's log lines, which name the mount point)
+    assert said and all(line.startswith(("seglogfs: ", f"seglogfs {mountpoint}: ")) for line in said), said
     # (what failed first: the partition's close or the checkpoints, each a line in the log)
     assert re.fullmatch(
         r"seglogfs: (closing t-0|writing checkpoints): [^\[\]]*No space left on device.*; "
