@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from seglogfs.engine import BrokerConfig, DataDir
 from tests.cli.support import SEGLOGFS, one_error_line, run, run_json
 from tests.conftest import AS_FOREGROUND, REPO, kafka_fixtures
 
@@ -71,7 +72,9 @@ def test_timeout_ms_ends_the_wait(log_dir: Path) -> None:
     follower = Follower(log_dir, "--from-beginning", "--timeout-ms", "2000", "--format", "jsonl")
     try:
         assert len(follower.lines(2)) == 2
-        produce(log_dir, "c")
+        # (appended in this process: a CLI's start on a loaded machine can outlast the 2 s)
+        with DataDir.open(BrokerConfig.load(log_dirs=[log_dir]), now_ms=int(time.time() * 1000)) as writer:
+            writer.partition("t", 0).append_records([b"c"], now_ms=int(time.time() * 1000))
         code, out, err = follower.end()
     finally:
         follower.process.kill()
