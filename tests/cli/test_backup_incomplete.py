@@ -69,17 +69,22 @@ def assert_completed_by_the_next_backup(backup: Path, data: Path) -> None:
     )
 
 
-def test_a_backup_whose_reader_went_away_exits_non_zero_and_is_incomplete(data: Path, tmp_path: Path) -> None:
-    backup = tmp_path / "backup"
-    # A real shell pipe: head prints the first line and exits; the backup's next write fails.
-    piped = subprocess.run(
-        ["bash", "-c", '"$0" backup "$1" "$2" -v | head -1; exit "${PIPESTATUS[0]}"', SEGLOGFS, str(data), str(backup)],
+def into_head(command: str, source: Path, target: Path) -> subprocess.CompletedProcess[str]:
+    """`seglogfs COMMAND SOURCE TARGET -v | head -1` through a real shell pipe (head prints the
+    first line and exits; the command's next write fails), with the command's exit status."""
+    return subprocess.run(
+        ["bash", "-c", f'"$0" {command} "$1" "$2" -v | head -1; exit "${{PIPESTATUS[0]}}"', SEGLOGFS, source, target],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=120,
         check=False,
     )
+
+
+def test_a_backup_whose_reader_went_away_exits_non_zero_and_is_incomplete(data: Path, tmp_path: Path) -> None:
+    backup = tmp_path / "backup"
+    piped = into_head("backup", data, backup)
     assert piped.returncode == 1, piped.stdout + piped.stderr
     assert piped.stdout.startswith("sent ") and piped.stdout.count("\n") == 1, piped.stdout
     assert "Traceback" not in piped.stderr and "Broken pipe" not in piped.stderr, piped.stderr
@@ -132,21 +137,7 @@ def test_a_backup_killed_mid_way_is_incomplete_until_the_next_one(
 def test_a_restore_whose_reader_went_away_exits_non_zero(data: Path, tmp_path: Path) -> None:
     backup, restored = tmp_path / "backup", tmp_path / "restored"
     run("backup", str(data), str(backup))
-    piped = subprocess.run(
-        [
-            "bash",
-            "-c",
-            '"$0" restore "$1" "$2" -v | head -1; exit "${PIPESTATUS[0]}"',
-            SEGLOGFS,
-            str(backup),
-            str(restored),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
+    piped = into_head("restore", backup, restored)
     assert piped.returncode == 1, piped.stdout + piped.stderr
     assert "Traceback" not in piped.stderr and "Broken pipe" not in piped.stderr, piped.stderr
 

@@ -119,13 +119,7 @@ def test_what_cannot_be_removed_or_renamed_is_refused_with_one_line_each(mount, 
         (["mv", m.path / "t", m.path / "v"], "rename t to v: Kafka cannot rename a topic"),
         (["mv", m.path / "t/0", m.path / "t/5"], "rename t/0 to t/5: Kafka cannot rename a partition"),
     ]
-    for command, reason in cases:
-        said = len(m.output().splitlines())
-        done = tool(*command)
-        assert done.returncode == 1, command
-        assert done.stderr.count("\n") == 1 and "Operation not permitted" in done.stderr, (command, done.stderr)
-        new = [line for line in m.output().splitlines()[said:] if re.search(r"WARNING|ERROR", line)]
-        assert len(new) == 1 and reason in new[0] and new[0].endswith("(EPERM)"), (command, new)
+    refused_each_in_one_line(m, cases)
     assert listing(data) == before
     assert sorted(os.listdir(m.path / "t")) == ["0", "1", "append", "append.jsonl", "config"]
     assert (m.path / "t/0/records").read_bytes() == b"one\ntwo\n"
@@ -154,13 +148,7 @@ def test_internal_topics_and_topics_of_the_brokers_metadata_are_not_removed(moun
         (["rmdir", m.path / "your-kafka-topic"], "the broker's KRaft metadata log names the topic"),
         (["rm", "-r", m.path / "your-kafka-topic"], "the broker's KRaft metadata log names the topic"),
     ]
-    for command, reason in cases:
-        said = len(m.output().splitlines())
-        done = tool(*command)
-        assert done.returncode == 1, command
-        assert done.stderr.count("\n") == 1 and "Operation not permitted" in done.stderr, (command, done.stderr)
-        new = [line for line in m.output().splitlines()[said:] if re.search(r"WARNING|ERROR", line)]
-        assert len(new) == 1 and reason in new[0] and new[0].endswith("(EPERM)"), (command, new)
+    refused_each_in_one_line(m, cases)
     assert listing(data) == before
     assert sorted(os.listdir(m.path)) == [".logdir", "__cluster_metadata", "__consumer_offsets", "your-kafka-topic"]
     assert os.listdir(m.path / "your-kafka-topic/0/by-offset")  # (as readable as before)
@@ -177,6 +165,18 @@ def test_a_read_only_mount_removes_nothing(mount, tmp_path: Path) -> None:
     assert done.returncode == 1 and "Read-only file system" in done.stderr
     assert listing(data) == before
     assert (m.path / "t/0/records").read_bytes() == b"one\ntwo\n"
+
+
+def refused_each_in_one_line(m: Mount, cases: list[tuple[list, str]]) -> None:
+    """Each command fails with one EPERM line of its own and one line in the mount's log that
+    gives the reason."""
+    for command, reason in cases:
+        said = len(m.output().splitlines())
+        done = tool(*command)
+        assert done.returncode == 1, command
+        assert done.stderr.count("\n") == 1 and "Operation not permitted" in done.stderr, (command, done.stderr)
+        new = [line for line in m.output().splitlines()[said:] if re.search(r"WARNING|ERROR", line)]
+        assert len(new) == 1 and reason in new[0] and new[0].endswith("(EPERM)"), (command, new)
 
 
 def wait_for(condition, what: str, seconds: float = 30) -> None:
