@@ -1,10 +1,13 @@
 """`seglogfs dump` and Kafka's own kafka-dump-log, byte for byte.
 
-On the files of the broker fixtures (segments up to a size that keeps the run short) and of a copy
-of the live broker's log dir, taken while it runs, for each flag both tools have: each file's
-output is compared whole, and the reports printed after the last file (on standard error, in the
-order of a Java HashMap) as a set. seglogfs follows the newest Kafka; what Kafka 3.9 prints
-differently is listed here (`VERSION_DIFFERENCES`), and checked to still be so."""
+On every file of the broker fixtures and of a copy of the live broker's log dir, taken while it
+runs, for each flag both tools have: each file's output is compared whole, and the reports printed
+after the last file (on standard error, in the order of a Java HashMap) as a multiset. The biggest
+segments (a few MB each) are dumped with the flags that read their records, and their indexes
+are left out: Kafka checks a time index by reading its segment once per entry, minutes for them.
+seglogfs follows the newest Kafka; each other version tested is run on the same files with the
+same flags, and what it prints differently is listed here (`VERSION_DIFFERENCES`), and checked
+to still be so."""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from tests.conftest import NOW_MS, REPO, kafka_fixtures
 from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, split_dump
 
 SUFFIXES = (".log", ".index", ".timeindex", ".snapshot", ".txnindex", ".checkpoint")
-BIGGEST_SEGMENT = 200_000  # bytes: Kafka checks a time index by reading its segment per entry
+BIGGEST_SEGMENT = 200_000  # bytes: whose indexes are left out, and dumped only with the record flags
 
 # What Kafka 4's kafka-dump-log prints that seglogfs does not, on purpose.
 KNOWN = {
@@ -33,20 +36,72 @@ KNOWN = {
     "kafka-4-first-offset": re.compile(r"Non-consecutive offsets in \S+\n  -1 is followed by \d+\n"),
 }
 
-# Where Kafka 3.9.2 prints otherwise than 4.4.0 (seglogfs prints as 4.4.0 does).
+# Where Kafka 3.9.2 prints otherwise than 4.4.0 (seglogfs prints as 4.4.0 does): each a pattern
+# of the older's output, one of the newest's, what both are taken to before they are compared, and
+# the flag without which there is no such difference (or None).
 VERSION_DIFFERENCES = {
-    # A legacy (magic 0/1) record's line: 3.9 ends it with a stray "}".
-    "legacy-record-brace": re.compile(r"^\| offset: .* isValid: true crc: \d+\}", re.MULTILINE),
+    # A legacy (magic 0/1) record's line: 3.9 ends its metadata with a stray "}".
+    "legacy-record-brace": (
+        re.compile(r"^(\| offset: .* isValid: true crc: \d+)\}", re.MULTILINE),
+        re.compile(r"^(\| offset: .* isValid: true crc: \d+)", re.MULTILINE),
+        r"\1",
+        None,
+    ),
+    # A KRaft control record (LeaderChange, snapshot header and footer, voters): 3.9 names its
+    # type; 4.4 decodes it.
+    "kraft-control-record": (
+        re.compile(r"controlType: \w+\(\d+\)$", re.MULTILINE),
+        re.compile(r"(LeaderChange|SnapshotHeader|SnapshotFooter|KRaftVersion|KRaftVoters): \{.*\}$", re.MULTILINE),
+        "(a KRaft control record)",
+        None,
+    ),
+    # --skip-record-metadata: a record without a key is " payload: ..." in 3.9, "| payload: ..." in
+    # 4.4 (a key's line is "| key: ..." in both; a line a key's newline began is " payload: ...").
+    "payload-line-start": (
+        re.compile(r"^ payload: ", re.MULTILINE),
+        re.compile(r"^\| payload: ", re.MULTILINE),
+        " payload: ",
+        "--skip-record-metadata",
+    ),
+    # A time index entry whose offset is not a batch's last: 3.9's report does not name the file.
+    "unnamed-index-report": (
+        re.compile(r"^The following indexed offsets are not found in the log\.$", re.MULTILINE),
+        re.compile(r"^The following indexed offsets are not found in :\S+$", re.MULTILINE),
+        "The following indexed offsets are not found in (a time index)",
+        None,
+    ),
 }
 
 
+def without_version_differences(
+    parts: dict[Path, str], flags: Sequence[str], older: bool, seen: set[str]
+) -> dict[Path, str]:
+    """Output of the older Kafka (or of the newest, or seglogfs) with each listed difference
+    taken to the text both are compared in; the differences met in the older's are named in `seen`."""
+    taken = {}
+    for path, text in parts.items():
+        for name, (old, new, common, flag) in VERSION_DIFFERENCES.items():
+            if flag is not None and flag not in flags:
+                continue
+            text, count = (old if older else new).subn(common, text)
+            if count and older:
+                seen.add(name)
+        taken[path] = text
+    return taken
+
+
+def big(path: Path) -> bool:
+    return path.suffix == ".log" and path.stat().st_size > BIGGEST_SEGMENT
+
+
 def files_of(root: Path) -> list[Path]:
+    """Every file both tools dump under `root`, but the indexes of its biggest segments."""
     files = []
     for path in sorted(root.rglob("*")):
         if not (path.is_file() and path.name.endswith(SUFFIXES) and path.name[0].isdigit()):
             continue
         segment = path.with_name(path.name.split(".")[0] + ".log")
-        if segment.exists() and segment.stat().st_size > BIGGEST_SEGMENT:
+        if path.suffix in (".index", ".timeindex") and segment.exists() and big(segment):
             continue
         files.append(path.resolve())
     return files
@@ -166,11 +221,12 @@ def flag_sets(files: Sequence[Path]) -> list[tuple[list[str], list[Path]]]:
     offsets = [f for f in logs if "__consumer_offsets" in str(f)]
     transactions = [f for f in logs if "__transaction_state" in str(f)]
     indexes = [f for f in files if f.suffix in (".index", ".timeindex")]
+    small = [f for f in logs if not big(f)]
     sets = [
         ([], list(files)),
-        (["--deep-iteration"], logs),
+        (["--deep-iteration"], small),
         (["--print-data-log"], [f for f in logs if f not in metadata]),
-        (["--print-data-log", "--skip-record-metadata"], logs),
+        (["--print-data-log", "--skip-record-metadata"], small),
         (["--deep-iteration", "--max-bytes", "3000"], logs),
         (["--verify-index-only"], indexes),
         # (Not a live broker's active time index: preallocated, its zero tail is a last entry
@@ -208,26 +264,40 @@ def test_dump_prints_what_kafkas_dump_log_prints(kafka: dict[str, Kafka], kafka_
     files = files_of(kafka_fixtures()) + files_of(live) + files_of(malformed_text(tmp_path / "made"))
     assert len(files) > 200
     assert len(list(live.glob("dumped-0/*.log"))) > 1, "the broker rolled no segment of the topic"
-    newest = kafka[NEWEST]
-    older = next(k for version, k in kafka.items() if version != NEWEST)
     runs = flag_sets(files)
+    older = [version for version in kafka if version != NEWEST]
     # Two at a time: each a JVM or a Python process, most of it start-up and output.
     with ThreadPoolExecutor(max_workers=2) as pool:
-        theirs = list(pool.map(lambda run: newest.dump_log(run[1], *run[0]), runs))
-        ours = list(pool.map(lambda run: seglogfs_dump(run[1], run[0]), runs))
-        legacy = [f for f in files if "magic0" in str(f) and f.suffix == ".log"]
-        old = older.dump_log(legacy, "--print-data-log")
+        ours_pending = pool.map(lambda run: seglogfs_dump(run[1], run[0]), runs)
+        theirs_pending = {
+            version: pool.map(lambda run, k=kafka[version]: k.dump_log(run[1], *run[0]), runs)
+            for version in (NEWEST, *older)
+        }
+        ours = list(ours_pending)
+        theirs = {version: list(pending) for version, pending in theirs_pending.items()}
     known: set[str] = set()
     found = []
-    for (flags, _), kafka_parts, our_parts in zip(runs, theirs, ours, strict=True):
+    for (flags, _), kafka_parts, our_parts in zip(runs, theirs[NEWEST], ours, strict=True):
         found += [f"{' '.join(flags) or '(no flag)'}: {d}" for d in differences(kafka_parts, our_parts, known)]
     assert not found, f"seglogfs dump differs from Kafka {NEWEST}'s kafka-dump-log:\n" + "\n".join(found[:30])
     assert known == set(KNOWN), f"Kafka no longer prints {set(KNOWN) - known}: take it out of KNOWN"
-    # Kafka 3.9 on the legacy fixtures: it differs from 4.4 by the listed differences only.
-    newer = theirs[[flags for flags, _ in runs].index(["--print-data-log"])]
-    for path in legacy:
-        as_newest = old[path]
-        for pattern in VERSION_DIFFERENCES.values():
-            as_newest = pattern.sub(lambda m: m.group(0)[:-1], as_newest)
-        assert as_newest == newer[path], f"Kafka 3.9 and 4.4 differ on {path} otherwise than listed"
-        assert old[path] != newer[path], f"Kafka 3.9 prints {path} as 4.4 does now: update VERSION_DIFFERENCES"
+    # Each older Kafka: as the newest prints, but for the listed differences.
+    for version in older:
+        seen: set[str] = set()
+        found = []
+        for (flags, _), kafka_parts, our_parts in zip(runs, theirs[version], ours, strict=True):
+            if "--cluster-metadata-decoder" in flags:
+                # The live broker's metadata log has record versions newer than this Kafka
+                # knows: it says it cannot decode them, and seglogfs decodes them as the newest.
+                newer = [
+                    path
+                    for path, text in kafka_parts.items()
+                    if live.resolve() in path.parents and "Failed to deserialize record" in text
+                ]
+                assert newer, f"Kafka {version} now decodes every record of Kafka {NEWEST}'s metadata log"
+                kafka_parts = {path: text for path, text in kafka_parts.items() if path not in newer}
+            theirs_taken = without_version_differences(kafka_parts, flags, True, seen)
+            ours_taken = without_version_differences(our_parts, flags, False, seen)
+            found += [f"{' '.join(flags) or '(no flag)'}: {d}" for d in differences(theirs_taken, ours_taken, set())]
+        assert not found, f"Kafka {version} differs from {NEWEST} otherwise than listed:\n" + "\n".join(found[:30])
+        assert seen == set(VERSION_DIFFERENCES), f"Kafka {version} no longer prints {set(VERSION_DIFFERENCES) - seen}"
