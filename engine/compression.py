@@ -22,12 +22,18 @@ import enum
 import struct
 import threading
 import zlib
+from typing import TYPE_CHECKING
 
-import cramjam
 import lz4.frame
-import zstandard
 
 from seglogfs.engine.errors import UnsupportedCompressionError
+
+if TYPE_CHECKING:
+    import zstandard
+
+# snappy's and zstd's libraries are imported when a batch of theirs is first met: most commands
+# meet none, and the two cost about a tenth of every `seglogfs` start (zstandard imports
+# `platform`). lz4's frame module comes with the legacy codec's (engine.legacy) anyway.
 
 
 class CompressionType(enum.IntEnum):
@@ -71,6 +77,8 @@ _zstd = threading.local()
 def _zstd_compressor() -> zstandard.ZstdCompressor:
     compressor = getattr(_zstd, "compressor", None)
     if compressor is None:
+        import zstandard  # noqa: PLC0415 (imported when first needed)
+
         compressor = _zstd.compressor = zstandard.ZstdCompressor(level=3)
     return compressor
 
@@ -78,6 +86,8 @@ def _zstd_compressor() -> zstandard.ZstdCompressor:
 def _zstd_decompressor() -> zstandard.ZstdDecompressor:
     decompressor = getattr(_zstd, "decompressor", None)
     if decompressor is None:
+        import zstandard  # noqa: PLC0415 (imported when first needed)
+
         decompressor = _zstd.decompressor = zstandard.ZstdDecompressor()
     return decompressor
 
@@ -146,6 +156,8 @@ def _gunzip(data: bytes | memoryview) -> bytes:
 
 
 def _xerial_snappy_compress(data: bytes | bytearray | memoryview) -> bytes:
+    import cramjam  # noqa: PLC0415 (imported when first needed)
+
     view = memoryview(data)
     parts = [_XERIAL_HEADER]
     for start in range(0, len(view), _XERIAL_BLOCK_BYTES):
@@ -156,6 +168,8 @@ def _xerial_snappy_compress(data: bytes | bytearray | memoryview) -> bytes:
 
 
 def _xerial_snappy_decompress(data: bytes | memoryview) -> bytes:
+    import cramjam  # noqa: PLC0415 (imported when first needed)
+
     view = memoryview(data)
     if bytes(view[:8]) != _XERIAL_MAGIC:
         return bytes(cramjam.snappy.decompress_raw(view))

@@ -37,7 +37,6 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
 NO_LIMIT = 0x7FFF  # "N+": no upper version
@@ -276,7 +275,10 @@ def java_double_text(value: float) -> str:
     if magnitude == 0:
         return sign + "0.0"
     # repr gives the shortest digits that round-trip, as Java does; Decimal splits them into the
-    # significant digits and the power of ten of the first one.
+    # significant digits and the power of ten of the first one. (decimal is imported here, as only
+    # floats in JSON documents need it, and every `seglogfs` start would pay for it.)
+    from decimal import Decimal  # noqa: PLC0415
+
     shortest = Decimal(repr(magnitude)).normalize()
     digits = "".join(map(str, shortest.as_tuple().digits))
     exponent = shortest.adjusted()

@@ -20,8 +20,10 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -128,6 +130,10 @@ def map_ahead(
         except Exception as error:
             return results, error
         return results, None
+
+    # (imported here: most commands that import this module never map ahead, and every start of
+    # `seglogfs` would pay for concurrent.futures)
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
     end = _End()  # the source's error, raised once the items before it are out
     pending: collections.deque[Future[tuple[list[R], Exception | None]]] = collections.deque()

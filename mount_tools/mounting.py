@@ -48,7 +48,6 @@ import argparse
 import contextlib
 import errno
 import logging
-import logging.handlers
 import os
 import select
 import sys
@@ -214,6 +213,8 @@ class _RepliesNobodyWaitsFor(logging.Filter):
 def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> None:
     """The mount's log lines: to stderr in the foreground; to `file` (appended, reopened when
     rotated) and to syslog (the journal) where there is one. Each line names the mount."""
+    import logging.handlers  # noqa: PLC0415 (only a mount logs: imported here, not by every command)
+
     handlers: list[logging.Handler] = []
     if foreground:
         handlers.append(logging.StreamHandler())

@@ -19,7 +19,6 @@ import errno
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +114,8 @@ def unmount_command(where: str, *, lazy: bool) -> list[str]:
 
 def unmount(where: str, *, lazy: bool = False) -> str | None:
     """Unmount the mount at `where`; None when done, else what the tool said (one line)."""
+    import subprocess  # noqa: PLC0415 (only the commands that unmount need it, not every start)
+
     done = subprocess.run(unmount_command(where, lazy=lazy), capture_output=True, text=True, check=False)
     if done.returncode == 0:
         return None

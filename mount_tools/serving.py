@@ -87,7 +87,7 @@ async def _main(operations: Operations, scheduler: Scheduler | None, ready: Call
         nursery.start_soon(stop_on_signals)
 
         watch = _LoopWatch()
-        nursery.start_soon(watch.run)
+        trio.lowlevel.add_instrument(watch)
 
         async def report_on_sigusr1() -> None:
             with trio.open_signal_receiver(signal.SIGUSR1) as signals:
@@ -101,20 +101,22 @@ async def _main(operations: Operations, scheduler: Scheduler | None, ready: Call
     _report(operations, watch)
 
 
-class _LoopWatch:
-    """How long the trio loop was kept from running its tasks: a task that asks to wake every
-    few milliseconds notes how late it woke (a handler that blocks delays every request)."""
-
-    PERIOD_S = 0.005
+class _LoopWatch(trio.abc.Instrument):
+    """How long the trio loop was kept from running its tasks: the longest stretch it ran
+    without going back to wait for I/O (a handler that blocks delays every request). Told by
+    the loop itself as it waits and wakes, so an idle mount costs nothing; a task that woke every
+    5 ms to see how late it was took 2-4 % of a core from each mount, idle or not."""
 
     def __init__(self) -> None:
         self.longest_ms = 0.0  # since the last report
+        self._woke: float | None = None
 
-    async def run(self) -> None:
-        while True:
-            asked = trio.current_time() + self.PERIOD_S
-            await trio.sleep_until(asked)
-            self.longest_ms = max(self.longest_ms, (trio.current_time() - asked) * 1000)
+    def after_io_wait(self, timeout: float) -> None:
+        self._woke = time.perf_counter()
+
+    def before_io_wait(self, timeout: float) -> None:
+        if self._woke is not None:
+            self.longest_ms = max(self.longest_ms, (time.perf_counter() - self._woke) * 1000)
 
     def take(self) -> float:
         longest, self.longest_ms = self.longest_ms, 0.0

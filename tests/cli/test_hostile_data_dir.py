@@ -6,10 +6,14 @@ dir, with a content no output may show)."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -64,16 +68,25 @@ def hostile(tmp_path: Path) -> tuple[Path, Victim]:
     return make_hostile(tmp_path)
 
 
-def make_hostile(tmp_path: Path) -> tuple[Path, Victim]:
-    """A data dir: topic `good` (one partition, records g1 and g2), topic `bad` whose partition 0
-    holds a link named like a segment (to the victim), 1 a FIFO, 2 a directory, 3 nothing
-    wrong; each `bad` partition holds one record (b0, b1, …) in a healthy first segment."""
-    data = tmp_path / "data"
+@functools.cache
+def _healthy_data_dir() -> Path:
+    """The data dir before anything hostile is put in it, made once per test process with the
+    commands (seven runs, which every test that copies it would otherwise make again)."""
+    data = Path(tempfile.mkdtemp(prefix="seglogfs-healthy-")) / "data"
+    atexit.register(shutil.rmtree, data.parent, ignore_errors=True)
     run("topics", str(data), "create", "--topic", "good", "--partitions", "1")
     run("topics", str(data), "create", "--topic", "bad", "--partitions", "4")
     run("produce", str(data), "--topic", "good", stdin=b"g1\ng2\n")
     for partition in range(4):
         run("produce", str(data), "--topic", "bad", "--partition", str(partition), stdin=f"b{partition}\n".encode())
+    return data
+
+
+def make_hostile(tmp_path: Path) -> tuple[Path, Victim]:
+    """A data dir: topic `good` (one partition, records g1 and g2), topic `bad` whose partition 0
+    holds a link named like a segment (to the victim), 1 a FIFO, 2 a directory, 3 nothing
+    wrong; each `bad` partition holds one record (b0, b1, …) in a healthy first segment."""
+    data = Path(shutil.copytree(_healthy_data_dir(), tmp_path / "data", symlinks=True))
     victim = Victim(tmp_path / "victim")
     (data / "bad-0" / SEGMENT).symlink_to(victim.path)
     os.mkfifo(data / "bad-1" / SEGMENT)

@@ -10,16 +10,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.console_formats import LineFormat
+from seglogfs.engine.producer import Producer
 from tests.cli.support import run
-from tests.conftest import NOW_MS, REPO, unmount
+from tests.conftest import NOW_MS, REPO, broker_config, unmount
 
-SEGMENT_BYTES = "log.segment.bytes=600"
+SEGMENT_BYTES = 600  # 8 segments of 2 batches of 10 records
 
 
 def place_of(data: Path) -> Path:
@@ -46,9 +49,16 @@ def eight_segments_made(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Partition t-0 of 160 records, 10 a batch, in 8 segments of 20 (bases 0, 20, … 140),
     produced once: each test takes a copy (`eight_segments`)."""
     data = tmp_path_factory.mktemp("eight-segments") / "data"
+    # (in this process, as each of 16 runs of `seglogfs produce` would append its 10 lines, and
+    # close: the runs took 11-16 s of each test worker's set-up)
     for start in range(0, 160, 10):
-        lines = b"".join(b"value-%d\n" % n for n in range(start, start + 10))
-        run("produce", str(data), "--topic", "t", "--partition", "0", "--override", SEGMENT_BYTES, stdin=lines)
+        now = time.time_ns() // 1_000_000
+        with DataDir.open(broker_config(data, log_segment_bytes=SEGMENT_BYTES), now_ms=now) as opened:
+            producer = Producer(opened.partition_for_append("t", 0, now_ms=now), LineFormat.from_properties({}))
+            lines = [b"value-%d" % n for n in range(start, start + 10)]
+            assert producer.send(lines, now, "stdin", first_line=1, atomic=False).records == 10
+            for log in producer.logs:
+                log.flush()
     assert sorted(log_files(data)) == [f"{base:020d}.log" for base in range(0, 160, 20)]
     return data
 

@@ -215,6 +215,13 @@ def test_a_dir_seglogfs_made_keeps_the_broker_defaults(data_dir: DataDir, caplog
 
 
 # -- the data dir's tables under concurrency ----------------------------------------------------------
+# Topics created while two readers iterate the topic and partition tables and a checkpointer writes:
+# each creation is a window for a reader to see a topic without all its partitions (or a table
+# changing under its iteration). 20 such windows, each crossed by both readers; 40 took half as
+# long again (most of it waiting on the checkpointer's and the creations' syncs).
+TOPICS_CREATED = 20
+
+
 def test_topic_creation_beside_readers_that_iterate(log_dir: Path) -> None:
     config = broker_config(log_dir, log_segment_bytes=4096)
     errors: list[BaseException] = []
@@ -225,7 +232,7 @@ def test_topic_creation_beside_readers_that_iterate(log_dir: Path) -> None:
 
         def create() -> None:
             try:
-                for number in range(40):
+                for number in range(TOPICS_CREATED):
                     data_dir.create_topic(f"t{number}", 3, now_ms=NOW_MS)
             except BaseException as error:
                 errors.append(error)
@@ -257,7 +264,7 @@ def test_topic_creation_beside_readers_that_iterate(log_dir: Path) -> None:
             thread.join(timeout=120)
         assert errors == []
         assert partial == []  # a topic appears with all its partitions or not at all
-        assert len(data_dir.topics()) == 41
+        assert len(data_dir.topics()) == TOPICS_CREATED + 1
     assert_log_dir_valid(log_dir)
 
 

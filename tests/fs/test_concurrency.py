@@ -18,7 +18,7 @@ from seglogfs.fs.operations import GETATTR_DELAY_ENV, INVALIDATE_DELAY_ENV
 from tests.conftest import REPO
 from tests.fs.conftest import Mount
 
-SECONDS = float(os.environ.get("SEGLOGFS_CONCURRENCY_SECONDS", "60"))
+SECONDS = float(os.environ.get("SEGLOGFS_CONCURRENCY_SECONDS", "20"))
 WRITERS = 4
 
 

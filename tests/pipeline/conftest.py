@@ -1,7 +1,14 @@
-"""Spark for the pipeline tests: one local[2] SparkSession per test module (started by the
-module's first test that asks for it, stopped after its last), with `format("seglog")`
-registered, executors running this interpreter, and the tasks' byte counts written to a
-directory the tests read (`ReadMetrics`)."""
+"""Spark for the pipeline tests: one local[2] SparkSession per test process (started by the
+first test that asks for it, stopped at the end of the run), with `format("seglog")` registered,
+executors running this interpreter, and the tasks' byte counts written to a directory the tests
+read (`ReadMetrics`).
+
+One session, not one per module: a new session's first query starts new Python workers, which
+took 9-12 CPU-s against 1 for the next query (and xdist hands each worker a share of every
+module's tests, so per-module sessions were started about three times per module). A test that
+changes the session's state puts it back (a conf it set, a temporary view, a cached frame, a
+streaming query). A test that needs another master (test_cluster) stops this session first with
+`stop_shared_session`; the next test that asks for `spark` starts it again."""
 
 from __future__ import annotations
 
@@ -9,7 +16,6 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -56,12 +62,14 @@ def metrics(tmp_path_factory: pytest.TempPathFactory) -> ReadMetrics:
     return ReadMetrics(tmp_path_factory.mktemp("read-metrics"))
 
 
-@pytest.fixture(scope="module")
-def spark(metrics: ReadMetrics) -> Iterator[object]:
+def _shared_session(metrics: ReadMetrics) -> object:
     from pyspark.sql import SparkSession
 
     from seglogfs.pipeline import register
 
+    active = SparkSession.getActiveSession()
+    if active is not None and active.sparkContext.master == "local[2]":
+        return active
     # The executors' Python workers inherit the environment the JVM starts with.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -80,8 +88,27 @@ def spark(metrics: ReadMetrics) -> Iterator[object]:
     )
     session.sparkContext.setLogLevel("ERROR")
     register(session)
-    yield session
-    session.stop()
+    return session
+
+
+def stop_shared_session() -> None:
+    """Stop the local[2] session if one runs (for a test that starts Spark with another master)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The shared session stops at the end of the run (in each xdist worker), if one was started."""
+    if "pyspark.sql" in sys.modules:
+        stop_shared_session()
+
+
+@pytest.fixture(scope="module")
+def spark(metrics: ReadMetrics) -> object:
+    return _shared_session(metrics)
 
 
 def read_table(spark, path: Path | str, **options: str) -> pa.Table:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.conftest import read_table
+from tests.pipeline.conftest import read_table, stop_shared_session
 from tests.pipeline.sample import T0, Sample, build_sample, expected, offsets_of, whole
 
 
@@ -24,6 +24,7 @@ def cluster() -> Iterator[object]:
     from seglogfs.pipeline import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    stop_shared_session()  # (one SparkContext per process: getOrCreate would return the local[2] one)
     session = (
         SparkSession.builder.master("local-cluster[2,1,1024]")
         .appName("seglogfs-pipeline-cluster")

@@ -40,7 +40,9 @@ def unpushed(spark, sample: Sample, metrics: ReadMetrics):
     an unpushed read into is then one cheap query per condition), and the bytes it took."""
     metrics.clear()
     table = frame(spark, sample, pushed=False).toArrow()
-    return spark.createDataFrame(table).cache(), metrics.bytes()
+    cached = spark.createDataFrame(table).cache()
+    yield cached, metrics.bytes()
+    cached.unpersist()  # (the session outlives the module)
 
 
 def run(spark, sample: Sample, metrics: ReadMetrics, condition: str) -> tuple[list[dict], int, list[dict]]:
