@@ -698,7 +698,9 @@ def empty_batch(header: BatchHeader, *, keep_max_timestamp: bool = True) -> byte
     batch = bytearray(_HEADER_SLOT)
     attributes = header.attributes & ~(_CODEC_MASK | _DELETE_HORIZON_BIT)
     max_timestamp = header.max_timestamp if keep_max_timestamp else NO_TIMESTAMP
-    _pack_header(batch, header, count=0, max_timestamp=max_timestamp, attributes=attributes, base_timestamp=NO_TIMESTAMP)
+    _pack_header(
+        batch, header, count=0, max_timestamp=max_timestamp, attributes=attributes, base_timestamp=NO_TIMESTAMP
+    )
     return batch
 
 
