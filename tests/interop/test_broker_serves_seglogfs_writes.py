@@ -129,7 +129,7 @@ def test_a_restarted_broker_serves_what_seglogfs_wrote_while_it_was_stopped(
         assert (broker.log_dir / ".kafka_cleanshutdown").exists()
 
         run("restore", "--force", str(backup), str(broker.log_dir))
-        m = mount(broker.log_dir)
+        m = mount(broker.log_dir, "-o", "parse.key")
         for i in range(40):
             with open(m.path / "served" / "0" / "append", "a") as append:
                 append.write(f"key-{i % 17}\tappended-{i}-" + "a" * (i * 7 % 120) + "\n")
