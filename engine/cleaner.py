@@ -339,7 +339,11 @@ class Cleaner:
             if last is not None and not last[1]:
                 # Every record of the group's last batch is gone: keep its header, so the group
                 # still ends where it did and an interrupted swap is finished over all of it.
-                writer.add(empty_batch(last[0]))
+                # Kafka's cleaner keeps an empty batch only for a producer's state (then with
+                # its max timestamp, which the time index names as for any batch) and drops
+                # any other: without a producer the header keeps no timestamp, so no time-index
+                # entry names a time no record has and retention measures what is left.
+                writer.add(empty_batch(last[0], keep_max_timestamp=last[0].producer_id >= 0))
             writer.close()
             # The aborted transactions of the group, carried over (Kafka's cleaned segment keeps
             # them): the markers stay, and the log alone may no longer say where each began.

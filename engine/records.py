@@ -521,34 +521,6 @@ def _decode_section(header: BatchHeader, buf: bytes, count: int) -> list[Record]
     return records
 
 
-def offset_of_max_timestamp(header: BatchHeader, batch: bytes | bytearray | memoryview) -> int:
-    """The offset a time-index entry gives for a batch's max timestamp, as Kafka 3.x brokers
-    write it: the first record carrying the max for an uncompressed batch, the last offset for a
-    compressed one (the broker does not decompress to look). Broker data (`fixtures/kafka`) shows
-    both. Decodes only an uncompressed batch whose timestamps are not all equal; one whose
-    records do not decode (its CRC holds, its records section is damaged) gives its last offset,
-    as a compressed one does: an index entry is a hint, and the damage is named where the batch's
-    records are read (a time-index rebuild must not stop at it)."""
-    if header.compression is not CompressionType.NONE or header.records_count <= 1:
-        return header.last_offset
-    if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
-        return header.base_offset
-    if (
-        header.base_timestamp == header.max_timestamp
-        and not header.has_delete_horizon
-        and header.records_count == header.last_offset_delta + 1
-    ):
-        return header.base_offset  # the first record is at the base offset and carries the max
-    try:
-        records = decode_records(header, batch, include_control=True)
-    except ValueError:
-        return header.last_offset
-    for record in records:
-        if record.timestamp == header.max_timestamp:
-            return record.offset
-    return header.last_offset
-
-
 def control_type(record: Record) -> ControlType | None:
     """The marker type of a control record (key = int16 version, int16 type), or None."""
     if record.key is None or len(record.key) < 4:
@@ -718,15 +690,16 @@ def rebuild_batch(header: BatchHeader, records: bytes, count: int, max_timestamp
     return batch
 
 
-def empty_batch(header: BatchHeader) -> bytearray:
+def empty_batch(header: BatchHeader, *, keep_max_timestamp: bool = True) -> bytearray:
     """`header`'s batch with no records left: header only, uncompressed, no first timestamp,
-    the same last offset and max timestamp (Kafka's `writeEmptyHeader`). What the cleaner keeps
-    when every record of a batch it must not drop is gone, so the offsets it covered stay
-    accounted for."""
+    the same last offset and max timestamp (Kafka's `writeEmptyHeader`), or none without
+    `keep_max_timestamp`. What the cleaner keeps when every record of a batch it must not drop
+    is gone, so the offsets it covered stay accounted for."""
     batch = bytearray(_HEADER_SLOT)
     attributes = header.attributes & ~(_CODEC_MASK | _DELETE_HORIZON_BIT)
+    max_timestamp = header.max_timestamp if keep_max_timestamp else NO_TIMESTAMP
     _pack_header(
-        batch, header, count=0, max_timestamp=header.max_timestamp, attributes=attributes, base_timestamp=NO_TIMESTAMP
+        batch, header, count=0, max_timestamp=max_timestamp, attributes=attributes, base_timestamp=NO_TIMESTAMP
     )
     return batch
 

@@ -8,9 +8,10 @@ may be shorter than a v2 header. Appends are v2, after whatever the segment hold
 appends whole batches and keeps Kafka's index rules:
 
 * an offset-index entry (batch last offset, batch start position) and a time-index entry
-  (max timestamp so far, the offset that holds it: see `offset_of_max_timestamp`) are added for a
-  batch when more than `index.interval.bytes` were appended since the last entry — so the first
-  batch of a segment is never indexed;
+  (max timestamp so far, the last offset of the first batch that reached it: Kafka's
+  `shallowOffsetOfMaxTimestamp`, what Kafka's brokers write and `kafka-dump-log
+  --verify-index-only` expects) are added for a batch when more than `index.interval.bytes` were
+  appended since the last entry — so the first batch of a segment is never indexed;
 * a time-index entry is only added when its timestamp is above the last one;
 * when the segment stops being active (roll, close) a last time-index entry (segment max
   timestamp, its offset) is added and both indexes are trimmed to their entries.
@@ -92,7 +93,6 @@ from seglogfs.engine.records import (
     LegacyBatchHeader,
     check_batch,
     is_legacy_message,
-    offset_of_max_timestamp,
     plausible_record_count,
 )
 from seglogfs.engine.transaction_index import TransactionIndex
@@ -837,9 +837,9 @@ class LogSegment:
             last = self.time_index.last_entry()
             best = last
             position = self.offset_index.lookup(last.offset).position
-            for header, batch in self.iter_batches(position):
+            for header in self.iter_headers(position):
                 if header.max_timestamp > best.timestamp:
-                    best = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
+                    best = TimestampOffset(header.max_timestamp, header.last_offset)
             return best
         finally:
             self._unlease()
@@ -1036,8 +1036,7 @@ class LogSegment:
         before = max_so_far
         for header in headers:
             if header.max_timestamp > max_so_far.timestamp:
-                batch = memoryview(data)[header.position : header.next_position]
-                max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
+                max_so_far = TimestampOffset(header.max_timestamp, header.last_offset)
             if self._bytes_since_last_index_entry > self.index_interval_bytes:
                 offset_index.append(header.last_offset, physical_position)
                 time_index.maybe_append(max_so_far.timestamp, max_so_far.offset)
@@ -1109,9 +1108,9 @@ class LogSegment:
         previous_last_offset = self.base_offset - 1
         transactional = False
         batches = self._iter_mapped_batches() if self.writable else self.iter_batches(0)
-        for header, batch in self._intact_batches(batches):
+        for header, _batch in self._intact_batches(batches):
             if header.max_timestamp > max_so_far.timestamp:
-                max_so_far = TimestampOffset(header.max_timestamp, offset_of_max_timestamp(header, batch))
+                max_so_far = TimestampOffset(header.max_timestamp, header.last_offset)
             if valid_bytes - last_index_entry > self.index_interval_bytes:
                 if offset_index.is_full or time_index.is_full:
                     offset_index.resize(offset_index.file_length + self.max_index_bytes)
@@ -1123,7 +1122,7 @@ class LogSegment:
             previous_last_offset = header.last_offset
             transactional = transactional or header.is_transactional
         self.holds_transactions = transactional
-        batch = memoryview(b"")  # drop the last view of the mapping, then unmap it
+        _batch = memoryview(b"")  # drop the last view of the mapping, then unmap it
         batches.close()
         truncated = self._size - valid_bytes
         if truncated > 0:
