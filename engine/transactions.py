@@ -121,15 +121,23 @@ class TransactionTracker:
         batch's records are checked where a reader reads them.)"""
         start = max(self.next_offset, log.log_start_offset)
         previous: tuple[LogSegment, BatchHeader] | None = None
-        for segment, header in log.batch_headers(start):
-            if before_each is not None:
-                before_each()
-            whole = header.is_transactional or header.is_control
-            if previous is not None and header.base_offset <= previous[1].last_offset:
-                previous[0].checked_batch(previous[1])
-                whole = True
-            self.add(header, segment.checked_batch(header) if whole else b"")
-            previous = segment, header
+        try:
+            for segment, header in log.batch_headers(start):
+                if before_each is not None:
+                    before_each()
+                whole = header.is_transactional or header.is_control
+                if previous is not None and header.base_offset <= previous[1].last_offset:
+                    previous[0].checked_batch(previous[1])
+                    whole = True
+                self.add(header, segment.checked_batch(header) if whole else b"")
+                previous = segment, header
+        except FileNotFoundError:
+            # Read-only, beside a writer (a broker): a segment of the last look was removed
+            # before this read opened it (the cleaner swapped it out, retention deleted it).
+            # What was read stands; the rest is read after the log's next look
+            # (`PartitionLog.refresh`), from where this ended, in the segments that hold it then.
+            if log.writable:
+                raise
         return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
 
     def is_aborted(self, header: BatchHeader) -> bool:

@@ -22,6 +22,7 @@ from seglogfs.engine import log as engine_log
 from seglogfs.engine.config import LogConfig, apply_topic_overrides
 from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
 from seglogfs.engine.records import build_batch
+from seglogfs.engine.transactions import TransactionTracker
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
 
@@ -913,4 +914,30 @@ def test_a_damaged_batch_length_in_a_sealed_segment_is_an_error_not_its_end(part
     reader.refresh(NOW_MS)
     with pytest.raises(CorruptRecordError, match=rf"{sealed_last.log_path.name}: .* at position {position}: a batch"):
         list(reader.records(sealed_last.base_offset))
+    reader.close()
+
+
+def test_a_read_committed_look_at_a_segment_removed_since_the_last_look_reads_on_after_the_next(
+    part_dir: Path,
+) -> None:
+    """A read-only reader's transactions are caught up (`TransactionTracker.catch_up`, what
+    read_committed views, `consume` and a Spark stream do at each look) over the segments of its
+    last look; a broker's cleaner or retention removed some of them meanwhile. What was read
+    stands (no error: a Spark stream beside a broker compacting its topic failed so, and a
+    mount's `stat` of a read_committed view was EIO), and after the next look the catch-up reads
+    on to the log end."""
+    writer = make_log(part_dir, segment_bytes=300, retention_ms=1)
+    for i in range(6):  # (a batch each: segments of two batches)
+        writer.append_records([b"first-%d-" % i + b"x" * 100], now_ms=NOW_MS)
+    writer.flush()
+    reader = PartitionLog.open(part_dir, "t", 0, writer.config, writable=False, clean_shutdown=True, now_ms=NOW_MS)
+    assert len(reader.segments) > 2
+    writer.delete_old_segments(NOW_MS + 10_000)  # (renames every segment but a new active one `.deleted`)
+    writer.append_records([b"later"], now_ms=NOW_MS + 10_000)
+    writer.flush()
+    tracker = TransactionTracker()
+    assert tracker.catch_up(reader) <= reader.log_end_offset
+    assert reader.refresh(NOW_MS)
+    assert tracker.catch_up(reader) == writer.log_end_offset == reader.log_end_offset
+    writer.close()
     reader.close()
