@@ -385,13 +385,13 @@ def main() -> None:
             print("spark ...", flush=True)
             spark = bench_spark(broker, records, args.rounds)
             results["spark"] = spark
-            for name, figure in spark.items():
+            for name, measured in spark.items():
                 rows.append(
                     (
                         f"spark {name}, rows/s",
-                        records / figure["seglogfs_seconds"],
-                        records / figure["kafka_seconds"],
-                        figure["load"],
+                        records / measured["seglogfs_seconds"],
+                        records / measured["kafka_seconds"],
+                        measured["load"],
                     )
                 )
         broker.stop()
