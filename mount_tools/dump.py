@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from seglogfs.engine import legacy
+from seglogfs.engine.columns import record_columns
 from seglogfs.engine.compression import CompressionType, decompress
 from seglogfs.engine.consumer_offsets import (
     CONSUMER_PROTOCOL_ASSIGNMENT,
@@ -533,6 +534,62 @@ def _record_line(
     return line
 
 
+def _plain_record_lines(header: BatchHeader, batch: Any, print_data: bool) -> tuple[list[int], str] | None:
+    """A plain v2 batch's record lines, as `_record_line` prints them with the default parser,
+    from its records' columns (`record_columns`, laid out in C) rather than a `Record` each:
+    most of a dump of a big segment is these lines. None for what `_record_line` must print
+    (control and legacy batches, records with headers) and for a batch whose records the
+    columns refuse (the record-wise path then reports it as it always has)."""
+    if isinstance(header, LegacyBatchHeader) or header.magic < CURRENT_MAGIC or header.is_control:
+        return None
+    try:
+        columns = record_columns(header, batch)
+    except Exception:  # a codec or varint error: reported by the record-wise path
+        return None
+    if len(columns.header_counts) and int(columns.header_counts.max()) > 0:
+        return None
+    offsets = columns.offsets.tolist()
+    first = header.base_sequence
+    sequences = [first + (o - header.base_offset) for o in offsets] if first >= 0 else [-1] * len(offsets)
+    kind = header.timestamp_type.display_name
+    section = columns.section
+    heads = [
+        f"{RECORD_INDENT} offset: {o} {kind}: {t} keySize: {kl} valueSize: {vl} sequence: {q} headerKeys: []"
+        for o, t, kl, vl, q in zip(
+            offsets,
+            columns.consumer_timestamps().tolist(),
+            columns.key_lengths.tolist(),
+            columns.value_lengths.tolist(),
+            sequences,
+            strict=True,
+        )
+    ]
+    if print_data:
+        keys = _texts(section, columns.key_starts, columns.key_lengths)
+        values = _texts(section, columns.value_starts, columns.value_lengths)
+        heads = [
+            head + ("" if key is None else f" key: {key}") + ("" if value is None else f" payload: {value}")
+            for head, key, value in zip(heads, keys, values, strict=True)
+        ]
+    return offsets, "".join(f"{line}\n" for line in heads)
+
+
+def _texts(section: Any, starts: np.ndarray, lengths: np.ndarray) -> list[str | None]:
+    """Keys or values as `_default_parser` prints them (None for a null one)."""
+    out: list[str | None] = []
+    append = out.append
+    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+        if length < 0:
+            append(None)
+            continue
+        piece = bytes(section[start : start + length])
+        try:
+            append(piece.decode("utf-8"))
+        except UnicodeDecodeError:
+            append(java_utf8(piece))
+    return out
+
+
 def _file_batches(path: Path, max_bytes: int) -> tuple[Iterator[tuple[BatchHeader, bytes]], int]:
     """The whole batches of a file that is not a segment (a KRaft snapshot) within `max_bytes`,
     and how many bytes were read."""
@@ -588,6 +645,18 @@ def _dump_log(
                     print(f"seglogfs: {path}: message at position {header.position}: {reason}", file=sys.stderr)
                 break
             valid_bytes = header.next_position
+            if deep and parser is _default_parser and not skip_metadata:
+                lines = _plain_record_lines(header, batch, print_data)
+                if lines is not None:
+                    offsets, text = lines
+                    if len(offsets):
+                        if previous_offset is not None and offsets[0] != previous_offset + 1:
+                            gaps.append((previous_offset, offsets[0]))
+                        steps = np.flatnonzero(np.diff(offsets) != 1).tolist()
+                        gaps.extend((offsets[i], offsets[i + 1]) for i in steps)
+                        previous_offset = offsets[-1]
+                    write(text)
+                    continue
             if deep:
                 checksums: list[int | None]
                 try:
