@@ -2,9 +2,10 @@
 
 Names, values, defaults and precedence are those of the "Structured Streaming + Kafka Integration
 Guide" (Spark 4): exactly one of `assign` (JSON `{"t":[0,1]}`), `subscribe` (comma-separated
-topics) or `subscribePattern` (a regular expression matched against the whole topic name); a
-start chosen by `startingTimestamp` > `startingOffsetsByTimestamp` > `startingOffsets` (default
-`earliest`) and an end by `endingTimestamp` > `endingOffsetsByTimestamp` > `endingOffsets`
+topics) or `subscribePattern` (a regular expression found anywhere in a topic name, as Spark's
+source finds it through Kafka's admin client: `orders` matches `orders-eu`); a start chosen by
+`startingTimestamp` > `startingOffsetsByTimestamp` > `startingOffsets` (default `earliest`) and
+an end by `endingTimestamp` > `endingOffsetsByTimestamp` > `endingOffsets`
 (default `latest`); in offset JSON -2 is earliest and -1 latest; `startingOffsetsByTimestampStrategy`
 (`error`, `latest`) for a start time no record reaches; `failOnDataLoss` (default true);
 `minPartitions`; `includeHeaders`; `kafka.isolation.level` (`read_uncommitted`, the default, or
@@ -111,7 +112,7 @@ class Subscription:
             topics = [t for t in self.topics if t not in INTERNAL_TOPICS]
         else:
             regex = re.compile(self.pattern)
-            topics = [t for t in available if t not in INTERNAL_TOPICS and regex.fullmatch(t)]
+            topics = [t for t in available if t not in INTERNAL_TOPICS and regex.search(t)]
         return sorted((t, p) for t in set(topics) for p in available[t])
 
 

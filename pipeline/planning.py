@@ -608,8 +608,10 @@ class NewPartitions:
 
 
 def _part_offsets(size: int, total: int, min_partitions: int) -> int:
-    """Spark's KafkaOffsetRangeCalculator.getPartCount."""
-    return max(math.ceil(size / total * min_partitions), 1) if total else 1
+    """Spark's KafkaOffsetRangeCalculator.getPartCount: the share rounded half up (Scala's
+    math.round), not up (4 partitions of 150, 150, 150 and 100 offsets with minPartitions=7 are
+    7 tasks there, not 8)."""
+    return max(math.floor(size / total * min_partitions + 0.5), 1) if total else 1
 
 
 def plan_pieces(ranges: Sequence[OffsetRange], min_partitions: int | None = None) -> list[ReadPiece]:
@@ -629,7 +631,7 @@ def plan_pieces(ranges: Sequence[OffsetRange], min_partitions: int | None = None
         topic, partition = offsets.topic_partition
         parts = 1
         if split and offsets.size > 0 and offsets.topic_partition not in whole:
-            parts = _part_offsets(offsets.size, total - whole_total, (min_partitions or 1) - len(whole))
+            parts = _part_offsets(offsets.size, total - whole_total, max((min_partitions or 1) - len(whole), 1))
         cuts = [offsets.from_offset + offsets.size * i // parts for i in range(1, parts)]
         bounds: list[int | None] = [None, *cuts, None]
         pieces.extend(ReadPiece(topic, partition, bounds[i], bounds[i + 1]) for i in range(parts))

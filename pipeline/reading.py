@@ -132,13 +132,16 @@ def _header_key(key: str) -> str:
 
 def headers_column(counts: np.ndarray, keys: list[str], values: list[bytes | None]) -> pa.Array:
     """Per row a list of (key, value) structs: `counts[i]` headers each, flattened in `keys` and
-    `values`."""
+    `values`; null for a record without headers, as Spark's Kafka source gives it
+    (KafkaRecordToRowConverter), not an empty list."""
     offsets = np.zeros(len(counts) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     entries = pa.StructArray.from_arrays(
         [pa.array(keys, pa.string()), pa.array(values, pa.binary())], fields=list(HEADER_TYPE)
     )
-    return pa.ListArray.from_arrays(pa.array(offsets), entries, type=HEADERS_TYPE)
+    return pa.ListArray.from_arrays(
+        pa.array(offsets), entries, type=HEADERS_TYPE, mask=pa.array(np.asarray(counts) == 0)
+    )
 
 
 def _keep(

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from seglogfs.pipeline.reading import METRICS_ENV, METRICS_FILE
+from tests.conftest import REPO
 
 # Spark gives a Python worker it starts (a source's planning, a stream's offsets) a fixed 10 s
 # to connect back, with no setting to change it; on a loaded two-core machine (three test
@@ -34,6 +35,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.nodeid.startswith("tests/pipeline/"):
             item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=[SPARK_WORKER_START]))
+
+
+# Spark's Kafka source (spark-sql-kafka, resolved by scripts/dev setup), for the interop test that
+# reads the same topics through it and through `format("seglog")`. pyspark starts one JVM per
+# process and keeps it across sessions, so every session here starts with it: whichever module
+# a test worker runs first starts the JVM. Only the jars pyspark does not bring itself (its own
+# Scala, Hadoop and compression jars are newer).
+KAFKA_SOURCE_CLASSPATH = REPO / "build" / "interop" / "spark-sql-kafka-4.2.0.classpath"
+KAFKA_SOURCE_JARS = ("spark-sql-kafka-", "spark-token-provider-kafka-", "kafka-clients-", "commons-pool2-")
+
+
+def kafka_source_jars() -> list[str]:
+    if not KAFKA_SOURCE_CLASSPATH.is_file():
+        return []
+    jars = KAFKA_SOURCE_CLASSPATH.read_text().strip().split(":")
+    return [jar for jar in jars if Path(jar).name.startswith(KAFKA_SOURCE_JARS)]
 
 
 class ReadMetrics:
@@ -84,6 +101,7 @@ def _shared_session(metrics: ReadMetrics) -> object:
         # Python workers on a Unix socket (the README's advice for short queries); the cluster
         # test keeps Spark's default, TCP on loopback.
         .config("spark.python.unix.domain.socket.enabled", "true")
+        .config("spark.jars", ",".join(kafka_source_jars()))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

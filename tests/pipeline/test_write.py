@@ -92,7 +92,7 @@ def test_written_rows_read_back_as_they_went_in(spark, tmp_path: Path) -> None:
     table = read_table(spark, path, subscribe="orders,audit", includeHeaders="true")
     got = table.to_pylist()
     assert Counter(
-        (r["key"], r["value"], tuple((h["key"], h["value"]) for h in r["headers"]), r["topic"]) for r in got
+        (r["key"], r["value"], tuple((h["key"], h["value"]) for h in r["headers"] or ()), r["topic"]) for r in got
     ) == Counter((k, v, tuple(h or ()), t) for k, v, h, t, _ in rows)
     partitions = {"orders": 3, "audit": 2}  # audit was created by the job with num.partitions
     for row in got:
