@@ -133,8 +133,10 @@ def test_a_restarted_broker_serves_what_seglogfs_wrote_while_it_was_stopped(
         for i in range(40):
             with open(m.path / "served" / "0" / "append", "a") as append:
                 append.write(f"key-{i % 17}\tappended-{i}-" + "a" * (i * 7 % 120) + "\n")
+        # (Enough to roll several segments: the broker's cleaner may have cleaned all it had, and
+        # only sealed segments are compacted.)
         with open(m.path / "served-compacted" / "0" / "append.jsonl", "a") as append:
-            for i in range(60):
+            for i in range(240):
                 record = {
                     "key": f"key-{i % 17}",
                     "value": f"appended-{i}",
