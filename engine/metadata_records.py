@@ -65,6 +65,7 @@ tagged field, shown in the JSON only when it differs from its default, as the co
     RegisterControllerRecord (27) v0   ControllerId int32, IncarnationId uuid,
                                        ZkMigrationReady bool, EndPoints and Features as
                                        RegisterBrokerRecord's
+    ClearElrRecord (28) v0             TopicName nullable string (null: every topic)
 
 `describe_metadata_record` raises ValueError with the message Kafka's serde gives for what it
 cannot read (an unknown frame version or api key, a version the type does not have, fields that
@@ -310,6 +311,9 @@ METADATA_RECORD_TYPES = {
             Field("EndPoints", _endpoint("ControllerEndpoint"), array=True),
             Field("Features", _feature("ControllerFeature"), array=True),
         ),
+    ),
+    28: MetadataRecordType(
+        "CLEAR_ELR_RECORD", _schema("ClearElrRecord", Field("TopicName", "string", nullable=_NULLABLE))
     ),
 }
 

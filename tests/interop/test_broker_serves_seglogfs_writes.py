@@ -31,7 +31,7 @@ import pytest
 from tests.cli.support import run
 from tests.fs.conftest import Mount
 from tests.interop.conftest import NEWEST, Broker, Kafka
-from tests.interop.test_broker_to_seglogfs import PRINT_ALL
+from tests.interop.test_broker_to_seglogfs import PRINT_ALL, READ_HEADERS_KEY_VALUE
 
 TOPICS = {
     "served": {"internal_segment_bytes": "4096"},
@@ -75,16 +75,7 @@ def produce(broker: Broker, topic: str, lines: list[str]) -> None:
         "linger.ms=5",
         "--command-property",
         "batch.size=2048",
-        "--reader-property",
-        "parse.key=true",
-        "--reader-property",
-        "parse.headers=true",
-        "--reader-property",
-        "key.separator=\t",
-        "--reader-property",
-        "headers.delimiter=\t",
-        "--reader-property",
-        "null.marker=<null>",
+        *READ_HEADERS_KEY_VALUE,
         stdin="".join(f"{line}\n" for line in lines).encode(),
         timeout=180,
     )

@@ -35,6 +35,15 @@ PRINT_ALL = [
     "null.literal=<null>",
 ]
 
+# The console producer reads lines of headers, key and value separated by tabs (`<null>` a null).
+READ_HEADERS_KEY_VALUE = [
+    *("--reader-property", "parse.key=true"),
+    *("--reader-property", "parse.headers=true"),
+    *("--reader-property", "key.separator=\t"),
+    *("--reader-property", "headers.delimiter=\t"),
+    *("--reader-property", "null.marker=<null>"),
+]
+
 
 def lines_for(topic: str) -> list[str]:
     """Console-producer input: headers, key, value, separated by tabs; a null key or value now
@@ -86,16 +95,7 @@ def test_seglogfs_reads_of_a_live_broker_dir_what_kafkas_consumer_reads(kafka_br
             "linger.ms=5",
             "--command-property",
             "batch.size=4096",  # (a batch over the topic's segment size is refused)
-            "--reader-property",
-            "parse.key=true",
-            "--reader-property",
-            "parse.headers=true",
-            "--reader-property",
-            "key.separator=\t",
-            "--reader-property",
-            "headers.delimiter=\t",
-            "--reader-property",
-            "null.marker=<null>",
+            *READ_HEADERS_KEY_VALUE,
         )
         producer = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
         producers.append((topic, producer))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.conftest import read_table, stop_shared_session
+from tests.pipeline.conftest import kafka_source_jars, read_table, stop_shared_session
 from tests.pipeline.sample import T0, Sample, build_sample, expected, offsets_of, whole
 
 
@@ -32,6 +32,9 @@ def cluster() -> Iterator[object]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.pyspark.python", sys.executable)
+        # (The process's JVM starts with the first session's jars: Spark's Kafka source too, for
+        # the shared session the tests after this one take.)
+        .config("spark.jars", ",".join(kafka_source_jars()))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
