@@ -47,13 +47,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.interop.conftest import CLASSPATHS, NEWEST, Broker, Kafka
+from tests.interop.conftest import NEWEST, Broker, Kafka
+from tests.pipeline.conftest import kafka_source_jars
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RECORDS = 10_000_000
 SEGMENT_BYTES = 2**30
 TOPIC = "bench"
-SPARK_KAFKA = CLASSPATHS / "spark-sql-kafka-4.2.0.classpath"
 # kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS: what `kafka-dump-log` and
 # `kafka-console-consumer` run with when a user types them.
 SCRIPT_JVM = [
@@ -231,16 +231,6 @@ def bench_consume(kafka: Kafka, broker: Broker, records: int, rounds: int) -> di
     return figures
 
 
-def spark_jars() -> list[str]:
-    """Spark's Kafka source and what it needs that pyspark does not ship (the class path also
-    names pyspark's own Scala and Hadoop jars, in other versions: pyspark's are kept)."""
-    import pyspark
-
-    shipped = {"-".join(jar.stem.split("-")[:-1]) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    jars = [Path(jar) for jar in SPARK_KAFKA.read_text().strip().split(":")]
-    return [str(jar) for jar in jars if jar.parent.parent.name not in shipped]
-
-
 def bench_spark(broker: Broker, records: int, rounds: int) -> dict[str, object]:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -256,7 +246,7 @@ def bench_spark(broker: Broker, records: int, rounds: int) -> dict[str, object]:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.jars", ",".join(spark_jars()))
+        .config("spark.jars", ",".join(kafka_source_jars()))
     )
     for key, value in SESSION_CONF.items():
         builder = builder.config(key, value)
