@@ -62,7 +62,7 @@ from seglogfs.engine.consumer_offsets import (
     key_type,
 )
 from seglogfs.engine.control_records import describe_control_record
-from seglogfs.engine.errors import CorruptIndexError, UnsafeFileError
+from seglogfs.engine.errors import CorruptIndexError, EngineError, UnsafeFileError
 from seglogfs.engine.files import check_regular, is_regular, open_regular
 from seglogfs.engine.index import (
     OFFSET_INDEX_DTYPE,
@@ -544,7 +544,7 @@ def _plain_record_lines(header: BatchHeader, batch: Any, print_data: bool) -> tu
         return None
     try:
         columns = record_columns(header, batch)
-    except Exception:  # a codec or varint error: reported by the record-wise path
+    except (ValueError, EngineError):  # damaged records or a codec's error: reported by the record-wise path
         return None
     if len(columns.header_counts) and int(columns.header_counts.max()) > 0:
         return None
