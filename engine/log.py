@@ -77,6 +77,9 @@ from seglogfs.engine.transaction_index import TransactionIndexBuilder
 
 logger = logging.getLogger(__name__)
 
+# How many times `refresh` lists a directory whose segments go as it looks at them.
+_LOOKS_AT_A_CHANGING_DIRECTORY = 3
+
 _INT32_MAX = 2**31 - 1
 
 
@@ -785,40 +788,21 @@ class PartitionLog:
             return False
         with self.lock:
             current = self._segments.snapshot()
-            segments, changed = current, False
-            status = os.lstat(self.directory)  # (replaced by a link since the open: never followed)
-            if not stat.S_ISDIR(status.st_mode):
-                self.take_offline(
-                    str(UnsafeFileError(self.directory, describe_mode(status.st_mode), "a partition directory"))
-                )
-                return True
-            directory_changed = status.st_mtime_ns
-            if directory_changed != self._listed_at_mtime_ns:  # a roll, a delete, a swap: list it again
+            # A segment removed between the listing and the look at its size (retention, the
+            # cleaner's swap, racing this look): the directory changed, so it is listed again. A
+            # writer that outruns every try leaves the log as last seen until the next look.
+            for _ in range(_LOOKS_AT_A_CHANGING_DIRECTORY):
                 try:
-                    segments, changed = self._list_segments(current, now_ms)
-                except UnsafeFileError as error:
-                    self.take_offline(str(error))
-                    return True
-                # A change within the same clock tick as the listing would not move the mtime:
-                # trust an mtime only once it is a second old.
-                recent = time.time_ns() - directory_changed < 1_000_000_000
-                self._listed_at_mtime_ns = None if recent else directory_changed
-                if not segments and current:
-                    # A log always has a segment: a listing that found none caught the writer
-                    # between its steps (a segment's files coming or going as it was opened).
-                    # The log stays as last seen, and the next look lists the directory again.
-                    segments, changed = current, False
+                    looked = self._look(current, now_ms)
+                except FileNotFoundError:
                     self._listed_at_mtime_ns = None
-            grown = False
-            # The last one grows; the one that was last at the previous look may have grown too
-            # before it was sealed, however many rolls came after it (its last batches were
-            # missed when only the one before the last was looked at again). The others were
-            # sealed when first seen.
-            last = segments[-1:]
-            was_last = current[-1:] if current and last and current[-1] is not last[0] else []
-            for segment in [s for s in was_last if s in segments] + last:
-                before = segment.size
-                grown = segment.refresh_size(sealed=segment is not last[0]) != before or grown
+                    continue
+                if looked is None:
+                    return True  # (taken offline)
+                break
+            else:
+                return False
+            segments, changed, grown = looked
             if not changed and not grown:
                 return False
             gone = [segment for segment in current if segment not in segments]
@@ -830,6 +814,52 @@ class PartitionLog:
             for segment in gone:
                 segment.close_handlers()
             return True
+
+    def _look(self, current: list[LogSegment], now_ms: int) -> tuple[list[LogSegment], bool, bool] | None:
+        """One look (`refresh`) under the lock: the segments (listed again when the directory
+        changed), whether they differ from `current`, and whether the last one grew; None when a
+        listing found something unsafe and took the log offline. FileNotFoundError when a
+        segment's file went before its size was looked at."""
+        segments, changed = current, False
+        status = os.lstat(self.directory)  # (replaced by a link since the open: never followed)
+        if not stat.S_ISDIR(status.st_mode):
+            unsafe = UnsafeFileError(self.directory, describe_mode(status.st_mode), "a partition directory")
+            self.take_offline(str(unsafe))
+            return None
+        directory_changed = status.st_mtime_ns
+        if directory_changed != self._listed_at_mtime_ns:  # a roll, a delete, a swap: list it again
+            try:
+                segments, changed = self._list_segments(current, now_ms)
+            except UnsafeFileError as error:
+                self.take_offline(str(error))
+                return None
+            # A change within the same clock tick as the listing would not move the mtime:
+            # trust an mtime only once it is a second old.
+            recent = time.time_ns() - directory_changed < 1_000_000_000
+            self._listed_at_mtime_ns = None if recent else directory_changed
+            if not segments and current:
+                # A log always has a segment: a listing that found none caught the writer
+                # between its steps (a segment's files coming or going as it was opened).
+                # The log stays as last seen, and the next look lists the directory again.
+                segments, changed = current, False
+                self._listed_at_mtime_ns = None
+        grown = False
+        # The last one grows; the one that was last at the previous look may have grown too
+        # before it was sealed, however many rolls came after it (its last batches were
+        # missed when only the one before the last was looked at again). The others were
+        # sealed when first seen.
+        last = segments[-1:]
+        was_last = current[-1:] if current and last and current[-1] is not last[0] else []
+        try:
+            for segment in [s for s in was_last if s in segments] + last:
+                before = segment.size
+                grown = segment.refresh_size(sealed=segment is not last[0]) != before or grown
+        except FileNotFoundError:
+            for segment in segments:
+                if segment not in current:  # (opened by this look's listing)
+                    segment.close_handlers()
+            raise
+        return segments, changed, grown
 
     def _list_segments(self, current: list[LogSegment], now_ms: int) -> tuple[list[LogSegment], bool]:
         """The segments on disk now (`current`'s objects where their files are the same), and

@@ -917,6 +917,43 @@ def test_a_damaged_batch_length_in_a_sealed_segment_is_an_error_not_its_end(part
     reader.close()
 
 
+def test_a_read_only_look_lists_again_when_a_segment_goes_before_its_size_is_looked_at(
+    part_dir: Path, monkeypatch
+) -> None:
+    """A read-only look lists the directory, then looks at the size of the segment that was
+    last at the previous look and of the new last one. Retention can remove the former in
+    between, when no descriptor holds it (a mount's descriptor budget took it back): `stat` of a
+    live mount's view then failed with EIO naming the removed `.log`. The look lists again and
+    takes in the log as it is now."""
+    writer = make_log(part_dir, segment_bytes=300, retention_ms=1)
+    writer.append_records([b"first-%d" % i for i in range(3)], now_ms=NOW_MS)
+    writer.flush()
+    reader = PartitionLog.open(part_dir, "t", 0, writer.config, writable=False, clean_shutdown=True, now_ms=NOW_MS)
+    writer.roll(NOW_MS)
+    writer.append_records([b"second"], now_ms=NOW_MS)
+    writer.flush()
+    listings = []
+    real_listing = PartitionLog._list_segments
+
+    def then_retention(self: PartitionLog, current: list, now_ms: int) -> tuple[list, bool]:
+        listed = real_listing(self, current, now_ms)
+        if not listings:  # (once: retention runs between the first listing and the look at sizes)
+            writer.delete_old_segments(NOW_MS + 10_000)
+            writer.append_records([b"later"], now_ms=NOW_MS + 10_000)
+            writer.flush()
+            current[0].close_handlers()
+        listings.append([segment.base_offset for segment in listed[0]])
+        return listed
+
+    monkeypatch.setattr(PartitionLog, "_list_segments", then_retention)
+    assert reader.refresh(NOW_MS)
+    assert listings[0] == [0, 3] and len(listings) == 2
+    assert [segment.base_offset for segment in reader.segments] == [4]
+    assert reader.log_start_offset == 4 and values_of(reader, 4) == [b"later"]
+    writer.close()
+    reader.close()
+
+
 def test_a_read_committed_look_at_a_segment_removed_since_the_last_look_reads_on_after_the_next(
     part_dir: Path,
 ) -> None:
