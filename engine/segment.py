@@ -341,8 +341,11 @@ class LogSegment:
         if self.writable:
             return self._size
         if sealed:
-            self._size = self._size_on_disk()
-            return self._size
+            size = self._size_on_disk()
+            if size != self._size:
+                self._forget_max_timestamp()
+            self._size = size
+            return size
         start, next_offset = self._complete_to, self._followed_next_offset
         if start is None:
             entry = self.offset_index.last_entry()  # (read before the size: a writer indexes a batch after writing it)
@@ -353,16 +356,33 @@ class LogSegment:
         if start > on_disk:  # cut back (the writer's recovery): scan it again from the start
             start, next_offset = 0, self.base_offset
             self._verified_to = 0
+            self._forget_max_timestamp()
         end = start
+        newest = TimestampOffset(-1, -1)  # (the greatest timestamp appended, the first batch with it)
         for header in self.iter_headers(start, on_disk):
             end, next_offset = header.next_position, header.next_offset
+            if header.max_timestamp > newest.timestamp:
+                newest = TimestampOffset(header.max_timestamp, header.last_offset)
         if next_offset is None:  # the indexed batch is cut (a crash): the batches before it, from the start
             end, next_offset = 0, self.base_offset
             for header in self.iter_headers(0, on_disk):
                 end, next_offset = header.next_position, header.next_offset
+            self._forget_max_timestamp()
         self._complete_to, self._followed_next_offset = end, next_offset
         self._size = end
+        # Lookups by time and retention see the timestamps appended since the segment's max
+        # timestamp was loaded (a broker's active segment grows under a read-only mount).
+        with self._index_lock:
+            known = self._max_timestamp_so_far
+            if known is not None and newest.timestamp > known.timestamp:
+                self._max_timestamp_so_far = newest
         return end
+
+    def _forget_max_timestamp(self) -> None:
+        """Read-only: the file changed otherwise than by whole batches appended (cut back, a
+        sealed segment's last bytes): its max timestamp is loaded again when next asked."""
+        with self._index_lock:
+            self._max_timestamp_so_far = None
 
     def _size_on_disk(self) -> int:
         with self._handle_lock:  # an open descriptor cannot be closed meanwhile

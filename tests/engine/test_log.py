@@ -569,6 +569,28 @@ def test_offset_for_timestamp_picks_first_record_at_or_after(part_dir: Path) -> 
     log.close()
 
 
+def test_a_read_only_log_finds_by_time_what_its_writer_appended_since_the_last_lookup(part_dir: Path) -> None:
+    """A read-only log's segment keeps its max timestamp once a lookup by time or retention
+    loaded it; the writer (a broker) goes on appending to that segment. Each look takes in the
+    timestamps appended: a live mount's `by-time/T` started past the first record at T (in the
+    next segment) when the active segment's max timestamp was the one of an earlier look."""
+    writer = make_log(part_dir)
+    writer.append_records([b"early-%d" % i for i in range(3)], timestamps=[NOW_MS + i for i in range(3)], now_ms=NOW_MS)
+    writer.flush()
+    reader = PartitionLog.open(part_dir, "t", 0, writer.config, writable=False, clean_shutdown=True, now_ms=NOW_MS)
+    assert reader.offset_for_timestamp(NOW_MS + 1000) is None  # (loads the segment's max timestamp)
+    writer.append_records(
+        [b"late-%d" % i for i in range(3)], timestamps=[NOW_MS + 1000 + i for i in range(3)], now_ms=NOW_MS
+    )
+    writer.flush()
+    assert reader.refresh(NOW_MS)
+    found = reader.offset_for_timestamp(NOW_MS + 1001)
+    assert found is not None and (found.offset, found.timestamp) == (4, NOW_MS + 1001)
+    assert reader.active_segment.largest_timestamp == NOW_MS + 1002
+    writer.close()
+    reader.close()
+
+
 # -- data dir, config --------------------------------------------------------------------------------
 def test_data_dir_creates_topics_and_survives_reopen(log_dir: Path) -> None:
     config = broker_config(log_dir, num_partitions=3)

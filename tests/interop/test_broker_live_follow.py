@@ -544,10 +544,5 @@ def test_followers_of_a_live_broker_dir_see_transactions_compaction_and_retentio
                 from_time,
             ),
         }
-        if topic == txn:
-            # A difference found and not yet resolved: on this transactional LogAppendTime topic
-            # `by-time/T` started at a later offset than the first record Kafka stamped at or
-            # after T (round 3's instead of round 2's). Left out here until it is looked into.
-            del read[f"by-time/{by_time_from_ms}"]
         for what, (got, want) in read.items():
             assert got == want, f"{topic}: {what} differs from Kafka's console consumer"
