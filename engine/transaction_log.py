@@ -39,6 +39,24 @@ TRANSACTION_LOG_VALUE = Schema(
 )
 TRANSACTION_LOG_VALUE_VERSIONS = range(2)
 
+# A transaction's state by its TransactionStatus id (Kafka's TransactionState and its names).
+TRANSACTION_STATES = (
+    "Empty",
+    "Ongoing",
+    "PrepareCommit",
+    "PrepareAbort",
+    "CompleteCommit",
+    "CompleteAbort",
+    "Dead",
+    "PrepareEpochFence",
+)
+
+
+def transaction_state_name(status: int) -> str:
+    """A TransactionStatus as Kafka's tools print it: the state's name, or the id when no state
+    has it."""
+    return TRANSACTION_STATES[status] if 0 <= status < len(TRANSACTION_STATES) else str(status)
+
 
 def decode_transaction_log_key(key: bytes) -> tuple[int, dict[str, Any]] | None:
     """(record type, fields) of a TransactionLogKey; None for another record type."""

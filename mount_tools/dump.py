@@ -92,6 +92,7 @@ from seglogfs.engine.transaction_log import (
     TRANSACTION_LOG_VALUE,
     decode_transaction_log_key,
     decode_transaction_log_value,
+    transaction_state_name,
 )
 
 KRAFT_SNAPSHOT_SUFFIX = ".checkpoint"  # Kafka's Snapshots.SUFFIX
@@ -458,13 +459,20 @@ def _offsets_parser(record: Record) -> tuple[str | None, str | None]:
     )
 
 
+def _transaction_log_value_json(_kind: int, _version: int, fields: dict[str, Any]) -> Any:
+    """A TransactionLogValue's JSON, its status named as Kafka 4 names it."""
+    data = json_ready(fields, TRANSACTION_LOG_VALUE)
+    data["transactionStatus"] = transaction_state_name(fields["transactionStatus"])
+    return data
+
+
 def _transaction_log_parser(record: Record) -> tuple[str | None, str | None]:
     return _coordinator_record(
         record,
         decode_transaction_log_key,
         lambda _kind: TRANSACTION_LOG_KEY,
         lambda _kind, value: decode_transaction_log_value(value),
-        lambda _kind, _version, fields: json_ready(fields, TRANSACTION_LOG_VALUE),
+        _transaction_log_value_json,
     )
 
 

@@ -26,8 +26,6 @@ import hashlib
 import json
 import os
 import re
-import select
-import shutil
 import signal
 import subprocess
 import time
@@ -39,11 +37,8 @@ import pytest
 
 from tests.cli.support import SEGLOGFS, run
 from tests.fs.conftest import Mount
-from tests.interop.conftest import Broker, Kafka
+from tests.interop.conftest import Broker, Producers
 from tests.pipeline.conftest import SPARK_WORKER_START, metrics, spark  # noqa: F401 (fixtures: one Spark)
-
-HERE = Path(__file__).parent
-
 
 ROUNDS = 4  # rounds 0 and 2 commit their transaction, 1 and 3 abort it
 DEADLINE_S = 120  # a guard against a hang, generous for a loaded two-core machine
@@ -119,73 +114,6 @@ def spark_lines(frame) -> list[tuple[str, str]]:
         headers = [(h.key, text(h.value)) for h in row.headers or ()]
         out.append((row.topic, render(kind, row.ms, row.offset, headers, text(row.key), text(row.value))))
     return out
-
-
-@pytest.fixture(scope="module")
-def producer_classes(kafka: dict[str, Kafka], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """LiveProducers.java compiled against the newest Kafka's client jar (that jar alone on
-    javac's class path: the whole tools class path makes javac three times slower)."""
-    newest = max(kafka.values(), key=lambda k: k.major)
-    clients = [jar for jar in newest.classpath.split(":") if Path(jar).name.startswith("kafka-clients-")]
-    javac = shutil.which("javac")
-    if javac is None:
-        pytest.fail("no `javac` on PATH: scripts/dev setup installs a JDK")
-    out = tmp_path_factory.mktemp("live-producers")
-    source = HERE / "LiveProducers.java"
-    subprocess.run(
-        [javac, "-J-XX:TieredStopAtLevel=1", "-J-XX:+UseSerialGC", "-d", str(out), "-cp", clients[0], str(source)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
-
-
-class Producers:
-    """LiveProducers (an idempotent and a transactional producer in one JVM), fed lines."""
-
-    def __init__(self, broker: Broker, classes: Path, transactional_id: str, stderr: Path) -> None:
-        command = broker.kafka.command("LiveProducers", broker.bootstrap, transactional_id)
-        at = command.index("-cp") + 1
-        command[at] = f"{classes}:{command[at]}"
-        self.stderr = stderr
-        with open(stderr, "wb") as err:
-            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-
-    def line(self, *fields: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(("\t".join(fields) + "\n").encode())
-
-    def send(self, producer: str, topic: str, key: str, value: str, headers: str) -> None:
-        self.line("send", producer, topic, key, value, headers)
-
-    def sync(self) -> None:
-        """Every record sent so far acknowledged (and a commit or abort before it done)."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.line("sync")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], DEADLINE_S)
-        said = self.process.stdout.readline() if ready else b""
-        assert said == b"synced\n", f"the producers did not sync ({said!r}): {self.stderr.read_text()[-3000:]}"
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
-
-    def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            code = self.process.wait(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
-            raise
-        finally:
-            if self.process.stdout is not None:
-                self.process.stdout.close()
-        assert code == 0, f"the producers exited {code}: {self.stderr.read_text()[-3000:]}"
 
 
 class Followers:

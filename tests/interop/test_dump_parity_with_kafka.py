@@ -16,6 +16,7 @@ import random
 import re
 import shutil
 import subprocess
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from pathlib import Path
 from seglogfs.engine.records import build_batch
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, REPO, kafka_fixtures
-from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, split_dump
+from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, Producers, split_dump
 
 SUFFIXES = (".log", ".index", ".timeindex", ".snapshot", ".txnindex", ".checkpoint")
 BIGGEST_SEGMENT = 200_000  # bytes: whose indexes are left out, and dumped only with the record flags
@@ -67,6 +68,15 @@ VERSION_DIFFERENCES = {
         re.compile(r"^\| payload: ", re.MULTILINE),
         " payload: ",
         "--skip-record-metadata",
+    ),
+    # --transaction-log-decoder: 3.9 prints a transaction log record as text of its own
+    # ("transaction_metadata::transactionalId=..." and "producerId:...,state=Ongoing,..."), 4.4 as
+    # JSON of the record's key and value (the value's status named as 4.4 names it).
+    "transaction-log-text": (
+        re.compile(r"key: transaction_metadata::transactionalId=.*$", re.MULTILINE),
+        re.compile(r'key: \{"type":"0","data":\{"transactionalId":.*$', re.MULTILINE),
+        "key: (a transaction log record)",
+        "--transaction-log-decoder",
     ),
     # A time index entry whose offset is not a batch's last: 3.9's report does not name the file.
     "unnamed-index-report": (
@@ -245,7 +255,9 @@ def flag_sets(files: Sequence[Path]) -> list[tuple[list[str], list[Path]]]:
     return [(flags, chosen) for flags, chosen in sets if chosen]
 
 
-def test_dump_prints_what_kafkas_dump_log_prints(kafka: dict[str, Kafka], kafka_broker: Broker, tmp_path: Path) -> None:
+def test_dump_prints_what_kafkas_dump_log_prints(
+    kafka: dict[str, Kafka], kafka_broker: Broker, producer_classes: Path, tmp_path: Path
+) -> None:
     broker = kafka_broker
     broker.create_topic("dumped", internal_segment_bytes="4096", cleanup_policy="compact")
     produced = broker.kafka.run(
@@ -265,10 +277,25 @@ def test_dump_prints_what_kafkas_dump_log_prints(kafka: dict[str, Kafka], kafka_
         stdin="".join(f"k{i % 13}:dumped-{i}-{hashlib.sha256(b'%d' % i).hexdigest()}\n" for i in range(500)).encode(),
     )
     assert "] ERROR " not in produced.stderr, produced.stderr[-3000:]
+    # Transactions, committed and aborted, over small segments: `.txnindex` files.
+    broker.create_topic("dumped-txn", internal_segment_bytes="1024")
+    producers = Producers(broker, producer_classes, f"dumped-{uuid.uuid4().hex}", tmp_path / "producers.err")
+    try:
+        for round_ in range(6):
+            producers.line("begin")
+            for i in range(5):
+                producers.send("txn", "dumped-txn", f"k{i}", f"round-{round_}-{i}", "round:" + str(round_))
+            producers.send("idem", "dumped-txn", "<null>", f"between-{round_}", "")
+            producers.sync()  # (an abort fails the records not yet sent)
+            producers.line("commit" if round_ % 2 else "abort")
+        producers.sync()
+    finally:
+        producers.close()
     live = copy_live(broker.log_dir, tmp_path / "live")
     files = files_of(kafka_fixtures()) + files_of(live) + files_of(malformed_text(tmp_path / "made"))
     assert len(files) > 200
     assert len(list(live.glob("dumped-0/*.log"))) > 1, "the broker rolled no segment of the topic"
+    assert list(live.glob("dumped-txn-0/*.txnindex")), "the aborted transactions left no transaction index"
     runs = flag_sets(files)
     older = [version for version in kafka if version != NEWEST]
     # Two at a time: each a JVM or a Python process, most of it start-up and output.
