@@ -33,6 +33,7 @@ Files are opened read-only and never changed.
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import re
 import struct
@@ -311,81 +312,49 @@ def java_utf8(data: bytes) -> str:
     valid UTF-8 as Python decodes it, and malformed sequences each replaced by U+FFFD as the
     JDK's decoder cuts them, which is not always as Python's "replace" does (ED BA 69 is one
     U+FFFD and an `i` to Java, two U+FFFD and an `i` to Python; a UTF-8 encoded surrogate is one
-    U+FFFD to Java, three to Python)."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    out: list[str] = []
-    size, i = len(data), 0
-    while i < size:
-        lead = data[i]
-        if lead < 0x80:
-            out.append(chr(lead))
-            i += 1
-        elif 0xC2 <= lead <= 0xDF:  # two bytes
-            if i + 1 >= size:
-                out.append(REPLACEMENT)
-                break
-            if not _continuation(data[i + 1]):
-                out.append(REPLACEMENT)
-                i += 1
-            else:
-                out.append(chr((lead & 0x1F) << 6 | data[i + 1] & 0x3F))
-                i += 2
-        elif 0xE0 <= lead <= 0xEF:  # three bytes
-            if i + 2 < size:
-                second, third = data[i + 1], data[i + 2]
-                bad_second = (lead == 0xE0 and second & 0xE0 == 0x80) or not _continuation(second)
-                if bad_second or not _continuation(third):
-                    out.append(REPLACEMENT)
-                    i += 1 if bad_second else 2
-                    continue
-                char = (lead & 0x0F) << 12 | (second & 0x3F) << 6 | third & 0x3F
-                out.append(REPLACEMENT if 0xD800 <= char <= 0xDFFF else chr(char))
-                i += 3
-                continue
-            out.append(REPLACEMENT)
-            second_fits = i + 1 < size and not (
-                (lead == 0xE0 and data[i + 1] & 0xE0 == 0x80) or not _continuation(data[i + 1])
-            )
-            if i + 1 < size and not second_fits:
-                i += 1
-                continue
-            break  # a cut sequence at the end: one U+FFFD for all of it
-        elif 0xF0 <= lead <= 0xF7:  # four bytes
-            if i + 3 < size:
-                second, third, fourth = data[i + 1], data[i + 2], data[i + 3]
-                code = (lead & 0x07) << 18 | (second & 0x3F) << 12 | (third & 0x3F) << 6 | fourth & 0x3F
-                if (
-                    _continuation(second)
-                    and _continuation(third)
-                    and _continuation(fourth)
-                    and 0x10000 <= code <= 0x10FFFF
-                ):
-                    out.append(chr(code))
-                    i += 4
-                    continue
-                out.append(REPLACEMENT)
-                if _bad_second_of_four(lead, second):
-                    i += 1
-                elif not _continuation(third):
-                    i += 2
-                else:
-                    i += 3
-                continue
-            out.append(REPLACEMENT)
-            if lead > 0xF4 or (i + 1 < size and _bad_second_of_four(lead, data[i + 1])):
-                i += 1
-                continue
-            if i + 2 < size and not _continuation(data[i + 2]):
-                i += 2
-                continue
-            break  # a cut sequence at the end: one U+FFFD for all of it
-        else:  # a continuation byte without its lead, C0, C1, F8-FF
-            out.append(REPLACEMENT)
-            i += 1
-    return "".join(out)
+    U+FFFD to Java, three to Python). Python's decoder decodes the valid stretches; each
+    malformed sequence it stops at is cut as Java cuts it (`_java_malformed`)."""
+    return data.decode("utf-8", errors=_JAVA_UTF8_ERRORS)
+
+
+def _java_malformed(error: UnicodeError) -> tuple[str, int]:
+    """The error handler of `java_utf8`: one U+FFFD for the malformed sequence at the point
+    Python's decoder stopped, and where Java's decoder goes on after it."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    return REPLACEMENT, _java_malformed_end(error.object, error.start)
+
+
+def _java_malformed_end(data: bytes, i: int) -> int:
+    """Where the malformed sequence at `data[i]` ends for the JDK's UTF-8 decoder: after the
+    lead alone, or after the bytes that began a sequence the next byte does not continue, or at
+    the end of `data` for a sequence cut there."""
+    size, lead = len(data), data[i]
+    if 0xC2 <= lead <= 0xDF:  # two bytes: the second is no continuation, or missing
+        return i + 1 if i + 1 < size else size
+    if 0xE0 <= lead <= 0xEF:  # three bytes
+        if i + 1 < size and ((lead == 0xE0 and data[i + 1] & 0xE0 == 0x80) or not _continuation(data[i + 1])):
+            return i + 1
+        if i + 2 >= size:
+            return size  # cut at the end: one U+FFFD for all of it
+        if not _continuation(data[i + 2]):
+            return i + 2
+        return i + 3  # (well formed, but a surrogate)
+    if 0xF0 <= lead <= 0xF7:  # four bytes
+        if i + 3 < size:
+            if _bad_second_of_four(lead, data[i + 1]):
+                return i + 1
+            return i + 2 if not _continuation(data[i + 2]) else i + 3
+        if lead > 0xF4 or (i + 1 < size and _bad_second_of_four(lead, data[i + 1])):
+            return i + 1
+        if i + 2 < size and not _continuation(data[i + 2]):
+            return i + 2
+        return size  # cut at the end: one U+FFFD for all of it
+    return i + 1  # a continuation byte without its lead, C0, C1, F8-FF
+
+
+_JAVA_UTF8_ERRORS = "seglogfs-java-utf8"
+codecs.register_error(_JAVA_UTF8_ERRORS, _java_malformed)
 
 
 def _bad_second_of_four(lead: int, second: int) -> bool:
@@ -542,6 +511,10 @@ def _record_line(
     return line
 
 
+# Batches with fewer records are printed record by record (`_plain_record_lines`).
+_COLUMN_WISE_RECORDS = 8
+
+
 def _plain_record_lines(header: BatchHeader, batch: Any, print_data: bool) -> tuple[list[int], str] | None:
     """A plain v2 batch's record lines, as `_record_line` prints them with the default parser,
     from its records' columns (`record_columns`, laid out in C) rather than a `Record` each:
@@ -549,6 +522,8 @@ def _plain_record_lines(header: BatchHeader, batch: Any, print_data: bool) -> tu
     (control and legacy batches, records with headers) and for a batch whose records the
     columns refuse (the record-wise path then reports it as it always has)."""
     if isinstance(header, LegacyBatchHeader) or header.magic < CURRENT_MAGIC or header.is_control:
+        return None
+    if header.records_count < _COLUMN_WISE_RECORDS:  # (laying out columns costs more than it saves)
         return None
     try:
         columns = record_columns(header, batch)

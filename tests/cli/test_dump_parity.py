@@ -611,17 +611,21 @@ def test_transaction_log_decoder(tmp_path: Path) -> None:
     # TransactionPartitions [Topic string, PartitionIds [int32]], TransactionLastUpdateTimestampMs
     # int64, TransactionStartTimestampMs int64. kafka-dump-log --transaction-log-decoder prints
     # ` key: {"type":"0","data":{...}} payload: {"version":"0","data":{...}}`, a tombstone's
-    # payload as `<DELETE>`, field names in camelCase.
+    # payload as `<DELETE>`, field names in camelCase, the status by its state's name (4 is
+    # CompleteCommit; an id no state has is printed as a string of it).
     key = struct.pack(">h", 0) + _string("tx-a")
     partitions = struct.pack(">i", 1) + _string("orders") + struct.pack(">iii", 2, 0, 3)
     value = (
         struct.pack(">hqhib", 0, 7, 2, 60000, 4) + partitions + struct.pack(">qq", 1_700_000_000_123, 1_700_000_000_001)
     )
-    data = build_batch([value, None], keys=[key, key], timestamps=1000)
+    unknown = bytearray(value)
+    unknown[16] = 9  # (TransactionStatus, after the version and three fields: 2 + 8 + 2 + 4 bytes)
+    data = build_batch([value, bytes(unknown), None], keys=[key, key, key], timestamps=1000)
     log = tmp_path / "00000000000000000000.log"
     log.write_bytes(bytes(data))
     lines = dump("--transaction-log-decoder", str(log))
-    record, tombstone = (line for line in lines if line.startswith("| offset:"))
+    record, unknown_status, tombstone = (line for line in lines if line.startswith("| offset:"))
+    assert '"transactionStatus":"9",' in unknown_status
     key_text, payload_text = re.fullmatch(r".* key: (\{.*\}) payload: (.*)", record).groups()  # type: ignore[union-attr]
     assert json.loads(key_text) == {"type": "0", "data": {"transactionalId": "tx-a"}}
     assert json.loads(payload_text) == {
@@ -630,7 +634,7 @@ def test_transaction_log_decoder(tmp_path: Path) -> None:
             "producerId": 7,
             "producerEpoch": 2,
             "transactionTimeoutMs": 60000,
-            "transactionStatus": 4,
+            "transactionStatus": "CompleteCommit",
             "transactionPartitions": [{"topic": "orders", "partitionIds": [0, 3]}],
             "transactionLastUpdateTimestampMs": 1_700_000_000_123,
             "transactionStartTimestampMs": 1_700_000_000_001,
