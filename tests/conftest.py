@@ -38,11 +38,24 @@ LONG_FIRST = (
 )
 
 
+# Tests that share what is costly to start run in one worker process each (scripts/dev runs the
+# workers with `--dist loadgroup`, which hands out these groups first, biggest first, then the
+# other tests one at a time): a Kafka broker and the interop modules' topics and compiled
+# producers; a Spark JVM and the pipeline modules' data. Spread over every worker, each started
+# them again.
+SHARED_WORKER = {"tests/interop/": "kafka", "tests/pipeline/": "spark"}
+
+
+@pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next((n for n, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
     items.sort(key=rank)  # (stable: each file's order stays)
+    for item in items:
+        group = next((name for prefix, name in SHARED_WORKER.items() if item.nodeid.startswith(prefix)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def kafka_fixtures() -> Path:

@@ -44,7 +44,8 @@ KNOWN = {
 
 # Where Kafka 3.9.2 prints otherwise than 4.4.0 (seglogfs prints as 4.4.0 does): each a pattern
 # of the older's output, one of the newest's, what both are taken to before they are compared, and
-# the flag without which there is no such difference (or None).
+# the flag without which there is no such difference (or None). The test fails when one no longer
+# changes what the older prints.
 VERSION_DIFFERENCES = {
     # A legacy (magic 0/1) record's line: 3.9 ends its metadata with a stray "}".
     "legacy-record-brace": (
@@ -66,7 +67,7 @@ VERSION_DIFFERENCES = {
     "payload-line-start": (
         re.compile(r"^ payload: ", re.MULTILINE),
         re.compile(r"^\| payload: ", re.MULTILINE),
-        " payload: ",
+        "(a line's start) payload: ",
         "--skip-record-metadata",
     ),
     # --transaction-log-decoder: 3.9 prints a transaction log record as text of its own
@@ -78,6 +79,13 @@ VERSION_DIFFERENCES = {
         "key: (a transaction log record)",
         "--transaction-log-decoder",
     ),
+    # The gaps of a segment's offsets (compaction's): 3.9 lists them last first, 4.4 in order.
+    "gaps-last-first": (
+        re.compile(r"^Non-consecutive offsets in \S+\n(?:  \d+ is followed by \d+\n)+", re.MULTILINE),
+        re.compile(r"^Non-consecutive offsets in \S+\n(?:  \d+ is followed by \d+\n)+", re.MULTILINE),
+        lambda block: "".join(_in_offset_order(block.group(0).splitlines(keepends=True))),
+        None,
+    ),
     # A time index entry whose offset is not a batch's last: 3.9's report does not name the file.
     "unnamed-index-report": (
         re.compile(r"^The following indexed offsets are not found in the log\.$", re.MULTILINE),
@@ -88,19 +96,26 @@ VERSION_DIFFERENCES = {
 }
 
 
+def _in_offset_order(lines: list[str]) -> list[str]:
+    """A "Non-consecutive offsets" report, its heading, then its gaps by offset."""
+    return [lines[0], *sorted(lines[1:], key=lambda line: int(line.split()[0]))]
+
+
 def without_version_differences(
     parts: dict[Path, str], flags: Sequence[str], older: bool, seen: set[str]
 ) -> dict[Path, str]:
     """Output of the older Kafka (or of the newest, or seglogfs) with each listed difference
-    taken to the text both are compared in; the differences met in the older's are named in `seen`."""
+    taken to the text both are compared in; the differences that changed the older's are named in
+    `seen`."""
     taken = {}
     for path, text in parts.items():
         for name, (old, new, common, flag) in VERSION_DIFFERENCES.items():
             if flag is not None and flag not in flags:
                 continue
-            text, count = (old if older else new).subn(common, text)
-            if count and older:
+            taken_text = (old if older else new).sub(common, text)
+            if taken_text != text and older:
                 seen.add(name)
+            text = taken_text
         taken[path] = text
     return taken
 
@@ -144,13 +159,22 @@ MALFORMED = [
 
 
 def malformed_text(data: Path) -> Path:
-    """A segment whose keys and values are malformed UTF-8 (the list, then random bytes)."""
+    """A segment whose keys and values are malformed UTF-8 (the list, then random bytes), and one
+    with gaps in its offsets."""
     rng = random.Random(31)
     values = [*MALFORMED, *(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12))) for _ in range(400))]
     partition = data / "malformed-0"
     partition.mkdir(parents=True)
     batch = build_batch(values, keys=[v[::-1] for v in values], timestamps=NOW_MS)
     (partition / "00000000000000000000.log").write_bytes(batch)
+    # And a segment with gaps between its batches' offsets, as compaction leaves them.
+    gapped = data / "gapped-0"
+    gapped.mkdir()
+    batches = [
+        build_batch([b"kept-%d" % base], keys=[b"k%d" % base], timestamps=NOW_MS, base_offset=base)
+        for base in (0, 1, 5, 9, 10, 30)
+    ]
+    (gapped / "00000000000000000000.log").write_bytes(b"".join(batches))
     return data
 
 
