@@ -681,8 +681,9 @@ def _dump_log(
 
 
 def _dump_producer_snapshot(path: Path, out: Any) -> bool:
-    """Kafka's dumpProducerIdSnapshot: a line per producer; a corrupt snapshot is one stderr
-    line (and exit 1 here, where Kafka goes on with status 0)."""
+    """Kafka's dumpProducerIdSnapshot: a line per producer (its last batch's metadata where the
+    snapshot holds one); a corrupt snapshot is one stderr line (and exit 1 here, where Kafka goes
+    on with status 0)."""
     try:
         entries = read_producer_snapshot(path)
     except CorruptSnapshotError as error:
@@ -697,11 +698,11 @@ def _dump_producer_snapshot(path: Path, out: Any) -> bool:
         line = (
             f"producerId: {entry.producer_id} producerEpoch: {entry.producer_epoch} "
             f"coordinatorEpoch: {entry.coordinator_epoch} currentTxnFirstOffset: {first} "
-            f"lastTimestamp: {entry.timestamp if entry.last_offset >= 0 else -1} "
+            f"lastTimestamp: {entry.timestamp}"
         )
-        if entry.last_offset >= 0:
+        if entry.last_offset >= 0:  # (a producer whose last batch the snapshot remembers)
             line += (
-                f"firstSequence: {entry.first_sequence} lastSequence: {entry.last_sequence} "
+                f" firstSequence: {entry.first_sequence} lastSequence: {entry.last_sequence} "
                 f"lastOffset: {entry.last_offset} offsetDelta: {entry.offset_delta} timestamp: {entry.timestamp}"
             )
         out.write(line + "\n")

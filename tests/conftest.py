@@ -41,9 +41,19 @@ LONG_FIRST = (
 # Tests that share what is costly to start run in one worker process each (scripts/dev runs the
 # workers with `--dist loadgroup`, which hands out these groups first, biggest first, then the
 # other tests one at a time): a Kafka broker and the interop modules' topics and compiled
-# producers; a Spark JVM and the pipeline modules' data. Spread over every worker, each started
-# them again.
-SHARED_WORKER = {"tests/interop/": "kafka", "tests/pipeline/": "spark"}
+# producers; a Spark JVM and the pipeline modules' data; the modules whose fixtures are built once
+# a process (the broker fixtures decoded by kafka-python, the hostile and damaged data dirs, ...).
+# Spread over every worker, each built them again.
+SHARED_WORKER = {
+    "tests/interop/": "kafka",
+    "tests/pipeline/": "spark",
+    "tests/engine/test_fixtures.py": "fixtures",
+    "tests/cli/test_hostile_data_dir.py": "hostile",
+    "tests/cli/test_repair_set_aside.py": "repair",
+    "tests/cli/test_backup_incomplete.py": "backup-incomplete",
+    "tests/cli/test_progress.py": "progress",
+    "tests/fs/test_permissions.py": "permissions",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)

@@ -161,7 +161,7 @@ def test_transaction_markers(tmp_path: Path) -> None:
 
 def test_producer_snapshots_match_their_bytes() -> None:
     # dumpProducerIdSnapshot: "producerId: P producerEpoch: E coordinatorEpoch: C currentTxnFirstOffset:
-    # OptionalLong… lastTimestamp: T " then "firstSequence: F lastSequence: L lastOffset: O offsetDelta: D
+    # OptionalLong… lastTimestamp: T" then " firstSequence: F lastSequence: L lastOffset: O offsetDelta: D
     # timestamp: T" (the entry's batch), one line per producer.
     snapshots = sorted(kafka_fixtures().glob("*/*/*.snapshot"))
     assert snapshots
@@ -182,6 +182,20 @@ def test_producer_snapshots_match_their_bytes() -> None:
                 f"lastTimestamp: {ts} firstSequence: {last_seq - delta} lastSequence: {last_seq} "
                 f"lastOffset: {last_offset} offsetDelta: {delta} timestamp: {ts}"
             )
+
+
+def test_a_producer_snapshot_entry_without_a_batch_shows_its_last_timestamp(tmp_path: Path) -> None:
+    # An entry whose batch the snapshot does not remember (lastOffset -1: a transactional
+    # producer's whose batches were removed) still has its last timestamp; Kafka 4 prints it, and
+    # no batch fields after it (and no space).
+    entry = struct.pack(">qhiqiqiq", 2, 3, -1, -1, 0, 1795863032654, 0, -1)
+    body = struct.pack(">i", 1) + entry
+    path = tmp_path / "00000000000000000021.snapshot"
+    path.write_bytes(struct.pack(">hI", 1, crc32c.crc32c(body)) + body)
+    assert dump(str(path))[1] == (
+        "producerId: 2 producerEpoch: 3 coordinatorEpoch: 0 currentTxnFirstOffset: OptionalLong.empty "
+        "lastTimestamp: 1795863032654"
+    )
 
 
 def test_producer_snapshot_with_a_bad_crc(tmp_path: Path) -> None:

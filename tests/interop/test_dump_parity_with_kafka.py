@@ -44,8 +44,8 @@ KNOWN = {
 
 # Where Kafka 3.9.2 prints otherwise than 4.4.0 (seglogfs prints as 4.4.0 does): each a pattern
 # of the older's output, one of the newest's, what both are taken to before they are compared, and
-# the flag without which there is no such difference (or None). The test fails when one no longer
-# changes what the older prints.
+# the flag without which there is no such difference (or None). The test fails when one is no
+# longer met in what the older prints.
 VERSION_DIFFERENCES = {
     # A legacy (magic 0/1) record's line: 3.9 ends its metadata with a stray "}".
     "legacy-record-brace": (
@@ -67,7 +67,7 @@ VERSION_DIFFERENCES = {
     "payload-line-start": (
         re.compile(r"^ payload: ", re.MULTILINE),
         re.compile(r"^\| payload: ", re.MULTILINE),
-        "(a line's start) payload: ",
+        " payload: ",
         "--skip-record-metadata",
     ),
     # --transaction-log-decoder: 3.9 prints a transaction log record as text of its own
@@ -79,11 +79,20 @@ VERSION_DIFFERENCES = {
         "key: (a transaction log record)",
         "--transaction-log-decoder",
     ),
-    # The gaps of a segment's offsets (compaction's): 3.9 lists them last first, 4.4 in order.
+    # The gaps of a segment's offsets (compaction's): 3.9 lists them last first, 4.4 in order
+    # (met where a segment has two gaps or more: the made-up "gapped" one has).
     "gaps-last-first": (
-        re.compile(r"^Non-consecutive offsets in \S+\n(?:  \d+ is followed by \d+\n)+", re.MULTILINE),
-        re.compile(r"^Non-consecutive offsets in \S+\n(?:  \d+ is followed by \d+\n)+", re.MULTILINE),
+        re.compile(r"^Non-consecutive offsets in \S+\n(?:  \d+ is followed by \d+\n){2,}", re.MULTILINE),
+        re.compile(r"^Non-consecutive offsets in \S+\n(?:  \d+ is followed by \d+\n){2,}", re.MULTILINE),
         lambda block: "".join(_in_offset_order(block.group(0).splitlines(keepends=True))),
+        None,
+    ),
+    # A producer snapshot's entry without a batch (a transactional producer's whose batches were
+    # all removed): 3.9 ends its line with a space.
+    "snapshot-entry-space": (
+        re.compile(r"^(producerId: .* lastTimestamp: -?\d+) $", re.MULTILINE),
+        re.compile(r"^(producerId: .* lastTimestamp: -?\d+)$", re.MULTILINE),
+        r"\1",
         None,
     ),
     # A time index entry whose offset is not a batch's last: 3.9's report does not name the file.
@@ -105,17 +114,15 @@ def without_version_differences(
     parts: dict[Path, str], flags: Sequence[str], older: bool, seen: set[str]
 ) -> dict[Path, str]:
     """Output of the older Kafka (or of the newest, or seglogfs) with each listed difference
-    taken to the text both are compared in; the differences that changed the older's are named in
-    `seen`."""
+    taken to the text both are compared in; the differences met in the older's are named in `seen`."""
     taken = {}
     for path, text in parts.items():
         for name, (old, new, common, flag) in VERSION_DIFFERENCES.items():
             if flag is not None and flag not in flags:
                 continue
-            taken_text = (old if older else new).sub(common, text)
-            if taken_text != text and older:
+            text, count = (old if older else new).subn(common, text)
+            if count and older:
                 seen.add(name)
-            text = taken_text
         taken[path] = text
     return taken
 
