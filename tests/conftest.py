@@ -38,12 +38,12 @@ LONG_FIRST = (
 )
 
 
-# Tests that share what is costly to start run in one worker process each (scripts/dev runs the
-# workers with `--dist loadgroup`, which hands out these groups first, biggest first, then the
-# other tests one at a time): a Kafka broker and the interop modules' topics and compiled
-# producers; a Spark JVM and the pipeline modules' data; the modules whose fixtures are built once
-# a process (the broker fixtures decoded by kafka-python, the hostile and damaged data dirs, ...).
-# Spread over every worker, each built them again.
+# Tests that share what is costly to start run in one worker process each: a Kafka broker and the
+# interop modules' topics and compiled producers; a Spark JVM and the pipeline modules' data; the
+# modules whose fixtures are built once a process (the broker fixtures decoded by kafka-python,
+# the hostile and damaged data dirs, ...). Spread over every worker, each built them again.
+# scripts/dev runs the workers with `--dist loadscope`, whose scopes `pytest_xdist_make_scheduler`
+# below makes these groups (handed out first, biggest first) and every other test (one at a time).
 SHARED_WORKER = {
     "tests/interop/": "kafka",
     "tests/pipeline/": "spark",
@@ -56,16 +56,26 @@ SHARED_WORKER = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         return next((n for n, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
 
     items.sort(key=rank)  # (stable: each file's order stays)
-    for item in items:
-        group = next((name for prefix, name in SHARED_WORKER.items() if item.nodeid.startswith(prefix)), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadscope`: the scopes are SHARED_WORKER's groups, and each other test a scope
+    of its own. (xdist's own `xdist_group` marks do not group under pytest 9: xdist renames a
+    test's node id by an attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedWorkerScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next((group for prefix, group in SHARED_WORKER.items() if nodeid.startswith(prefix)), nodeid)
+
+    return SharedWorkerScheduling(config, log)
 
 
 def kafka_fixtures() -> Path:
