@@ -23,9 +23,6 @@ import numpy as np
 from seglogfs.engine import _core
 from seglogfs.engine.records import BatchHeader, TimestampType, check_record_count, records_section
 
-# (section, offsets, timestamps, key starts, key lengths, value starts, value lengths)
-CoreColumns = tuple[bytes, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-
 
 @dataclass(slots=True)
 class RecordColumns:
@@ -62,19 +59,6 @@ class RecordColumns:
     def values(self, null: bytes | None = None) -> list[bytes | None]:
         """Each record's value (`null` for a null value)."""
         return _slices(self.section, self.value_starts, self.value_lengths, null)
-
-    def from_record(self, first: int) -> CoreColumns:
-        """(section, offsets, consumer timestamps, key starts, key lengths, value starts, value
-        lengths) of records `first`…: what the compiled core's renderers take."""
-        return (
-            self.section,
-            self.offsets[first:],
-            self.consumer_timestamps()[first:],
-            self.key_starts[first:],
-            self.key_lengths[first:],
-            self.value_starts[first:],
-            self.value_lengths[first:],
-        )
 
 
 def _slices(section: bytes, starts: np.ndarray, lengths: np.ndarray, null: bytes | None) -> list[bytes | None]:

@@ -402,12 +402,6 @@ class BrokerConfig:
         overridden = {key: entry for key, entry in self.raw.items() if entry[1].startswith(OVERRIDE_SOURCE)}
         return _topic_defaults({**static, **_without_shadowed(relevant, overridden), **overridden})
 
-    def log_config(self, overrides: Mapping[str, str] | None = None, source: str = "topic config") -> LogConfig:
-        """A topic's effective config: the defaults with its overrides (topic-level names)."""
-        if not overrides:
-            return self.topic_defaults
-        return apply_topic_overrides(self.topic_defaults, overrides, source)
-
 
 def _topic_defaults(raw: Mapping[str, tuple[str, str]]) -> LogConfig:
     """Topic defaults from broker settings: for each topic setting, its most precise broker name

@@ -177,11 +177,6 @@ def set_max_open_segments(max_open: int | None) -> None:
     OPEN_SEGMENTS.set_max_open(max_open)
 
 
-def open_segments() -> int:
-    """How many segments hold open files now."""
-    return len(OPEN_SEGMENTS)
-
-
 def opening(open_files: Callable[[], _T]) -> _T:
     """`open_files()`; when it fails for want of descriptors (EMFILE, ENFILE), half the open
     segments give theirs back (those not in use) and it is tried once more."""

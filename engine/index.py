@@ -635,10 +635,6 @@ class OffsetIndex(_EntryIndex):
             return OffsetPosition(self.base_offset, 0)
         return OffsetPosition(self.base_offset + found[0], found[1])
 
-    def lookup_many(self, target_offsets: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """The position for each target (0 below the first entry)."""
-        return np.array([self.lookup(int(target)).position for target in target_offsets], dtype=np.int64)
-
     def append(self, offset: int, position: int) -> None:
         """Add (offset, position). Raises IndexFullError when full, InvalidOffsetError unless the
         offset is above the last entry's."""

@@ -33,10 +33,6 @@ class LogSegments:
         segments = self._state[0]
         return segments[-1] if segments else None
 
-    def floor_index(self, offset: int) -> int:
-        """Index of the segment with the largest base ≤ offset; -1 when below all."""
-        return bisect.bisect_right(self._state[1], offset) - 1
-
     def from_offset(self, offset: int) -> list[LogSegment]:
         """Segments that may hold offsets ≥ `offset`: the floor segment and every later one."""
         segments, bases = self._state

@@ -63,6 +63,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # (stable: each file's order stays)
 
 
+@pytest.hookimpl(optionalhook=True)  # (xdist's hook: unknown where xdist is not loaded)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """Under `--dist loadscope`: the scopes are SHARED_WORKER's groups, and each other test a scope
     of its own. (xdist's own `xdist_group` marks do not group under pytest 9: xdist renames a
