@@ -155,8 +155,8 @@
 #endif
 
 #define FIELDS 8
-/* What a batch split weighs a record at beyond its value's bytes (engine.records
- * .ESTIMATED_RECORD_VARINTS). */
+/* What a batch split weighs a record at beyond its value's bytes: the module's
+ * ESTIMATED_RECORD_VARINTS, which engine.records and the Spark writer take from here. */
 #define ESTIMATED_RECORD_VARINTS 12
 #define MAX_VARINT 10
 
@@ -1901,5 +1901,10 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__core(void) {
     crc32c_init();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntMacro(m, ESTIMATED_RECORD_VARINTS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

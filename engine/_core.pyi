@@ -5,6 +5,9 @@ from typing import overload
 import numpy as np
 from typing_extensions import Buffer
 
+# What a batch split weighs a record at beyond its key's and value's bytes (its varints).
+ESTIMATED_RECORD_VARINTS: int
+
 def record_fields(section: Buffer | np.ndarray, count: int, out: Buffer | np.ndarray, /) -> None: ...
 @overload
 def encode_records(

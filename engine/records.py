@@ -78,8 +78,8 @@ assert _HEADER.size == BATCH_HEADER_DTYPE.itemsize == 61
 
 BATCH_OVERHEAD_BYTES = _HEADER.size
 # What a batch split weighs a record at beyond its key's and value's bytes: its varints, exact
-# for the common small deltas (engine/_core.c's ESTIMATED_RECORD_VARINTS is the same).
-ESTIMATED_RECORD_VARINTS = 12
+# for the common small deltas (one constant, the compiled core's, which splits batches too).
+ESTIMATED_RECORD_VARINTS: int = _core.ESTIMATED_RECORD_VARINTS
 # Bytes before the length field counts: base_offset (8) + batch_length (4). Kafka calls this
 # LOG_OVERHEAD; it is the same for legacy messages, whose magic byte also sits at offset 16.
 LOG_OVERHEAD_BYTES = 12

@@ -78,7 +78,13 @@ from seglogfs.engine.datadir import describe_process
 from seglogfs.engine.metadata_log import METADATA_TOPIC
 from seglogfs.engine.naming import validate_topic
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES
-from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, Header, encode_batches, iter_batch_headers
+from seglogfs.engine.records import (
+    BATCH_OVERHEAD_BYTES,
+    ESTIMATED_RECORD_VARINTS,
+    Header,
+    encode_batches,
+    iter_batch_headers,
+)
 from seglogfs.pipeline.encoding import encode_columns
 from seglogfs.pipeline.options import (
     EngineSettings,
@@ -95,7 +101,6 @@ STAGING_SUFFIX = ".seglogfs-staging"
 DEFAULT_BATCH_BYTES = 1 << 20  # a batch per partition per this many bytes (capped by max.message.bytes)
 _APPEND_CHUNK_BYTES = 64 << 20  # staged batches handed to one append_batches call
 _ADOPT_MIN_BYTES = 64 << 20  # a staging file this large (or an eighth of segment.bytes) becomes a segment
-_RECORD_OVERHEAD_BYTES = 12  # varints of a small record, as the engine estimates them
 
 
 @dataclass(frozen=True)
@@ -567,7 +572,7 @@ class TaskWriter:
             )
         else:
             sizes = np.maximum(binary_parts(values)[2], 0) * values.is_valid().to_numpy(zero_copy_only=False)
-            sizes = sizes + _RECORD_OVERHEAD_BYTES
+            sizes = sizes + ESTIMATED_RECORD_VARINTS
             key_list = None
             if keys is not None and keys.null_count < n:
                 key_list = keys.to_pylist()
