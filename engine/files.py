@@ -153,3 +153,16 @@ __all__ = [
     "open_regular",
     "read_regular",
 ]
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, position: int | None = None) -> None:
+    """All of `data` to `fd`, at `position` (pwrite) or at the file's offset (write): a short
+    write (a signal, a full disk's last bytes before ENOSPC) is continued, not taken for done."""
+    view = memoryview(data)
+    while view:
+        if position is None:
+            written = os.write(fd, view)
+        else:
+            written = os.pwrite(fd, view, position)
+            position += written
+        view = view[written:]

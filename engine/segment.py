@@ -72,7 +72,7 @@ import numpy as np
 from seglogfs.engine import _core
 from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
-from seglogfs.engine.files import check_regular, open_regular
+from seglogfs.engine.files import check_regular, open_regular, write_all
 from seglogfs.engine.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
 from seglogfs.engine.legacy import MIN_ENTRY_BYTES, message_overhead
@@ -966,7 +966,7 @@ class LogSegment:
         self._log_dirty = True
         try:
             self._allocate_ahead(handle, physical_position, len(data))
-            _write_all(handle, data, physical_position)
+            write_all(handle, data, physical_position)
             self._index_appended(data, headers, physical_position, max_so_far)
             # Published last: a reader bounded by the size never sees a batch that may be cut.
             self._size = physical_position + len(data)
@@ -1493,15 +1493,3 @@ def _allocated_past(status: os.stat_result, size: int) -> int:
     """Bytes a file has allocated beyond `size` bytes of data, in whole blocks (its extent
     tree's few blocks count too: far below an allocation ahead)."""
     return status.st_blocks * 512 - -(-size // status.st_blksize) * status.st_blksize
-
-
-def _write_all(fd: int, data: bytes | bytearray, position: int) -> None:
-    written = os.pwrite(fd, data, position)
-    if written == len(data):  # (short writes are rare: a signal, a full disk's last bytes)
-        return
-    view = memoryview(data)[written:]
-    position += written
-    while view:
-        written = os.pwrite(fd, view, position)
-        view = view[written:]
-        position += written

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from seglogfs.engine.checkpoint import fsync_dir, write_atomically
 from seglogfs.engine.errors import EngineError
-from seglogfs.engine.files import is_directory, open_regular, read_regular
+from seglogfs.engine.files import is_directory, open_regular, read_regular, write_all
 from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from seglogfs.engine.records import check_batch
 from seglogfs.engine.segment import LogSegment
@@ -255,7 +255,7 @@ class SetAside:
                     chunk = os.pread(handle, min(_COPY_CHUNK_BYTES, size - at), at)
                     if not chunk:
                         break  # (the file is shorter than its size said: nothing more to keep)
-                    _write_all(fd, chunk)
+                    write_all(fd, chunk)
                     at += len(chunk)
                 os.fsync(fd)
             finally:
@@ -399,12 +399,6 @@ def _own_fd(fd: int, owner: os.stat_result) -> None:
     os.fchmod(fd, stat.S_IMODE(owner.st_mode))
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def _move(source: Path, target: Path) -> int:
     """Rename `source` to `target` (never over a file there); on another file system copy it,
     fsync the copy, then unlink `source`. Returns its size."""
@@ -424,7 +418,7 @@ def _move(source: Path, target: Path) -> int:
             _own_fd(out, info)
             at = 0
             while chunk := os.pread(fd, _COPY_CHUNK_BYTES, at):
-                _write_all(out, chunk)
+                write_all(out, chunk)
                 at += len(chunk)
             os.fsync(out)
         except BaseException:

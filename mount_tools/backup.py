@@ -101,7 +101,7 @@ from seglogfs.engine.checkpoint import (
 )
 from seglogfs.engine.datadir import LOCK_FILE, META_PROPERTIES, describe_process
 from seglogfs.engine.errors import UnsafeFileError
-from seglogfs.engine.files import is_regular, open_regular, read_regular
+from seglogfs.engine.files import is_regular, open_regular, read_regular, write_all
 from seglogfs.engine.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.fs.mirror import Mirror, MirrorFile
 from seglogfs.mount_tools.common import quiet_broken_pipe
@@ -536,7 +536,7 @@ class _Copier:
         written = 0
         try:
             for chunk in chunks:
-                _write_all(fd, chunk, written)
+                write_all(fd, chunk, written)
                 written += len(chunk)
             os.fsync(fd)
             self._apply(fd, item.attributes)
@@ -560,7 +560,7 @@ class _Copier:
         position = have
         try:
             for chunk in item.chunks(have):
-                _write_all(fd, chunk, position)
+                write_all(fd, chunk, position)
                 position += len(chunk)
             os.fsync(fd)
             self._apply(fd, item.attributes)
@@ -591,13 +591,6 @@ def _read_copy(target: Path) -> bytes:
     """A small file of the copy (found regular by `_regular_stat`), read without following a link."""
     with os.fdopen(open_regular(target), "rb") as file:
         return file.read()
-
-
-def _write_all(fd: int, data: bytes, position: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, position)
-        view, position = view[written:], position + written
 
 
 # -- checks and locks -----------------------------------------------------------------------------
