@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine import BrokerConfig, DataDir, PartitionLog
 from seglogfs.engine.check import check_log_dirs
+from seglogfs.engine.config import apply_topic_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_FIXTURES = REPO / "tests" / "fixtures" / "kafka"
@@ -93,6 +94,15 @@ def copy_fixture(name: str, tmp_path: Path) -> Path:
     for path in [copy, *copy.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return copy
+
+
+def make_log(directory: Path, **topic_overrides: object) -> PartitionLog:
+    """A new partition log at `directory` (topic `t`, partition 0; its data dir the parent) with
+    topic overrides as keyword arguments: Kafka's names, underscores for dots (`segment_bytes=1024`)
+    or as they are (`**{"segment.bytes": "1024"}`)."""
+    overrides = {key.replace("_", "."): str(value) for key, value in topic_overrides.items()}
+    config = apply_topic_overrides(BrokerConfig.load(log_dirs=[directory.parent]).topic_defaults, overrides)
+    return PartitionLog.create(directory, "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
 
 
 def broker_config(log_dir: Path, **overrides: object) -> BrokerConfig:

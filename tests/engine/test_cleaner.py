@@ -22,23 +22,23 @@ from seglogfs.engine.config import apply_topic_overrides
 from seglogfs.engine.loader import segment_for
 from seglogfs.engine.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records
-from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
+from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
 from tests.engine.test_retention import run_cli
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 
 
-def make_log(directory: Path, **topic_overrides: object) -> PartitionLog:
-    overrides = {"cleanup.policy": "compact", "segment.bytes": 1024, "index.interval.bytes": 1}
-    overrides.update({key.replace("_", "."): str(value) for key, value in topic_overrides.items()})
-    config = apply_topic_overrides(BrokerConfig.load(log_dirs=[directory.parent]).topic_defaults, overrides)
-    return PartitionLog.create(directory, "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
+def compacted_log(directory: Path, **topic_overrides: object) -> PartitionLog:
+    """A compacted topic's partition: segments of 1 KiB, every batch indexed."""
+    return make_log(
+        directory, **{"cleanup_policy": "compact", "segment_bytes": 1024, "index_interval_bytes": 1, **topic_overrides}
+    )
 
 
 @pytest.fixture
 def log(log_dir: Path) -> PartitionLog:
-    return make_log(log_dir / "t-0")
+    return compacted_log(log_dir / "t-0")
 
 
 def put(log: PartitionLog, key: int | None, value: int | None, timestamp: int = NOW_MS) -> int:
@@ -233,7 +233,7 @@ def test_partial_segment_clean_with_a_one_key_map(log: PartitionLog) -> None:
 
 def test_cleaner_stats_of_a_full_clean(log_dir: Path) -> None:
     # Case 86 (LogCleanerStats): 5 read, 2 written, bytes written = the cleaned log's size.
-    log = make_log(log_dir / "t-0")
+    log = compacted_log(log_dir / "t-0")
     for i, key in enumerate([0, 1, 0, 1, 0]):
         put(log, key, i)
     log.roll(NOW_MS)
@@ -260,7 +260,7 @@ def test_cleaning_with_deletes(log: PartitionLog) -> None:
 def test_tombstone_is_not_removed_by_its_own_old_timestamp(log_dir: Path) -> None:
     # Case 88: a tombstone whose timestamp is older than delete.retention.ms still lives through
     # the pass that stamps its horizon, and the next pass before the horizon.
-    log = make_log(log_dir / "t-0", delete_retention_ms=10_000)
+    log = compacted_log(log_dir / "t-0", delete_retention_ms=10_000)
     put(log, 0, 0, timestamp=NOW_MS + 100 * DAY_MS)
     put(log, 0, None, timestamp=NOW_MS - DAY_MS)
     log.roll(NOW_MS)
@@ -299,7 +299,7 @@ def test_tombstones_go_after_the_horizon_through_the_data_dir(log_dir: Path) -> 
 
 def test_unkeyed_records_are_dropped_and_counted(log_dir: Path) -> None:
     # Case 89: records without a key, written while the topic was `delete`, are invalid.
-    log = make_log(log_dir / "t-0", cleanup_policy="delete")
+    log = compacted_log(log_dir / "t-0", cleanup_policy="delete")
     for i in range(5):
         put(log, None, i)
     log.config = apply_topic_overrides(log.config, {"cleanup.policy": "compact"})
@@ -316,7 +316,7 @@ def test_unkeyed_records_are_dropped_and_counted(log_dir: Path) -> None:
 
 def test_uncleanable_section_is_left_byte_identical(log_dir: Path) -> None:
     # Case 90 and 96: with min.compaction.lag.ms, segments holding young records are not touched.
-    log = make_log(log_dir / "t-0", min_compaction_lag_ms=HOUR_MS)
+    log = compacted_log(log_dir / "t-0", min_compaction_lag_ms=HOUR_MS)
     while len(log.segments) < 3:
         put(log, log.log_end_offset % 5, log.log_end_offset, timestamp=NOW_MS - 2 * HOUR_MS)
     young_base = log.log_end_offset
@@ -360,7 +360,7 @@ def test_filthiest_log_is_chosen(log_dir: Path) -> None:
     # Case 92: the highest dirty ratio above min.cleanable.dirty.ratio wins; none when all are
     # below it. (Logs being cleaned are not a case here: one cleaner works through them in turn;
     # uncleanable logs are left out by the data dir, see test_corrupt_log_is_marked_uncleanable.)
-    logs = [make_log(log_dir / f"t-{i}", min_cleanable_dirty_ratio=0.05) for i in range(3)]
+    logs = [compacted_log(log_dir / f"t-{i}", min_cleanable_dirty_ratio=0.05) for i in range(3)]
     candidates = [_candidate(logs[0], 0.0), _candidate(logs[1], 0.2), _candidate(logs[2], 0.4)]
     chosen = filthiest(candidates)
     assert chosen is not None and chosen.log is logs[2]
@@ -403,7 +403,7 @@ def test_nothing_cleanable_when_all_dirty_data_is_in_the_active_segment(log: Par
 def test_max_compaction_lag_forces_a_clean_below_the_dirty_ratio(log_dir: Path) -> None:
     # max.compaction.lag.ms: a dirty record older than the lag makes the log cleanable whatever
     # its ratio, and the active segment of a compacted topic rolls by the lag.
-    log = make_log(log_dir / "t-0", min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=HOUR_MS)
+    log = compacted_log(log_dir / "t-0", min_cleanable_dirty_ratio=0.99, max_compaction_lag_ms=HOUR_MS)
     assert log.config.max_segment_ms == HOUR_MS
     for i in range(30):
         put(log, i, i, timestamp=NOW_MS)
@@ -504,7 +504,7 @@ def _swap_state(
 ) -> tuple[list[tuple[int, int, int | None]], list[tuple[int, int, int | None]]]:
     """Make a log, clean it into a copy, then lay the files out as a crash in `state` would have
     left them; returns (records before cleaning, records after)."""
-    log = make_log(log_dir / "t-0")
+    log = compacted_log(log_dir / "t-0")
     for i in range(60):
         put(log, i % 6, i)
     log.roll(NOW_MS)
@@ -577,7 +577,7 @@ def test_recovery_after_a_crash_while_swapping(log_dir: Path, state: str, comple
 # -- the output's format ---------------------------------------------------------------------------
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
 def test_cleaned_segments_parse_with_kafka_python_and_follow_the_index_rules(log_dir: Path, codec: str) -> None:
-    log = make_log(log_dir / "t-0", segment_bytes=4096, index_interval_bytes=200, compression_type=codec)
+    log = compacted_log(log_dir / "t-0", segment_bytes=4096, index_interval_bytes=200, compression_type=codec)
     rng = np.random.default_rng(7)
     for _ in range(60):
         keys = rng.integers(0, 40, size=5)
@@ -639,7 +639,7 @@ def test_preallocated_compacted_topic_is_trimmed(log_dir: Path) -> None:
     # Case 105: preallocate=true with segment.bytes 1024: the cleaned file holds only its batches.
     # (This engine never preallocates segment files, so no file is ever longer than its batches;
     # the case checks that the cleaner's output keeps that.)
-    log = make_log(log_dir / "t-0", preallocate="true")
+    log = compacted_log(log_dir / "t-0", preallocate="true")
     for i in range(40):
         put(log, i % 2, i)
     log.roll(NOW_MS)
@@ -673,7 +673,7 @@ def test_a_swap_failing_after_the_map_changed_keeps_the_cleaned_segment(log_dir:
     """The swap fails after the cleaned segment took the old ones' place (renaming an old
     segment `.deleted` hits EIO): the cleaned segment holds their records now and must stay
     (the cleaner deleted it, leaving the group's records only in `.deleted` files)."""
-    log = make_log(log_dir / "t-0")
+    log = compacted_log(log_dir / "t-0")
     for i in range(60):
         put(log, i % 6, i)
     log.roll(NOW_MS)

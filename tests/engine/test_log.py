@@ -19,19 +19,11 @@ from seglogfs.engine import (
     RecordTooLargeError,
 )
 from seglogfs.engine import log as engine_log
-from seglogfs.engine.config import LogConfig, apply_topic_overrides
+from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
 from seglogfs.engine.records import build_batch
 from seglogfs.engine.transactions import TransactionTracker
-from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
-
-
-def make_log(directory: Path, **topic_overrides: object) -> PartitionLog:
-    config = apply_topic_overrides(
-        BrokerConfig.load(log_dirs=[directory.parent]).topic_defaults,
-        {key.replace("_", "."): str(value) for key, value in topic_overrides.items()},
-    )
-    return PartitionLog.create(directory, "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
+from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
 
 
 def reopen(log: PartitionLog, *, clean: bool, recovery_point: int | None = None) -> PartitionLog:

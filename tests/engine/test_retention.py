@@ -9,18 +9,11 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir, OffsetOutOfRangeError, PartitionLog
-from seglogfs.engine.config import apply_topic_overrides
 from seglogfs.engine.records import build_batch
-from tests.conftest import NOW_MS, REPO, assert_log_dir_valid
+from tests.conftest import NOW_MS, REPO, assert_log_dir_valid, make_log
 
 RECORD = b"0123456789"
 BATCH_BYTES = len(build_batch([RECORD], timestamps=NOW_MS))
-
-
-def make_log(log_dir: Path, **topic_overrides: object) -> PartitionLog:
-    base = BrokerConfig.load(log_dirs=[log_dir]).topic_defaults
-    config = apply_topic_overrides(base, {k.replace("_", "."): str(v) for k, v in topic_overrides.items()})
-    return PartitionLog.create(log_dir / "t-0", "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
 
 
 def fill(log: PartitionLog, count: int, timestamp: int = NOW_MS) -> None:
@@ -29,7 +22,7 @@ def fill(log: PartitionLog, count: int, timestamp: int = NOW_MS) -> None:
 
 
 def five_per_segment(log_dir: Path, **overrides: object) -> PartitionLog:
-    return make_log(log_dir, segment_bytes=5 * BATCH_BYTES, **overrides)
+    return make_log(log_dir / "t-0", segment_bytes=5 * BATCH_BYTES, **overrides)
 
 
 def test_time_retention_deletes_expired_segments_and_keeps_the_log_end(log_dir: Path) -> None:
@@ -75,7 +68,7 @@ def test_size_retention_deletes_oldest_whole_segments(log_dir: Path) -> None:
 def test_compact_policy_ignores_time_but_not_the_log_start(log_dir: Path) -> None:
     # Cases 78/79.
     keyed = len(build_batch([RECORD], keys=[b"k00"], timestamps=10))
-    log = make_log(log_dir, segment_bytes=5 * keyed, retention_ms=10, cleanup_policy="compact")
+    log = make_log(log_dir / "t-0", segment_bytes=5 * keyed, retention_ms=10, cleanup_policy="compact")
     for i in range(15):
         log.append_records([RECORD], keys=[b"k%02d" % i], timestamps=[10], now_ms=NOW_MS)
     assert not log.delete_old_segments(NOW_MS)
@@ -83,7 +76,9 @@ def test_compact_policy_ignores_time_but_not_the_log_start(log_dir: Path) -> Non
     assert [s.base_offset for s in log.segments] == [5, 10] and log.log_start_offset == 5
     log.close()
     (log_dir / "both").mkdir()
-    both = make_log(log_dir / "both", segment_bytes=5 * keyed, retention_ms=10_000, cleanup_policy="compact,delete")
+    both = make_log(
+        log_dir / "both" / "t-0", segment_bytes=5 * keyed, retention_ms=10_000, cleanup_policy="compact,delete"
+    )
     for i in range(15):
         both.append_records([RECORD], keys=[b"k%02d" % i], timestamps=[10], now_ms=NOW_MS)
     both.delete_old_segments(NOW_MS)

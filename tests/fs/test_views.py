@@ -14,9 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seglogfs.engine import BrokerConfig, PartitionLog
+from seglogfs.engine import PartitionLog
 from seglogfs.engine import segment as segment_module
-from seglogfs.engine.config import apply_topic_overrides
 from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError
 from seglogfs.engine.json_records import record_to_json
@@ -24,13 +23,12 @@ from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.segment import LogSegment, read_cached
 from seglogfs.fs import views
 from seglogfs.fs.views import Layout, LayoutStore, View
-from tests.conftest import NOW_MS, drop_from_page_cache
+from tests.conftest import NOW_MS, drop_from_page_cache, make_log
 
 
-def make_log(directory: Path, **overrides: str) -> PartitionLog:
-    base = BrokerConfig.load(log_dirs=[directory.parent]).topic_defaults
-    config = apply_topic_overrides(base, {"segment.bytes": "2000", **overrides})
-    return PartitionLog.create(directory, "t", 0, config, topic_id="AAAAAAAAAAAAAAAAAAAAAA", now_ms=NOW_MS)
+def views_log(directory: Path, **overrides: str) -> PartitionLog:
+    """A partition whose segments roll at 2,000 bytes (overrides by Kafka's names)."""
+    return make_log(directory, **{"segment.bytes": "2000", **overrides})
 
 
 def expected_text(log: PartitionLog, start: int, text_format: TextFormat) -> bytes:
@@ -50,7 +48,7 @@ def expected_jsonl(log: PartitionLog, start: int) -> bytes:
 )
 def test_view_bytes_equal_a_full_rendering(tmp_path_factory, batches, start, mark_bytes, rng: random.Random) -> None:
     root = tmp_path_factory.mktemp("logs")
-    log = make_log(root / "t-0")
+    log = views_log(root / "t-0")
     text_format = TextFormat(print_offset=True, print_key=True)
     # Views from different offsets share one layout per format, as the mount's do.
     text_layout = Layout(log, TextRenderer(text_format, 0), mark_bytes=mark_bytes)
@@ -108,7 +106,7 @@ def fill(log: PartitionLog, batches: int, tag: bytes = b"v") -> None:
 
 
 def test_layouts_kept_in_the_store_are_not_measured_again(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 40)
     assert len(log.segments) >= 3
     store = LayoutStore(tmp_path / "cache")
@@ -143,7 +141,7 @@ def test_a_first_measure_measures_both_formats_in_one_pass(tmp_path: Path, monke
     """`ls -l` stats `records` and then `records.jsonl`: the first measure reads each batch once
     for both (and keeps the other format's sealed segments in the store); the second measures
     nothing, and both views read as full renderings, also after appends."""
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 40)
     assert len(log.segments) >= 3
     store = LayoutStore(tmp_path / "cache")
@@ -185,7 +183,7 @@ def test_a_first_measure_measures_both_formats_in_one_pass(tmp_path: Path, monke
 
 
 def test_stale_or_damaged_layouts_are_measured_afresh(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 40)
     assert len(log.segments) >= 3
     store = LayoutStore(tmp_path / "cache")
@@ -217,7 +215,7 @@ def test_stale_or_damaged_layouts_are_measured_afresh(tmp_path: Path) -> None:
 
 
 def test_an_open_view_keeps_its_bytes_when_retention_removes_older_segments(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "t-0", **{"retention.ms": "1000"})
+    log = views_log(tmp_path / "t-0", **{"retention.ms": "1000"})
     for i in range(30):  # old records first, then recent ones
         stamp = NOW_MS - 10_000 if i < 20 else NOW_MS
         log.append_records([b"r-%d-%d" % (i, j) for j in range(5)], timestamps=stamp, now_ms=NOW_MS)
@@ -249,7 +247,7 @@ def test_an_open_view_keeps_its_bytes_when_retention_removes_older_segments(tmp_
 def test_a_first_measure_goes_on_when_retention_removes_segments_under_it(tmp_path: Path, monkeypatch) -> None:
     """Retention deletes (and closes) old segments while the first measure walks them: the
     measure looks again at the log's segments, not failing on a closed one."""
-    log = make_log(tmp_path / "t-0", **{"retention.ms": "1000", "segment.bytes": "300"})
+    log = views_log(tmp_path / "t-0", **{"retention.ms": "1000", "segment.bytes": "300"})
     for i in range(30):
         stamp = NOW_MS - 10_000 if i < 20 else NOW_MS
         log.append_records([b"r-%d-%d" % (i, j) for j in range(5)], timestamps=stamp, now_ms=NOW_MS)
@@ -302,7 +300,7 @@ def nowait_reads_work(directory: Path) -> bool:
 
 
 def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_path: Path, monkeypatch) -> None:
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 40)
     text_format = TextFormat(print_offset=True)
     expected = expected_text(log, 0, text_format)
@@ -361,7 +359,7 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
     all of that page's segment bytes first."""
     if not nowait_reads_work(tmp_path):
         pytest.skip("this file system cannot tell what is in the page cache: nothing is read on the loop")
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
     for _ in range(100):
         log.append_records([b"x" * 20_000], now_ms=NOW_MS)
     log.roll(NOW_MS)  # (sealed: its measure keeps no page rendered)
@@ -390,7 +388,7 @@ def test_a_read_on_the_loop_during_a_measure_is_whole_or_refused(tmp_path: Path)
     batch to it: stopped at each step of that (a line of `Layout._note`, where the GIL may pass
     to the loop), a read of every byte below the size it knows gets all of them, or None (a
     worker thread's read then waits for the measure); never fewer bytes than asked for."""
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     view = View(Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=16), 0)
     for i in range(6):
         log.append_records([b"record-%d" % i], now_ms=NOW_MS)
@@ -441,7 +439,7 @@ def test_a_read_on_the_loop_during_a_measure_is_whole_or_refused(tmp_path: Path)
 def test_damaged_bytes_are_reported_by_the_worker_thread_read(tmp_path: Path) -> None:
     """A batch damaged after the measure: a read gives the bytes before its page (short), and
     the read that starts there fails naming it; none of it on the event loop."""
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 10)
     log.flush()
     expected = expected_text(log, 0, TextFormat())
@@ -464,7 +462,7 @@ def test_sealed_segments_are_measured_on_two_threads(tmp_path: Path, monkeypatch
     releases the GIL): every batch is measured once and the view reads as a full rendering."""
     monkeypatch.setattr(views, "_MEASURE_DELAY_S", 0.002)  # (each segment long enough to share out)
     monkeypatch.setattr(views, "MEASURE_THREADS", 2)  # (whatever this machine's cores)
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 60)
     assert len(log.segments) >= 4
     text_format = TextFormat(print_offset=True)
@@ -486,7 +484,7 @@ def test_a_damaged_batch_in_a_sealed_segment_reads_as_eio_between_the_records_ar
     offset after it reads on from there, one from an offset in it begins at the damage. The
     sealed segments around it are kept in the store, the damaged one is not: a measure after
     the repair reads it (and the last) again, and the whole partition."""
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 60)
     log.flush()
     segments = log.segments
@@ -532,7 +530,7 @@ def test_a_damaged_batch_in_a_sealed_segment_reads_as_eio_between_the_records_ar
 
 
 def test_layouts_unused_for_a_month_are_pruned(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 30)
     store = LayoutStore(tmp_path / "cache")
     View(Layout(log, TextRenderer(TextFormat(), 0), store=store, format_key="text"), 0).size()
@@ -589,7 +587,7 @@ def test_readers_on_the_loop_never_wait_for_a_measure(tmp_path: Path) -> None:
     """A measure holds the layout for as long as it renders (seconds per GiB): what the event
     loop asks of a layout (its known size, reads of rendered pages) must not wait for it (a
     follower's read stalled 255 ms behind a burst of appends, seconds behind a compaction)."""
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     log.append_records([b"one", b"two"], now_ms=NOW_MS)
     renderer = _HeldRenderer()
     renderer.release.set()
@@ -641,7 +639,7 @@ def failed_write_seen_by(view: View, log: PartitionLog) -> None:
 def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Path) -> None:
     """The log cuts back a failed write whose first batches a view measured meanwhile: the view
     must too (a view reported 1808 bytes of a log holding 13)."""
-    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log = views_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
     log.append_records([b"kept"], now_ms=NOW_MS)
     view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
     assert view.size() == len(b"kept\n")
@@ -655,7 +653,7 @@ def test_a_view_measured_during_a_failed_write_forgets_what_was_cut(tmp_path: Pa
 def test_a_view_not_looking_during_the_cut_back_still_sees_it(tmp_path: Path) -> None:
     """As above, but the log grows past what the view measured before the view looks again:
     the view must still drop the cut batches (it stayed at 207 bytes of a log holding 279)."""
-    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log = views_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
     log.append_records([b"kept"], now_ms=NOW_MS)
     view = View(Layout(log, TextRenderer(TextFormat(), 0)), 0)
     failed_write_seen_by(view, log)
@@ -669,7 +667,7 @@ def test_a_page_rendered_before_a_cut_back_is_never_grown_after_it(tmp_path: Pat
     """A render of the growing segment's last page that finishes after the log cut a failed
     write back (on another thread: the loop's, a worker's) leaves that page as the one a
     follower's next read grows: it must not, as its bytes hold the records that were cut."""
-    log = make_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
+    log = views_log(tmp_path / "t-0", **{"max.message.bytes": "300"})
     log.append_records([b"kept"], now_ms=NOW_MS)
     layout = Layout(log, TextRenderer(TextFormat(), 0))
     view = View(layout, 0)
@@ -707,7 +705,7 @@ def test_pages_span_a_bounded_stretch_of_the_segment(tmp_path: Path, monkeypatch
     as well as every MARK_BYTES of its own: a small read renders a bounded page. Every range
     still reads as the full rendering, and by offset too."""
     monkeypatch.setattr(views, "MARK_SEGMENT_BYTES", 10_000)
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
     for n in range(60):
         log.append_records([b"%d-" % n + b"x" * 2000] * (1 + n % 3), now_ms=NOW_MS)
     expected = expected_text(log, 0, text_format)
@@ -793,7 +791,7 @@ def many_batches(log: PartitionLog) -> None:
 def measured_text_view(tmp_path: Path, renderer) -> tuple[PartitionLog, bytes, View]:
     """A log of `many_batches` in segments of 20,000 bytes, its text, and a measured view of it
     through `renderer`."""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     view = View(Layout(log, renderer, mark_bytes=512), 0)
     view.size()
@@ -805,7 +803,7 @@ def measured_text_view(tmp_path: Path, renderer) -> tuple[PartitionLog, bytes, V
 def test_a_sequential_reader_s_pages_are_rendered_ahead_by_the_core(tmp_path: Path, jsonl: bool) -> None:
     """Reads that go on from the last one have the pages after them rendered ahead, a run of
     pages a core call; the reader gets the same bytes, most of them from those calls."""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     expected = expected_jsonl(log, 0) if jsonl else expected_text(log, 0, TextFormat())
     renderer = RangeCountingRenderer(JsonLinesRenderer("t", 0) if jsonl else TextRenderer(TextFormat(), 0))
@@ -851,7 +849,7 @@ def test_reads_through_runs_rendered_ahead_get_the_view_s_bytes(tmp_path_factory
     loop or a worker thread, with the render-ahead thread let run or not in between: a read
     that takes a run rendered ahead takes its pages as one span and ends anywhere in it. The
     bytes are the view's, always."""
-    log = make_log(tmp_path_factory.mktemp("logs") / "t-0", **{"segment.bytes": "30000"})
+    log = views_log(tmp_path_factory.mktemp("logs") / "t-0", **{"segment.bytes": "30000"})
     many_batches(log)
     expected = expected_text(log, 0, TextFormat())
     view = View(Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=300), 0)
@@ -901,7 +899,7 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
     passed: the thread, held on its first run while the reader reads on past it, renders
     nothing more once let go. (The reader reads on from the end of the held run: the pages of
     a run being rendered are waited for, not rendered again.)"""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     expected = expected_text(log, 0, TextFormat())
     renderer = HeldRenderer(TextRenderer(TextFormat(), 0))
@@ -982,7 +980,7 @@ def test_a_read_on_the_loop_waits_for_pages_being_rendered_ahead(tmp_path: Path)
 def test_a_view_from_an_offset_in_damaged_batches_one_after_the_other_begins_at_the_first(tmp_path: Path) -> None:
     """Two damaged batches in a row (their offsets unknown): a view from an offset of the first
     begins at the first's byte, which names the first."""
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     for n in range(40):
         log.append_records([b"v-%d" % n], now_ms=NOW_MS)
     segment = log.segments[0]
@@ -1013,7 +1011,7 @@ def test_a_damaged_batch_length_in_a_sealed_segment_reads_as_eio_where_it_is(tmp
     found). In the last segment the same is a batch being written: the view ends before it."""
     from tests.engine.test_log import damage_batch_length
 
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "3000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "3000"})
     for n in range(60):
         log.append_records([b"record-%d-" % n + b"x" * 100], now_ms=NOW_MS)
     first, second, last = log.segments[0], log.segments[1], log.segments[-1]
@@ -1043,7 +1041,7 @@ def test_a_read_committed_view_never_shows_an_aborted_transaction_behind_damage(
     from tests.cli.test_transactions import ABORT, COMMIT, control_batch, data_batch
     from tests.engine.test_log import damage_batch_length
 
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "3000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "3000"})
     for n in range(60):
         if n in (2, 6, 40, 41):  # (7's transaction at 2 aborted at 6, its next one committed at 41)
             kind = {2: data_batch([b"aborted"], 7), 6: control_batch(7, ABORT), 40: data_batch([b"kept"], 7)}
@@ -1078,7 +1076,7 @@ def test_a_complete_page_is_rendered_on_the_loop_by_one_call_of_the_core_and_kep
     segment's last page, which grows, is rendered batch by batch."""
     if not nowait_reads_work(tmp_path):
         pytest.skip("this file system cannot tell what is in the page cache: nothing is read on the loop")
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     expected = expected_text(log, 0, TextFormat())
     renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
@@ -1100,7 +1098,7 @@ def test_a_complete_page_is_rendered_on_the_loop_by_one_call_of_the_core_and_kep
 def test_pages_the_core_does_not_render_whole_are_rendered_batch_by_batch(tmp_path: Path) -> None:
     """Compressed batches: the core's range renderer leaves them (None); the reader still gets
     every byte, rendered page by page."""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000", "compression.type": "gzip"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000", "compression.type": "gzip"})
     many_batches(log)
     expected = expected_text(log, 0, TextFormat())
     renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
@@ -1117,7 +1115,7 @@ def test_a_damaged_batch_ahead_of_a_reader_is_reported_by_its_read(tmp_path: Pat
     """A batch damaged after the measure, ahead of a sequential reader: the run holding it is
     not rendered ahead, and the read that reaches it raises CorruptRecordError (the mount's
     EIO, named in its log) after every byte before it was read right; it never waits."""
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     log.flush()
     expected = expected_text(log, 0, TextFormat())
@@ -1143,7 +1141,7 @@ def test_a_damaged_batch_ahead_of_a_reader_is_reported_by_its_read(tmp_path: Pat
 
 @pytest.mark.usefixtures("small_ahead")
 def test_read_committed_layouts_are_not_rendered_ahead(tmp_path: Path) -> None:
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": "20000"})
     many_batches(log)
     renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
     view = View(Layout(log, renderer, mark_bytes=512, read_committed=True), 0)
@@ -1159,7 +1157,7 @@ def test_rendering_ahead_fits_the_cache_and_renders_each_page_once(tmp_path: Pat
     twice (bounded by segment bytes only, pages were evicted before they were read, and asked
     again and again)."""
     monkeypatch.setattr(views._AHEAD, "capacity_bytes", 40_000)
-    log = make_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
+    log = views_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
     for _ in range(200):
         log.append_records([b"%d" % i for i in range(30)], now_ms=NOW_MS)
     renderer = RangeCountingRenderer(JsonLinesRenderer("t", 0))
@@ -1181,7 +1179,7 @@ def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(t
     monkeypatch.setattr(views._AHEAD, "capacity_bytes", int(views._AHEAD_CACHE_BYTES * scale))
     readers = []
     for n in range(2):
-        log = make_log(tmp_path / f"t-{n}", **{"segment.bytes": "40000"})
+        log = views_log(tmp_path / f"t-{n}", **{"segment.bytes": "40000"})
         many_batches(log)
         renderer = RangeCountingRenderer(TextRenderer(TextFormat(), 0))
         readers.append((log, renderer, View(Layout(log, renderer, mark_bytes=512), 0), bytearray()))
@@ -1203,7 +1201,7 @@ def test_a_worker_read_waits_a_bounded_time_for_a_page_rendered_ahead(tmp_path: 
     """A page asked for ahead that never comes (its rendering stuck) holds a worker thread's read
     `_AHEAD_WAIT_S` at most: then the read renders it itself."""
     monkeypatch.setattr(views, "_AHEAD_WAIT_S", 0.2)
-    log = make_log(tmp_path / "t-0")
+    log = views_log(tmp_path / "t-0")
     fill(log, 10)
     layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64)
     view = View(layout, 0)
