@@ -722,8 +722,10 @@ class _RenderAhead:
         try:
             if not declined:  # (asked before an earlier run of the same segment was declined)
                 pages = layout.render_run(segment_layout, run)
-        except Exception as error:  # left to the readers, who report it
+        except (EngineError, ValueError, OSError) as error:  # damaged data, a failed read: left to the readers
             logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
+        except Exception:  # a fault of ours: said whole, and the thread renders on (the readers render it)
+            logger.exception("rendering ahead in %s", segment_layout.segment.log_path)
         with self._lock:
             if not pages:
                 self._asked[segment_key] = _DECLINED
@@ -1533,7 +1535,7 @@ class Layout:
             return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True)), cost
         except BlockingIOError:
             return None, 0
-        except Exception:  # damaged data: left to the worker thread's read, which reports it
+        except (EngineError, ValueError, OSError):  # damaged data: the worker thread's read reports it
             return None, 0
 
     def _render_page(self, layout: _SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
@@ -1744,7 +1746,11 @@ class Layout:
             pages = self.render_run(layout, [mark], nowait=budget is not None)
         except BlockingIOError:
             raise
-        except Exception:  # (the segment closed meanwhile, a failed read: the caller's read says so)
+        except (
+            EngineError,
+            ValueError,
+            OSError,
+        ):  # (damage, the segment closed, a failed read: the caller's read says so)
             return None
         if not pages:
             _AHEAD.decline(self, layout)
