@@ -349,7 +349,10 @@ class PartitionLog:
                 leader_epoch=self._leader_epochs_locked().leader_epoch,
             )
             if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
-                return self._append_batches_locked(b"".join(batches), assign_offsets=False, now_ms=now_ms)
+                stamped = [bytearray(batch) for batch in batches]
+                for batch in stamped:
+                    set_log_append_time(batch, now_ms)
+                batches = stamped
             # Batches built here are valid by construction: append them without re-checking.
             return self._append_valid_locked(batches, [BatchHeader.parse(batch) for batch in batches], now_ms)
 
@@ -556,8 +559,7 @@ class PartitionLog:
         buffer = bytearray(data)
         headers = list(iter_batch_headers(buffer)) if checked else self._validate_input(buffer, assign_offsets)
         self._stamp(memoryview(buffer), headers, now_ms, assign_offsets=assign_offsets)
-        if assign_offsets or self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
-            headers = list(iter_batch_headers(buffer))
+        # (stamping rewrites fields, never a length: each batch is where it was, parsed anew below)
         batches = [bytes(buffer[header.position : header.next_position]) for header in headers]
         return self._append_valid_locked(batches, [BatchHeader.parse(b) for b in batches], now_ms)
 

@@ -17,8 +17,8 @@ import pytest
 from seglogfs.engine import CorruptRecordError, InvalidRecordError, PartitionLog, RecordTooLargeError
 from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.records import TimestampType, build_batch, iter_batch_headers
-from tests.conftest import NOW_MS
-from tests.engine.test_log import make_log, reopen, values_of
+from tests.conftest import NOW_MS, make_log
+from tests.engine.test_log import reopen, values_of
 
 
 def staged_batches(count: int, *, per_batch: int = 7, keyed: bool = True) -> bytes:

@@ -15,8 +15,8 @@ import pytest
 
 from seglogfs.engine import _core
 from seglogfs.engine import segment as segment_module
-from tests.conftest import NOW_MS, unmount
-from tests.engine.test_log import make_log, reopen
+from tests.conftest import NOW_MS, make_log, unmount
+from tests.engine.test_log import reopen
 
 
 def loop_mounted(tmp_path: Path, kind: str) -> Iterator[Path]:

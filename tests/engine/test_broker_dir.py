@@ -22,8 +22,8 @@ from seglogfs.engine.checkpoint import (
 )
 from seglogfs.engine.records import build_batch
 from seglogfs.mount_tools.cli import main as cli_main
-from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, copy_fixture
-from tests.engine.test_log import make_log, reopen
+from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, copy_fixture, make_log
+from tests.engine.test_log import reopen
 
 
 # -- the clean-shutdown file ------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from seglogfs.engine.index import TIME_INDEX_DTYPE
 from seglogfs.engine.records import NO_TIMESTAMP, BatchHeader, ProducerState, build_batch, iter_batch_headers
 from seglogfs.engine.segment import LogSegment
 from tests.conftest import NOW_MS
-from tests.engine.test_cleaner import clean, make_log
+from tests.engine.test_cleaner import clean, compacted_log
 
 # Per batch of five records: the greatest timestamp on the second record, the next greatest on
 # the fourth (the greatest once compaction took the second), never on the last.
@@ -86,7 +86,7 @@ def assert_found_by_time(log: PartitionLog, records: list[tuple[int, int]]) -> N
 
 
 def test_appends_rolls_recovery_and_truncation_index_batch_last_offsets(log_dir: Path) -> None:
-    log = make_log(log_dir / "t-0", cleanup_policy="delete", segment_bytes=1200)
+    log = compacted_log(log_dir / "t-0", cleanup_policy="delete", segment_bytes=1200)
     records = fill(log, 24)
     segments = log.segments
     assert len(segments) >= 3, "too few rolls to check the closing entries"
@@ -112,7 +112,7 @@ def test_appends_rolls_recovery_and_truncation_index_batch_last_offsets(log_dir:
 
 
 def test_cleaned_segments_index_batch_last_offsets_and_find_records_by_time(log_dir: Path) -> None:
-    log = make_log(log_dir / "t-0", segment_bytes=1200)
+    log = compacted_log(log_dir / "t-0", segment_bytes=1200)
     fill(log, 24, keys=True)
     log.roll(NOW_MS)
     clean(log)
@@ -132,7 +132,7 @@ def test_a_group_ending_in_a_batch_compacted_away_keeps_its_header(log_dir: Path
     # state, and then keeps its max timestamp; the engine keeps the header either way (the
     # group still ends where it did), with no timestamp where Kafka would have dropped it, so
     # no time-index entry names a time no record has.
-    log = make_log(log_dir / "t-0")
+    log = compacted_log(log_dir / "t-0")
     # (Each segment over half of segment.bytes: the two are cleaned apart, not as one group.)
     log.append_records([b"a" * 600], keys=[b"kept"], timestamps=[NOW_MS], now_ms=NOW_MS)
     state = ProducerState(7, 0, 0) if producer else ProducerState()
