@@ -9,6 +9,7 @@ into complete lines; a `Producer` turns lines into appends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,10 +20,14 @@ from seglogfs.engine.errors import EngineError, InvalidRecordError, RecordTooLar
 from seglogfs.engine.json_records import record_from_json
 from seglogfs.engine.log import PartitionLog
 from seglogfs.engine.partitioner import RoundRobin, partition_for_key
-from seglogfs.engine.records import Header
+from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, Header
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
+
+# The most a record adds to its line's bytes: attributes, and varints of its length, timestamp
+# delta, offset delta, key length, value length and header count.
+MOST_RECORD_OVERHEAD_BYTES = 1 + 5 + 10 + 5 + 5 + 5 + 5
 
 # Encoded batches appended as one unit, all or nothing, take at most this: one open of a mount's
 # `append.batches` (held in memory until its close), one piece of a Spark commit through a mount.
@@ -221,6 +226,25 @@ class Producer:
             tuple(self.logs[slot] for slot in sorted(per_partition)),
             sum(len(columns.values) for columns in per_partition.values()),
         )
+
+    def try_send_now(self, lines: LineSplitter, data: bytes, now_ms: int, send: Callable[[list[bytes]], T]) -> T | None:
+        """For an event loop, which must wait neither on another thread's append nor on the
+        disk (a one-line `echo >> append`): `data` fed to `lines`, the lines it completes given
+        to `send` (which sends them here), when every partition they may go to takes them as a
+        write to the page cache now, timestamped `now_ms` (PartitionLog.lock_for_quick_append);
+        None, nothing fed, otherwise. The partitions are held until `send` returns."""
+        records = data.count(b"\n")  # (the lines this write ends; a batch each at most)
+        # A line's bytes take at most three times as many in its record (parsed headers: two
+        # length varints for as little as `k:,`), plus the record's and its batch's own.
+        most_bytes = 3 * (lines.pending_bytes + len(data)) + records * (
+            BATCH_OVERHEAD_BYTES + MOST_RECORD_OVERHEAD_BYTES
+        )
+        with contextlib.ExitStack() as held:
+            for log in self.logs:
+                if not log.lock_for_quick_append(most_bytes, records, now_ms):
+                    return None
+                held.callback(log.lock.release)
+            return lines.feed(data, send)
 
     def _parse(
         self, line: bytes, where: str, now_ms: int

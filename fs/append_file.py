@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 from seglogfs.engine.errors import CorruptRecordError, InvalidRecordError, UnknownTopicOrPartitionError
 from seglogfs.engine.partitioner import RoundRobin
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES, LineSplitter, Producer
-from seglogfs.engine.records import BATCH_OVERHEAD_BYTES
 from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, PartitionNode, Refused, log_access
 from seglogfs.fs.permissions import Access, shared_access
 
@@ -31,9 +30,6 @@ if TYPE_CHECKING:
 
 
 QUICK_WRITE_BYTES = 4096  # a write at most this long may be appended on the loop (AppendHandle.write_now)
-# The most a record adds to its line's bytes: attributes, and varints of its length, timestamp
-# delta, offset delta, key length, value length and header count.
-RECORD_OVERHEAD_BYTES = 1 + 5 + 10 + 5 + 5 + 5 + 5
 
 
 class WriteOnlyFile(Node):
@@ -120,66 +116,33 @@ def refuse_deleted(node: Node, logs: Sequence[PartitionLog]) -> None:
             raise Refused(errno.ENOENT, f"write {node.path}: topic {log.topic} was deleted")
 
 
-class AppendHandle(Handle):
-    """An append file open for writing. Thread-safe: processes sharing a descriptor (`cmd >>
-    append` in a script's subshells) write through one handle at once, so its partial line and
-    producer are kept under a lock; appends to a partition are serialised by the partition's."""
+class _PendingHandle(Handle):
+    """What the append files' handles share: what is written waits in the handle (a partial
+    line, or a close's batches) until `flush` appends it, at the close at the latest; `fsync`
+    flushes, then makes the partitions durable. Thread-safe: processes sharing a descriptor write
+    through one handle, under its lock."""
 
     seekable = False
     writable = True
 
-    def __init__(self, node: AppendFile, producer: Producer) -> None:
+    def __init__(self, node: Node) -> None:
         super().__init__(node)
-        self.producer = producer
-        max_line_bytes = max(log.config.max_message_bytes for log in producer.logs)
-        self.lines = LineSplitter(max_line_bytes, node.path)
-        self.jsonl = node.jsonl
         self._lock = threading.Lock()
 
-    def write(self, position: int, data: bytes) -> Changes:
-        with self._lock:
-            now_ms = self.node.tree.clock()
-            return self.lines.feed(data, lambda lines: self._send(lines, now_ms))
+    def _nothing_waits(self) -> bool:
+        """Whether a flush has nothing to do. Holds: the handle's lock."""
+        raise NotImplementedError
 
-    def write_now(self, position: int, data: bytes) -> Changes | None:
-        """A small write of plain lines (`echo x >> append`) on the loop, when every partition
-        it may go to takes it as a write to the page cache now (PartitionLog
-        .lock_for_quick_append): a worker thread's round trip costs several times the append.
-        Not for JSON Lines, whose records carry their own timestamps (which may roll)."""
-        if self.jsonl or len(data) > QUICK_WRITE_BYTES or not self._lock.acquire(blocking=False):
-            return None
-        held: list[PartitionLog] = []
-        try:
-            records = data.count(b"\n")  # (the lines this write ends; a batch each at most)
-            # A line's bytes take at most three times as many in its record (parsed headers:
-            # two length varints for as little as `k:,`), plus the record's and its batch's own.
-            line_bytes = self.lines.pending_bytes + len(data)
-            most_bytes = 3 * line_bytes + records * (BATCH_OVERHEAD_BYTES + RECORD_OVERHEAD_BYTES)
-            now_ms = self.node.tree.clock()
-            for log in self.producer.logs:
-                if not log.lock_for_quick_append(most_bytes, records, now_ms):
-                    return None
-                held.append(log)
-            # (appended at the time the quick append was judged at: a later one could make a
-            # flush or a roll due, on the loop)
-            return self.lines.feed(data, lambda lines: self._send(lines, now_ms))
-        finally:
-            for log in held:
-                log.lock.release()
-            self._lock.release()
-
-    def flush(self) -> Changes:
-        # A trailing partial line is a record once the file is closed.
-        with self._lock:
-            return self._send(self.lines.finish(), self.node.tree.clock())
+    def _logs(self) -> Sequence[PartitionLog]:
+        raise NotImplementedError
 
     def flush_now(self) -> Changes | None:
-        """Nothing to do when no partial line waits (`echo x >> append`); not while a write
-        holds the handle (the loop does not wait for it)."""
+        """Done on the loop when nothing waits (`echo x >> append`); not while a write holds
+        the handle (the loop does not wait for it)."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return Changes() if not self.lines.pending_bytes else None
+            return Changes() if self._nothing_waits() else None
         finally:
             self._lock.release()
 
@@ -188,9 +151,53 @@ class AppendHandle(Handle):
 
     def fsync(self) -> Changes:
         changes = self.flush()
-        for log in self.producer.logs:
+        for log in self._logs():
             log.flush()
         return changes
+
+
+class AppendHandle(_PendingHandle):
+    """An append file open for writing: its partial line and producer are kept under the
+    handle's lock (`cmd >> append` in a script's subshells shares one); appends to a partition
+    are serialised by the partition's."""
+
+    def __init__(self, node: AppendFile, producer: Producer) -> None:
+        super().__init__(node)
+        self.producer = producer
+        max_line_bytes = max(log.config.max_message_bytes for log in producer.logs)
+        self.lines = LineSplitter(max_line_bytes, node.path)
+        self.jsonl = node.jsonl
+
+    def write(self, position: int, data: bytes) -> Changes:
+        with self._lock:
+            now_ms = self.node.tree.clock()
+            return self.lines.feed(data, lambda lines: self._send(lines, now_ms))
+
+    def write_now(self, position: int, data: bytes) -> Changes | None:
+        """A small write of plain lines (`echo x >> append`) on the loop, when every partition
+        it may go to takes it as a write to the page cache now (Producer.try_send_now): a worker
+        thread's round trip costs several times the append. Not for JSON Lines, whose records
+        carry their own timestamps (which may roll)."""
+        if self.jsonl or len(data) > QUICK_WRITE_BYTES or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            # (appended at the time the quick append was judged at: a later one could make a
+            # flush or a roll due, on the loop)
+            now_ms = self.node.tree.clock()
+            return self.producer.try_send_now(self.lines, data, now_ms, lambda lines: self._send(lines, now_ms))
+        finally:
+            self._lock.release()
+
+    def flush(self) -> Changes:
+        # A trailing partial line is a record once the file is closed.
+        with self._lock:
+            return self._send(self.lines.finish(), self.node.tree.clock())
+
+    def _nothing_waits(self) -> bool:
+        return not self.lines.pending_bytes
+
+    def _logs(self) -> Sequence[PartitionLog]:
+        return self.producer.logs
 
     def _send(self, lines: list[bytes], now_ms: int) -> Changes:
         if not lines:
@@ -222,19 +229,14 @@ class BatchesFile(WriteOnlyFile, PartitionNode):
         return BatchesHandle(self, self.log)
 
 
-class BatchesHandle(Handle):
-    """An open `append.batches`: what is written waits in memory for the close. Thread-safe
-    (descriptors shared between processes write through one handle)."""
-
-    seekable = False
-    writable = True
+class BatchesHandle(_PendingHandle):
+    """An open `append.batches`: what is written waits in memory for the close."""
 
     def __init__(self, node: BatchesFile, log: PartitionLog) -> None:
         super().__init__(node)
         self.log = log
         self._pending = bytearray()
         self._too_much = False  # over the limit: every later write and close fail, nothing is appended
-        self._lock = threading.Lock()
 
     def _refuse_too_much(self) -> Refused:
         return Refused(
@@ -267,18 +269,8 @@ class BatchesHandle(Handle):
             raise InvalidRecordError(str(error)) from None  # (the log line names the file)
         return self.node.tree.grown([self.log])
 
-    def flush_now(self) -> Changes | None:
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            return Changes() if not self._pending and not self._too_much else None
-        finally:
-            self._lock.release()
+    def _nothing_waits(self) -> bool:
+        return not self._pending and not self._too_much
 
-    def release_now(self) -> Changes | None:
-        return Changes()  # the last flush did the work
-
-    def fsync(self) -> Changes:
-        changes = self.flush()
-        self.log.flush()
-        return changes
+    def _logs(self) -> Sequence[PartitionLog]:
+        return [self.log]
