@@ -593,8 +593,8 @@ class OffsetIndex(_EntryIndex):
 
     DTYPE = OFFSET_INDEX_DTYPE
     KEY_FIELD = "relative_offset"
-    FENCE_FIELDS = ("relative_offset",)
-    FIELD_AT: ClassVar[_FieldAt] = {"relative_offset": (0, _INT32.unpack_from)}
+    FENCE_FIELDS = ("relative_offset", "position")
+    FIELD_AT: ClassVar[_FieldAt] = {"relative_offset": (0, _INT32.unpack_from), "position": (4, _INT32.unpack_from)}
     ENTRY = _OFFSET_ENTRY
 
     @property
@@ -634,6 +634,25 @@ class OffsetIndex(_EntryIndex):
         if found is None:
             return OffsetPosition(self.base_offset, 0)
         return OffsetPosition(self.base_offset + found[0], found[1])
+
+    def first_at_or_after(self, offset: int) -> OffsetPosition | None:
+        """The first entry whose offset is `offset` or above; None when there is none (the
+        batches that hold it and all after are past the last entry)."""
+        relative = offset - self.base_offset
+        return None if relative > _INT32_MAX else self._first_reaching("relative_offset", max(relative, -1))
+
+    def first_at_or_past_position(self, position: int) -> OffsetPosition | None:
+        """The first entry whose position is `position` or past it (positions never fall along
+        an index); None when there is none."""
+        return None if position > _INT32_MAX else self._first_reaching("position", max(position, -1))
+
+    def _first_reaching(self, field: str, key: int) -> OffsetPosition | None:
+        with self._lock:
+            n, _, _ = self._slot_locked(field, np.int64(key), right=False)
+            if n >= self._entries:
+                return None
+            relative, position = self._entry_locked(n)
+        return OffsetPosition(self.base_offset + relative, position)
 
     def append(self, offset: int, position: int) -> None:
         """Add (offset, position). Raises IndexFullError when full, InvalidOffsetError unless the

@@ -38,7 +38,6 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine.index import OffsetIndex
 from seglogfs.engine.segment import LogSegment
 from seglogfs.engine.transactions import AbortedTransaction, TransactionTracker
 from seglogfs.pipeline.options import (
@@ -386,20 +385,6 @@ def _around(members: frozenset[int], lo: int, hi: int) -> list[tuple[int, int]]:
 
 
 # -- 3. slices of segment files ----------------------------------------------------------------------
-def _first_entry_at_or_after(index: OffsetIndex, count: int, key: int, by_position: bool) -> int | None:
-    """The number of the first of the first `count` index entries whose offset (or position)
-    is ≥ key; None if none. Offsets rise and positions never fall along an index."""
-    lo, hi = 0, count
-    while lo < hi:
-        middle = (lo + hi) // 2
-        entry = index.entry(middle)
-        if (entry.position if by_position else entry.offset) < key:
-            lo = middle + 1
-        else:
-            hi = middle
-    return lo if lo < count else None
-
-
 def _base_offset_at(segment: LogSegment, position: int, end_position: int) -> int | None:
     """The base offset of the batch starting at `position` (one 61-byte header read)."""
     for header in segment.iter_headers(position, end_position):
@@ -411,12 +396,10 @@ def _end_position(segment: LogSegment, until: int, size: int) -> int:
     """A position at or after the end of the last batch holding an offset below `until`: the end
     of the batch of the first index entry at or above it (that batch may still hold lower
     offsets; every later batch starts above it), else the segment's size."""
-    index = segment.offset_index
-    slot = _first_entry_at_or_after(index, index.entries, until, by_position=False)
-    if slot is None:
+    entry = segment.offset_index.first_at_or_after(until)
+    if entry is None:
         return size
-    position = index.entry(slot).position
-    for header in segment.iter_headers(position, size):
+    for header in segment.iter_headers(entry.position, size):
         return min(header.next_position, size)
     return size
 
@@ -465,14 +448,13 @@ def _split(data_dir: DataDir, piece: SegmentSlice, parts: int) -> list[SegmentSl
     if segment is None:
         return [piece]
     index = segment.offset_index
-    count = index.entries
     cuts: list[tuple[int, int]] = []  # (position, offset)
     for k in range(1, parts):
         target = piece.start_position + piece.size_bytes * k // parts
-        slot = _first_entry_at_or_after(index, count, target, by_position=True)
-        if slot is None:
+        entry = index.first_at_or_past_position(target)
+        if entry is None:
             break
-        position = index.entry(slot).position
+        position = entry.position
         if position <= piece.start_position or position >= piece.end_position:
             continue
         if cuts and position <= cuts[-1][0]:

@@ -481,6 +481,29 @@ def test_offset_lookup_matches_bisect_model(contents: tuple[int, list[int], list
         index.close()
 
 
+@given(contents=offset_index_contents(), data=st.data())
+@settings(deadline=None)
+def test_first_entry_at_or_after_an_offset_or_a_position_matches_bisect(
+    contents: tuple[int, list[int], list[int]], data: st.DataObject
+) -> None:
+    """The ceiling look-ups planning cuts a segment by: the first entry at or above an offset,
+    or at or past a position (positions never fall along an index)."""
+    base, offsets, positions = contents
+    targets = data.draw(offset_targets(base, offsets), label="targets")
+    index = filled_offset_index(base, offsets, positions)
+    try:
+        for target in targets:
+            slot = bisect.bisect_left(offsets, target)
+            expected = OffsetPosition(offsets[slot], positions[slot]) if slot < len(offsets) else None
+            assert index.first_at_or_after(target) == expected, target
+        for target in [-1, 0, *positions, *(p + 1 for p in positions), 2**31]:
+            slot = bisect.bisect_left(positions, target)
+            expected = OffsetPosition(offsets[slot], positions[slot]) if slot < len(positions) else None
+            assert index.first_at_or_past_position(target) == expected, target
+    finally:
+        index.close()
+
+
 @st.composite
 def time_index_contents(draw: st.DrawFn) -> tuple[int, list[int], list[int]]:
     """(base offset, strictly increasing timestamps ≥ 0, non-decreasing absolute offsets)."""
