@@ -237,6 +237,22 @@ class LogSegment:
         return f"LogSegment({self.log_path}, size={self._size})"
 
     # -- files --------------------------------------------------------------------------------
+    @classmethod
+    def open_for_reading(cls, directory: Path, base_offset: int, file_id: tuple[int, int]) -> LogSegment:
+        """A sealed segment's `.log`, open, for reading its batches by position (positions
+        another process found, as a Spark task's come from planning): the file must be the one
+        `file_id` names ((st_dev, st_ino)). Its indexes are never opened. FileNotFoundError when
+        it is not there any more, OSError ESTALE when another file took its name, UnsafeFileError
+        when that is no regular file; the caller `close`s it."""
+        # (the index settings only matter to indexes, which reading by position never opens)
+        segment = cls(
+            directory, base_offset, index_interval_bytes=4096, max_index_bytes=1 << 20, writable=False, created_ms=0
+        )
+        segment._file_id = file_id
+        segment._lease()  # (opened now: its identity is checked here, not at the first read)
+        segment._unlease()
+        return segment
+
     def _lease(self) -> int:
         """The `.log` descriptor, opened if need be, held open until the matching `_unlease`:
         neither eviction nor a release closes it meanwhile. OSError when the segment is closed

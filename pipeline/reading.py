@@ -21,6 +21,7 @@ one JSON line (topic, partition, base offset, bytes of batches read, batches, ro
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -32,7 +33,7 @@ import pyarrow as pa
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError, _core
 from seglogfs.engine.columns import record_columns
-from seglogfs.engine.errors import CorruptRecordError
+from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError
 from seglogfs.engine.naming import log_file
 from seglogfs.engine.records import (
     BatchHeader,
@@ -261,24 +262,25 @@ class ReadStats:
     through_log: bool = False
 
 
-def _same_file(path: Path, file_id: tuple[int, int]) -> bool:
+def _planned_segment(piece: SegmentSlice) -> LogSegment | None:
+    """The slice's segment file, open, when it is still the file planning measured; None when
+    retention removed it or compaction swapped another in since (the log is read instead)."""
     try:
-        stat = os.lstat(path)  # (a link put in the file's place is another file: never followed)
+        return LogSegment.open_for_reading(Path(piece.directory), piece.base_offset, piece.file_id)
     except FileNotFoundError:
-        return False
-    return (stat.st_dev, stat.st_ino) == file_id
+        return None
+    except UnsafeFileError:
+        return None  # (the log's own read refuses what stands in its place, and says so)
+    except OSError as error:
+        if error.errno == errno.ESTALE:
+            return None
+        raise
 
 
-def _batches_in_slice(piece: SegmentSlice, stats: ReadStats) -> Iterator[tuple[BatchHeader, memoryview]]:
-    """The slice's batches straight from its segment file, whose identity the caller checked."""
-    segment = LogSegment(
-        Path(piece.directory),
-        piece.base_offset,
-        index_interval_bytes=4096,  # (indexes are not used: positions come from planning)
-        max_index_bytes=1 << 20,
-        writable=False,
-        created_ms=0,
-    )
+def _batches_in_slice(
+    segment: LogSegment, piece: SegmentSlice, stats: ReadStats
+) -> Iterator[tuple[BatchHeader, memoryview]]:
+    """The slice's batches straight from its segment file (`_planned_segment`), which this closes."""
     try:
         # (a sealed slice is whole batches: else the rest of it would be skipped at damage)
         for header, batch in segment.checked_batches(piece.start_position, piece.end_position, to_end=piece.sealed):
@@ -327,8 +329,9 @@ def read_slice(piece: SegmentSlice, spec: ReadSpec) -> Iterator[pa.RecordBatch]:
     rows = _Rows(piece.topic, piece.partition, spec.include_headers)
     schema = spec.arrow_schema
     lo, hi = piece.from_offset, piece.until_offset
-    if _same_file(log_file(Path(piece.directory), piece.base_offset), piece.file_id):
-        batches = _batches_in_slice(piece, stats)
+    segment = _planned_segment(piece)
+    if segment is not None:
+        batches = _batches_in_slice(segment, piece, stats)
     else:
         batches = _batches_through_log(piece, spec, stats)
     aborted = AbortedIndex(piece.aborted) if piece.aborted else None  # read_committed

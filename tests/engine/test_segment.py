@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError
+from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError, UnsafeFileError
 from seglogfs.engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
 from seglogfs.engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
 from seglogfs.engine.segment import FetchSlice, LogSegment, _ReadAheadAdvice, read_cached
@@ -648,3 +648,35 @@ def test_iter_headers_reads_a_window_after_small_batches_and_a_header_after_larg
     assert scanned(alternating, 200)[0] == 200 * 61  # no window: never two small batches in a row
     assert scanned(two_small, 180)[0] <= 60 * (2 * 61 + 4096)  # a first window's waste at most, each time
     assert scanned(tiny, 3000)[1] <= tiny.size // (64 * 1024) + 8  # a read a window (growing to 64 KiB)
+
+
+def test_a_segment_opened_for_reading_is_the_file_planned_or_none(make_segment: MakeSegment, tmp_path: Path) -> None:
+    """What a Spark task reads by the positions its planning found: the `.log` planning
+    measured (its (st_dev, st_ino)), checked as it is opened; a file swapped in under the name is
+    ESTALE, a removed one FileNotFoundError, a link in its place UnsafeFileError."""
+    segment = make_segment(0)
+    batch = build_batch([b"a", b"b"], timestamps=NOW_MS)
+    segment.append(batch, list(iter_batch_headers(batch)))
+    segment.flush()
+    status = os.stat(segment.log_path)
+    planned = (status.st_dev, status.st_ino)
+    reader = LogSegment.open_for_reading(tmp_path, 0, planned)
+    try:
+        assert [r.value for h, b in reader.checked_batches(0, segment.size) for r in decode_records(h, b)] == [
+            b"a",
+            b"b",
+        ]
+    finally:
+        reader.close()
+    copy = tmp_path / "copy"
+    copy.write_bytes(segment.log_path.read_bytes())
+    os.replace(copy, segment.log_path)  # (the same bytes, another file: what a compaction's swap leaves)
+    with pytest.raises(OSError) as stale:
+        LogSegment.open_for_reading(tmp_path, 0, planned)
+    assert stale.value.errno == errno.ESTALE
+    os.unlink(segment.log_path)
+    with pytest.raises(FileNotFoundError):
+        LogSegment.open_for_reading(tmp_path, 0, planned)
+    os.symlink(tmp_path / "elsewhere.log", segment.log_path)
+    with pytest.raises(UnsafeFileError):
+        LogSegment.open_for_reading(tmp_path, 0, planned)
