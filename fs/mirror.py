@@ -65,7 +65,7 @@ from seglogfs.engine.checkpoint import (
 )
 from seglogfs.engine.datadir import LOCK_FILE
 from seglogfs.engine.files import open_regular
-from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use
+from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use, read_index_prefix
 from seglogfs.engine.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -79,6 +79,7 @@ from seglogfs.engine.naming import (
     partition_dir_name,
 )
 from seglogfs.engine.segment import LogSegment, read_cached
+from seglogfs.engine.transaction_index import ABORTED_TXN_DTYPE
 
 _GENERATED = (
     RECOVERY_POINT_CHECKPOINT,
@@ -91,12 +92,8 @@ _NOT_MIRRORED = frozenset({LOCK_FILE, CLEAN_SHUTDOWN_FILE})
 # snapshots `.checkpoint.part`), or on their way out or in (deleted, cleaned, swapped segments).
 _TRANSIENT_SUFFIXES = (".tmp", ".part", DELETED_SUFFIX, CLEANED_SUFFIX, SWAP_SUFFIX)
 _SEGMENT_KINDS = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
-# A transaction index entry (Kafka's AbortedTxn): version int16, producer id int64, first offset
-# int64, last offset int64, last stable offset int64.
-_TXN_ENTRY_BYTES = 34
 _NEW_FILE_MODE = 0o644  # what Kafka (and the engine) create files with
 _VIRTUAL_DIR_MODE = 0o755
-_INDEX_READ_BYTES = 24 * 4096  # a whole number of both entry sizes (8 and 12 bytes)
 
 
 @dataclass(frozen=True)
@@ -174,24 +171,11 @@ def _segment_path(segment: LogSegment, kind: str) -> Path:
 
 def _read_entries(path: Path, dtype: np.dtype, limit_bytes: int | None) -> tuple[np.ndarray, os.stat_result]:
     """The entries in use of an index file (up to `limit_bytes`; else up to its preallocated
-    zero tail, read a chunk at a time), and the file's stat."""
+    zero tail), and the file's stat."""
     with os.fdopen(open_regular(path), "rb", buffering=0) as file:
         status = os.fstat(file.fileno())
         end = status.st_size if limit_bytes is None else min(limit_bytes, status.st_size)
-        end -= end % dtype.itemsize
-        chunks, read = [], 0
-        while read < end:
-            chunk = os.pread(file.fileno(), min(_INDEX_READ_BYTES, end - read), read)
-            chunk = chunk[: len(chunk) - len(chunk) % dtype.itemsize]
-            if not chunk:
-                break
-            chunks.append(chunk)
-            read += len(chunk)
-            relative = np.frombuffer(chunk, dtype=dtype)["relative_offset"]
-            if limit_bytes is None and np.any(relative[1 if read == len(chunk) else 0 :] == 0):
-                break  # the zero tail of a preallocated file has begun
-    entries = np.frombuffer(b"".join(chunks), dtype=dtype)
-    return entries_in_use(entries), status
+        return entries_in_use(read_index_prefix(file.fileno(), dtype, end)), status
 
 
 class Mirror:
@@ -361,7 +345,7 @@ class Mirror:
             status = os.lstat(path)
             if not stat.S_ISREG(status.st_mode):
                 return self._file(path)  # (a link shown as one; anything else not at all)
-            return self._file(path, status.st_size - status.st_size % _TXN_ENTRY_BYTES)
+            return self._file(path, status.st_size - status.st_size % ABORTED_TXN_DTYPE.itemsize)
         return self._active_index(log, segment, suffix, size, end_offset)
 
     @staticmethod
