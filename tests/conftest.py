@@ -80,6 +80,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return SharedWorkerScheduling(config, log)
 
 
+# Seconds of tests (setup, call and teardown) by part of the suite, summed over the workers:
+# printed at the end of a run (where the time goes; the interop part is one worker's).
+_SECONDS_BY_PART: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = report.nodeid.split("/")
+    part = parts[1] if len(parts) > 2 else parts[-1].split("::")[0]
+    _SECONDS_BY_PART[part] = _SECONDS_BY_PART.get(part, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _SECONDS_BY_PART:
+        parts = sorted(_SECONDS_BY_PART.items(), key=lambda item: -item[1])
+        terminalreporter.write_line(
+            "seconds of tests by part: " + ", ".join(f"{part} {seconds:.0f}" for part, seconds in parts)
+        )
+
+
 def kafka_fixtures() -> Path:
     """The real broker data dirs; their absence is an error, never a skip."""
     if not (KAFKA_FIXTURES / "INDEX_EXACT.txt").exists():
