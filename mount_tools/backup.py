@@ -104,7 +104,7 @@ from seglogfs.engine.errors import UnsafeFileError
 from seglogfs.engine.files import is_regular, open_regular, read_regular, write_all
 from seglogfs.engine.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.fs.mirror import Mirror, MirrorFile
-from seglogfs.mount_tools.common import quiet_broken_pipe
+from seglogfs.mount_tools.common import discard_stdout, quiet_broken_pipe
 from seglogfs.mount_tools.progress import Progress
 
 COMMANDS = ("backup", "restore")
@@ -818,6 +818,7 @@ def _backup(args: argparse.Namespace) -> int:
             return EXIT_DATA
         except (KeyboardInterrupt, _Terminated) as signalled:
             _tell(f"{dest}: the backup was interrupted: {_incomplete(dest)}")
+            discard_stdout()  # (its -v lines: a reader that stopped reading must not hold the exit)
             return EXIT_TERMINATED if isinstance(signalled, _Terminated) else EXIT_INTERRUPTED
         except (OSError, EngineError) as error:
             _tell(f"{_one_line(error)}; {_incomplete(dest)}")
@@ -1004,7 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"seglogfs: {where}{error.strerror or error}", file=sys.stderr)
         return EXIT_DATA
     except KeyboardInterrupt:
-        return 130
+        discard_stdout()  # (as an interrupted backup does)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -115,6 +115,13 @@ def print_json(document: Any) -> None:
 def quiet_broken_pipe() -> None:
     """The reader went away (`| head`): stop quietly, as a Unix tool does. What is still buffered
     for stdout goes to /dev/null, so the interpreter's last flush cannot fail again."""
+    discard_stdout()
+
+
+def discard_stdout() -> None:
+    """What is still buffered for stdout, and anything written after, goes to /dev/null: the
+    interpreter's last flush can neither fail (a reader gone) nor block (a reader that does not
+    read: a full pipe would hold an interrupted run from exiting)."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
