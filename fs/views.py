@@ -917,6 +917,7 @@ class Layout:
         return snapshot
 
     def _snapshot(self, segments: list[LogSegment]) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+        self._keep_ahead(segments)
         with self._lock:
             fresh = self.fresh
             try:
@@ -1064,6 +1065,26 @@ class Layout:
             self._kept.difference_update(dropped)
         for segment in dropped:
             segment.let_close()
+
+    def _keep_ahead(self, segments: list[LogSegment]) -> None:
+        """While held: the log's newest `held_segments()` segments are kept open before they
+        are measured, not only after (`keep_open`): a segment measured, then closed by the
+        descriptor budget and removed by another process before it was kept, would stay laid out
+        with bytes no read can give (a live follower's read was EIO naming the removed `.log`).
+        One whose file is gone already is not measured either (see `_gone`)."""
+        if not self._holders:
+            return
+        with self._hold_lock:
+            if not self._holders:
+                return
+            for segment in segments[-held_segments() :]:
+                if segment in self._kept:
+                    continue
+                try:
+                    segment.hold_open()
+                except OSError:
+                    continue
+                self._kept.add(segment)
 
     def _name(self) -> tuple[str, int, str]:
         return self.log.topic, self.log.partition, self.format_name or "view"

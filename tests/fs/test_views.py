@@ -273,6 +273,48 @@ def test_a_first_measure_goes_on_when_retention_removes_segments_under_it(tmp_pa
     log.close()
 
 
+def test_a_held_view_keeps_a_new_segment_open_from_its_measure_on(tmp_path: Path, monkeypatch) -> None:
+    """A read-only mount's held view takes in the segments the other writer rolled since its
+    last look. Each is kept open from before it is measured: the descriptor budget closing it
+    and the writer's retention removing its file before `keep_open` cannot leave it laid out
+    with bytes no read can give (a live follower's read of `by-offset/0` was EIO naming the
+    removed `.log`)."""
+    writer = views_log(tmp_path / "t-0", **{"segment.bytes": "300"})
+    writer.append_records([b"first-%d" % j for j in range(5)], now_ms=NOW_MS)
+    writer.flush()
+    reader = PartitionLog.open(
+        tmp_path / "t-0", "t", 0, writer.config, writable=False, clean_shutdown=True, now_ms=NOW_MS
+    )
+    layout = Layout(reader, TextRenderer(TextFormat(), 0), mark_bytes=64)
+    view = View(layout, 0)
+    layout.hold()
+    try:
+        assert view.read(0, view.size()) == expected_text(reader, 0, TextFormat())
+        for i in range(6):
+            writer.append_records([b"later-%d-%d" % (i, j) for j in range(5)], now_ms=NOW_MS)
+        writer.flush()
+        assert reader.refresh(NOW_MS)
+        expected = expected_text(reader, 0, TextFormat())
+        keep_open, removed = Layout.keep_open, []
+
+        def closed_and_removed_first(self: Layout) -> None:
+            if not removed:  # (the budget takes the descriptor back, then retention removes the file)
+                segment = reader.segments[-2]
+                segment.try_release_handles()
+                os.unlink(segment.log_path)
+                removed.append(segment)
+            keep_open(self)
+
+        monkeypatch.setattr(Layout, "keep_open", closed_and_removed_first)
+        assert view.size() == len(expected)
+        monkeypatch.setattr(views, "_PAGES", views._PageCache(32 << 20))  # (no page the measure rendered)
+        assert removed and view.read(0, len(expected)) == expected
+    finally:
+        layout.let_go()
+        writer.close()
+        reader.close()
+
+
 def drop_log_from_page_cache(log: PartitionLog) -> None:
     """Have the OS forget the log's bytes."""
     log.flush()
