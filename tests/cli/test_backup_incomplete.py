@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.support import SEGLOGFS, run
-from tests.conftest import REPO
+from tests.conftest import AS_FOREGROUND, REPO
 
 MANIFEST = ".seglogfs-backup.json"
 TOPIC = "t" * 200  # each `-v` line of a file in its partition dirs is about 250 bytes
@@ -106,7 +106,10 @@ def test_a_backup_killed_mid_way_is_incomplete_until_the_next_one(
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     process = subprocess.Popen(
-        [SEGLOGFS, "backup", str(data), str(backup), "-v"], stdout=write_end, stderr=subprocess.PIPE, cwd=REPO
+        [*AS_FOREGROUND, SEGLOGFS, "backup", str(data), str(backup), "-v"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
     )
     os.close(write_end)
     try:

@@ -46,10 +46,16 @@ DISTRUST = re.compile(
     r"|Error occurred while reading|Loaded stray log|[Tt]runcat"
 )
 
-# What a broker logs at every start, whatever its dir holds: KRaft's metadata log is always
+# What a broker logs at a start, whatever its dir holds: KRaft's metadata log is always
 # recovered from its first segment (KafkaMetadataLog opens it with recovery point 0 and
-# lastShutdownClean false), and the controller warns as it activates.
-KAFKAS_OWN = (r"partition=__cluster_metadata-0, .*\] Recovering unflushed segment", r"Performing controller activation")
+# lastShutdownClean false), the controller warns as it activates, and a node's registration with
+# its own controller can come before that controller is ready (an ERROR; the node registers again).
+KAFKAS_OWN = (
+    r"partition=__cluster_metadata-0, .*\] Recovering unflushed segment",
+    r"Performing controller activation",
+    r"\] ERROR \[ControllerApis nodeId=\d+\] Unexpected error handling request "
+    r"RequestHeader\(apiKey=CONTROLLER_REGISTRATION,",
+)
 
 
 def producer_lines(topic: str, start: int, count: int) -> list[str]:
