@@ -1052,15 +1052,7 @@ class Layout:
             if not self._holders:
                 return
             self._kept_for = order
-            for segment in wanted:
-                if segment in self._kept:
-                    continue
-                try:
-                    segment.hold_open()
-                except OSError as error:
-                    logger.debug("%s-%d (%s): keeping %s open: %s", *self._name(), segment.log_path, error)
-                    continue
-                self._kept.add(segment)
+            self._hold_open_locked(wanted)
             dropped = self._kept.difference(wanted)
             self._kept.difference_update(dropped)
         for segment in dropped:
@@ -1075,16 +1067,21 @@ class Layout:
         if not self._holders:
             return
         with self._hold_lock:
-            if not self._holders:
-                return
-            for segment in segments[-held_segments() :]:
-                if segment in self._kept:
-                    continue
-                try:
-                    segment.hold_open()
-                except OSError:
-                    continue
-                self._kept.add(segment)
+            if self._holders:
+                self._hold_open_locked(segments[-held_segments() :])
+
+    def _hold_open_locked(self, segments: list[LogSegment]) -> None:
+        """Keep each of `segments` open that is not kept yet; one that cannot be (closed, its
+        file gone) is left out. Holds: `_hold_lock`."""
+        for segment in segments:
+            if segment in self._kept:
+                continue
+            try:
+                segment.hold_open()
+            except OSError as error:
+                logger.debug("%s-%d (%s): keeping %s open: %s", *self._name(), segment.log_path, error)
+                continue
+            self._kept.add(segment)
 
     def _name(self) -> tuple[str, int, str]:
         return self.log.topic, self.log.partition, self.format_name or "view"

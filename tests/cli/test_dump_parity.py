@@ -184,14 +184,19 @@ def test_producer_snapshots_match_their_bytes() -> None:
             )
 
 
+def write_snapshot(path: Path, entry: tuple[int, ...]) -> Path:
+    """A producer snapshot of one entry: producer id, epoch, last sequence, last offset, offset
+    delta, timestamp, coordinator epoch, current transaction's first offset."""
+    body = struct.pack(">i", 1) + struct.pack(">qhiqiqiq", *entry)
+    path.write_bytes(struct.pack(">hI", 1, crc32c.crc32c(body)) + body)
+    return path
+
+
 def test_a_producer_snapshot_entry_without_a_batch_shows_its_last_timestamp(tmp_path: Path) -> None:
     # An entry whose batch the snapshot does not remember (lastOffset -1: a transactional
     # producer's whose batches were removed) still has its last timestamp; Kafka 4 prints it, and
     # no batch fields after it (and no space).
-    entry = struct.pack(">qhiqiqiq", 2, 3, -1, -1, 0, 1795863032654, 0, -1)
-    body = struct.pack(">i", 1) + entry
-    path = tmp_path / "00000000000000000021.snapshot"
-    path.write_bytes(struct.pack(">hI", 1, crc32c.crc32c(body)) + body)
+    path = write_snapshot(tmp_path / "00000000000000000021.snapshot", (2, 3, -1, -1, 0, 1795863032654, 0, -1))
     assert dump(str(path))[1] == (
         "producerId: 2 producerEpoch: 3 coordinatorEpoch: 0 currentTxnFirstOffset: OptionalLong.empty "
         "lastTimestamp: 1795863032654"
@@ -199,10 +204,8 @@ def test_a_producer_snapshot_entry_without_a_batch_shows_its_last_timestamp(tmp_
 
 
 def test_producer_snapshot_with_a_bad_crc(tmp_path: Path) -> None:
-    entry = struct.pack(">qhiqiqiq", 7, 1, 4, 40, 2, 1000, 3, 38)
-    body = struct.pack(">i", 1) + entry
-    path = tmp_path / "00000000000000000041.snapshot"
-    path.write_bytes(struct.pack(">hI", 1, crc32c.crc32c(body)) + body)
+    path = write_snapshot(tmp_path / "00000000000000000041.snapshot", (7, 1, 4, 40, 2, 1000, 3, 38))
+    body = path.read_bytes()[6:]
     assert dump(str(path))[1] == (
         "producerId: 7 producerEpoch: 1 coordinatorEpoch: 3 currentTxnFirstOffset: OptionalLong[38] "
         "lastTimestamp: 1000 firstSequence: 2 lastSequence: 4 lastOffset: 40 offsetDelta: 2 timestamp: 1000"
