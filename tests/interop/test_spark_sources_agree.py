@@ -42,6 +42,10 @@ KNOWN = {
     # Spark's Kafka source reads nothing from a partition that does not exist, and says nothing;
     # seglog refuses the query, naming the partition (a typo in `assign` is not an empty topic).
     "assign a partition that does not exist": "Kafka's source: 0 rows; seglog: refused, no such partition",
+    # Spark's Kafka source leaves Kafka's own topics out of every subscription, even a partition
+    # `assign` names, and says nothing; seglog reads a partition of one that `assign` names (the
+    # way to read the transaction log or consumer offsets with Spark), and only through `assign`.
+    "assign Kafka's transaction log": "Kafka's source: 0 rows; seglog: the partition's records",
 }
 
 
@@ -89,6 +93,10 @@ CASES = [
     Case("assign", fixed(assign=json.dumps({"sk-alpha": [2], "sk-gamma": [0]}))),
     Case("subscribe a topic that does not exist", fixed(subscribe="sk-nope")),
     Case("assign a partition that does not exist", fixed(assign=json.dumps({"sk-beta": [3]}))),
+    # Kafka's own topics: sk-txn's producers wrote the transaction log
+    Case("assign Kafka's transaction log", fixed(assign='{"__transaction_state":[0]}', includeHeaders="true")),
+    Case("subscribe Kafka's transaction log", fixed(subscribe="__transaction_state")),
+    Case("subscribePattern over Kafka's own topics", fixed(subscribePattern="^__")),
     # -- offsets
     Case(
         "offsets JSON with -2 and -1",
@@ -482,6 +490,28 @@ def test_micro_batches_with_max_offsets_per_trigger_over_appended_data(
             run_available_now(reader.options(**options).load(), tmp_path / name, collected[name])
     theirs, ours = collected["kafka"].batches, collected["seglog"].batches
     assert sum(len(rows) for _, rows in theirs) == 30 + 7 + 4 + 21
+    assert len(theirs) > 4, "maxOffsetsPerTrigger cut no micro-batch"
+    assert [(i, len(rows)) for i, rows in ours] == [(i, len(rows)) for i, rows in theirs]
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("isolation", [COMMITTED, UNCOMMITTED], ids=["read_committed", "read_uncommitted"])
+def test_micro_batches_over_transactions_at_each_isolation_level(
+    sources: Sources, tmp_path: Path, isolation: dict[str, str]
+) -> None:
+    """An AvailableNow stream with maxOffsetsPerTrigger over sk-txn (commits, aborts, their
+    markers): every micro-batch holds the same rows through either source, so a trigger's range
+    that ends inside a transaction or at a marker is read alike."""
+    facts = sources.facts
+    options = {"subscribe": "sk-txn", "startingOffsets": "earliest", "maxOffsetsPerTrigger": "9", **isolation}
+    streams = {
+        "kafka": sources.spark.readStream.format("kafka").option("kafka.bootstrap.servers", facts.bootstrap),
+        "seglog": sources.spark.readStream.format("seglog").option("path", str(facts.log_dir)),
+    }
+    collected = {name: Batches() for name in streams}
+    for name, reader in streams.items():
+        run_available_now(reader.options(**options).load(), tmp_path / name, collected[name])
+    theirs, ours = collected["kafka"].batches, collected["seglog"].batches
     assert len(theirs) > 4, "maxOffsetsPerTrigger cut no micro-batch"
     assert [(i, len(rows)) for i, rows in ours] == [(i, len(rows)) for i, rows in theirs]
     assert ours == theirs
