@@ -98,6 +98,16 @@ class Kafka:
         newest, older = moved[tool]
         return newest if self.major >= 4 else older
 
+    def options(self, tool: str, args: Sequence[str]) -> list[str]:
+        """`args` as this version names the console tools' options: 3.x has `--property` for
+        the reader's and formatter's and `--producer-property`/`--consumer-property` where 4.x
+        has `--reader-property`, `--formatter-property` and `--command-property`."""
+        if self.major >= 4 or tool not in ("console-producer", "console-consumer"):
+            return list(args)
+        client = "--producer-property" if tool == "console-producer" else "--consumer-property"
+        older = {"--reader-property": "--property", "--formatter-property": "--property", "--command-property": client}
+        return [older.get(arg, arg) for arg in args]
+
     def command(self, tool: str, *args: str, heap: str = "256m", logging: Sequence[str] = ()) -> list[str]:
         # C1 only, and the class-data archive: a tool's run is short, and the start is most of it.
         return [
@@ -113,7 +123,7 @@ class Kafka:
             "-cp",
             self.classpath,
             self.main_class(tool),
-            *args,
+            *self.options(tool, args),
         ]
 
     def run(

@@ -1,9 +1,9 @@
 """seglogfs writes a stopped broker's own topics, and the broker, restarted, serves them.
 
-A broker of its own (Kafka 4.4.0) has a topic and a compacted topic written by Kafka's console
-producer (keys, null keys and values, headers; its cleaner compacting); `seglogfs backup` copies
-its log dir while it runs, and the producer writes on. The broker is stopped (SIGTERM: a clean
-shutdown). While it is down:
+A broker of its own (Kafka 4.4.0, and 3.9.2, the last of the 3.x line) has a topic and a
+compacted topic written by Kafka's console producer (keys, null keys and values, headers; its
+cleaner compacting); `seglogfs backup` copies its log dir while it runs, and the producer writes
+on. The broker is stopped (SIGTERM: a clean shutdown). While it is down:
 
 * `seglogfs restore --force` puts the backup back into its log dir. A restore replaces a data dir
   whole (the KRaft metadata log, checkpoints and every topic, as they were when the backup was
@@ -30,7 +30,7 @@ import pytest
 
 from tests.cli.support import run
 from tests.fs.conftest import Mount
-from tests.interop.conftest import NEWEST, Broker, Kafka
+from tests.interop.conftest import VERSIONS, Broker, Kafka
 from tests.interop.test_broker_to_seglogfs import PRINT_ALL, READ_HEADERS_KEY_VALUE
 
 TOPICS = {
@@ -103,20 +103,28 @@ def seglogfs_reads(log_dir: Path, topic: str) -> list[str]:
     return run(*args).stdout.splitlines()
 
 
+def segment_bytes_as(version: str, configs: dict[str, str]) -> dict[str, str]:
+    """Kafka 3.x has no internal.segment.bytes: its segment.bytes goes as low as a record."""
+    if version.startswith("3."):
+        configs = {("segment_bytes" if name == "internal_segment_bytes" else name): v for name, v in configs.items()}
+    return configs
+
+
 def offset_of(line: str) -> int:
     return int(re.search(r"Offset:(\d+)", line).group(1))  # type: ignore[union-attr]
 
 
 @pytest.mark.expect_warnings("recover")
+@pytest.mark.parametrize("version", VERSIONS)
 def test_a_restarted_broker_serves_what_seglogfs_wrote_while_it_was_stopped(
-    kafka: dict[str, Kafka], tmp_path: Path, mount: Callable[..., Mount]
+    kafka: dict[str, Kafka], tmp_path: Path, mount: Callable[..., Mount], version: str
 ) -> None:
-    broker = Broker(kafka[NEWEST], tmp_path / "broker")
+    broker = Broker(kafka[version], tmp_path / "broker")
     broker.format()
     broker.start()
     try:
         for topic, configs in TOPICS.items():
-            broker.create_topic(topic, **configs)
+            broker.create_topic(topic, **segment_bytes_as(version, configs))
         for topic in TOPICS:
             produce(broker, topic, producer_lines(topic, 0, 300))
         backup = tmp_path / "backup"
