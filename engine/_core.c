@@ -7,7 +7,7 @@
  *     contiguous column. The fields: the record's start (at its length prefix), timestamp
  *     delta, offset delta, key start, key length (-1: null), value start, value length (-1:
  *     null; any negative length is null, as Kafka reads it) and header count. Raises
- *     ValueError naming the record where engine.records.decode_records refuses the section
+ *     ValueError naming the record where engine.record.records.decode_records refuses the section
  *     (Kafka's DefaultRecord rules, `walk_record`): a count more than the section can hold at
  *     seven bytes a record, a field past its record, a varint over five bytes (over ten: the
  *     timestamp delta), a negative header count or header key length, bytes left over after a
@@ -24,7 +24,7 @@
  *
  * json_text_sizes(section, starts, lengths, out)
  *     For each blob section[starts[i]:][:lengths[i]] (length -1: null), the length in UTF-8 of
- *     the JSON text the JSON Lines format gives it (engine.json_records.bytes_json_text): a
+ *     the JSON text the JSON Lines format gives it (engine.text.json_records.bytes_json_text): a
  *     string when the bytes are UTF-8 (strictly, as Python decodes), `null`, else
  *     {"base64":"..."}. Into `out` (int64). The GIL is released while it scans.
  *
@@ -44,7 +44,7 @@
  *
  * render_json_section(section, count, base_offset, base_timestamp, log_append_time, min_offset,
  *                     prefix, timestamp_type, offsets, ends) -> (bytes, n) or None
- *     A batch's records with offsets >= `min_offset` as JSON Lines (engine.json_records
+ *     A batch's records with offsets >= `min_offset` as JSON Lines (engine.text.json_records
  *     .record_to_json's format), straight from its records section as render_text_section
  *     renders text: `prefix` (the topic and partition part, up to "offset":), the offset, the
  *     timestamp, the timestamp type, key and value as `json_text_sizes` describes them,
@@ -104,7 +104,7 @@
  *     every timestamp delta 0: one time for the batch), after `room` bytes: `end` is `stop`
  *     (negative: the list's end), or with `most` >= 0 as far as the records' estimated sizes
  *     (a value's bytes + ESTIMATED_RECORD_VARINTS) stay within `most` (one record at least).
- *     A producer's values split into batches as engine.records.encode_batches splits them,
+ *     A producer's values split into batches as engine.record.records.encode_batches splits them,
  *     without the list sliced or measured apart.
  *
  * allocates_ahead(fd) -> bool
@@ -124,7 +124,7 @@
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
  *     for none). `values` is a list of bytes or None; `keys` and `header_blobs` a list or None
  *     (none); `timestamp_deltas` an int (every record) or a list; `offset_deltas` None (0..n-1)
- *     or a list. Byte for byte what engine.records.build_batch lays out. With `room` > 0 the
+ *     or a list. Byte for byte what engine.record.records.build_batch lays out. With `room` > 0 the
  *     result is a bytearray whose first `room` bytes are left for the caller to fill (a batch's
  *     header: the batch is then built in place, its records never copied again).
  */
@@ -156,7 +156,7 @@
 
 #define FIELDS 8
 /* What a batch split weighs a record at beyond its value's bytes: the module's
- * ESTIMATED_RECORD_VARINTS, which engine.records and the Spark writer take from here. */
+ * ESTIMATED_RECORD_VARINTS, which engine.record.records and the Spark writer take from here. */
 #define ESTIMATED_RECORD_VARINTS 12
 #define MAX_VARINT 10
 
@@ -232,7 +232,7 @@ static inline int read_int_varint(reader_t *r, int32_t *value) {
 
 /* The fields of the record at the reader's position, as `walk` lays them out a column each (f[0]
  * its start ... f[7] its header count), the reader moved past it; -1 with `*why` when it is
- * malformed. Kafka's DefaultRecord rules, as engine.records.decode_records applies them: the
+ * malformed. Kafka's DefaultRecord rules, as engine.record.records.decode_records applies them: the
  * length, offset delta, key and value lengths and the header fields are 32-bit varints, the
  * timestamp delta a 64-bit one; a negative key or value length is a null key or value (f[4], f[6]
  * -1); a negative header count or header key length, a field past the record, or bytes left over
@@ -668,7 +668,7 @@ static inline int all_ascii(const uint8_t *data, int64_t length) {
     return (high & HIGHS) == 0;
 }
 
-/* The length of engine.json_records.bytes_json_text(data) in UTF-8: "null"; a JSON string as
+/* The length of engine.text.json_records.bytes_json_text(data) in UTF-8: "null"; a JSON string as
  * json's encode_basestring writes it (\" \\ \b \f \n \r \t, other bytes below 0x20 as \u00XX,
  * the rest as they are); {"base64":"..."} when the bytes are not UTF-8. `*valid` (when not
  * NULL) says whether they are UTF-8 (null: yes). */

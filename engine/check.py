@@ -6,12 +6,12 @@ increasing within and across segments; nothing after the last whole batch (a tor
 offset-index entry is (a batch's last offset, that batch's position); time-index entries have
 increasing timestamps, non-decreasing offsets inside the segment, and timestamps that the batches
 up to them reach; index files have a whole number of entries; each `.txnindex` holds what the log
-gives (engine.transaction_index.reconcile: an entry for every aborted transaction whose marker
+gives (engine.log.transaction_index.reconcile: an entry for every aborted transaction whose marker
 the segment holds, entries the log no longer shows only where retention or compaction can
 explain them); a segment without one must be one the log gives no entry for.
 Per log dir: checkpoints parse and
 agree with the logs; no leftovers of interrupted work (`.cleaned`, `.swap`, `.deleted`). What
-recovery or a repair set aside beside it (engine.set_aside) is reported apart from the problems:
+recovery or a repair set aside beside it (engine.log.set_aside) is reported apart from the problems:
 the log dir is valid, but records were taken out of it, until an operator removes the place.
 
 `plan_repair` says, without changing anything, what `check --repair` would cut and set aside: the
@@ -34,7 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from seglogfs.engine.checkpoint import (
+from seglogfs.engine.config import read_properties
+from seglogfs.engine.datadir import META_PROPERTIES
+from seglogfs.engine.errors import ConfigError, CorruptIndexError, UnsafeFileError
+from seglogfs.engine.files import describe_mode, open_regular
+from seglogfs.engine.log.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
     LEADER_EPOCH_CHECKPOINT,
@@ -46,18 +50,14 @@ from seglogfs.engine.checkpoint import (
     read_offset_checkpoint,
     read_partition_metadata,
 )
-from seglogfs.engine.config import read_properties
-from seglogfs.engine.datadir import META_PROPERTIES
-from seglogfs.engine.errors import ConfigError, CorruptIndexError, UnsafeFileError
-from seglogfs.engine.files import describe_mode, open_regular
-from seglogfs.engine.index import (
+from seglogfs.engine.log.index import (
     OFFSET_INDEX_DTYPE,
     TIME_INDEX_DTYPE,
     entries_in_use,
     max_index_file_bytes,
     read_index_prefix,
 )
-from seglogfs.engine.naming import (
+from seglogfs.engine.log.naming import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
@@ -66,10 +66,10 @@ from seglogfs.engine.naming import (
     parse_segment_file_name,
     partition_dirs,
 )
-from seglogfs.engine.records import BatchHeader, check_batch, decode_records
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
-from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
+from seglogfs.engine.log.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
+from seglogfs.engine.record.records import BatchHeader, check_batch, decode_records
 
 # The partition's own small files besides its segments (a link or a FIFO there is refused too).
 _PARTITION_FILES = frozenset({PARTITION_METADATA, LEADER_EPOCH_CHECKPOINT})
@@ -156,7 +156,7 @@ class PlannedRepair:
 
 def plan_repair(log_dirs: list[Path]) -> list[PlannedRepair]:
     """What `check --repair` would cut and set aside, read without changing anything: the scans
-    recovery makes (engine.loader with the recovery point at 0). First each segment missing an
+    recovery makes (engine.log.loader with the recovery point at 0). First each segment missing an
     index file loses its invalid tail (the loader's step 3, which removes nothing after it, as
     Kafka's LogLoader recovers such a segment on its own); then, in order, the first segment with
     an invalid batch loses its tail and the segments after it go whole."""

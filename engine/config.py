@@ -32,10 +32,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.errors import ConfigError, EngineError, UnsafeFileError
 from seglogfs.engine.files import decode_text, read_regular
-from seglogfs.engine.records import TimestampType
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import TimestampType
 
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1  # Kafka types these sizes as int: index positions are 32-bit
@@ -160,8 +160,10 @@ BROKER_SETTINGS: dict[str, _Setting] = {
 TOPIC_DEFAULT_NAMES = frozenset(name for setting in TOPIC_SETTINGS.values() for name, _ in setting.broker_names)
 OVERRIDE_SOURCE = "--override"  # how `BrokerConfig.source` names a value from --override
 
+# Kafka's own topics (engine.internal_topics reads them)
 CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
 TRANSACTION_STATE_TOPIC = "__transaction_state"
+METADATA_TOPIC = "__cluster_metadata"  # KRaft's metadata log, one partition
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Each log dir holds `<topic>-<partition>/` dirs and, at its root, Kafka's files:
 
     .lock                               held (POSIX record lock) by the process that writes
     .kafka_cleanshutdown                present only after a clean close (a broker's epoch kept in it)
-    recovery-point-offset-checkpoint    offset checkpoints, see engine.checkpoint
+    recovery-point-offset-checkpoint    offset checkpoints, see engine.log.checkpoint
     log-start-offset-checkpoint         (only partitions whose start is above their first segment)
     replication-offset-checkpoint       high watermarks
     cleaner-offset-checkpoint
@@ -16,7 +16,7 @@ Kafka keeps topic overrides in its metadata, not in log dirs; the JSON file is t
 seglogfs adds, a dot file that a broker reading the dir ignores.
 
 Topic configs. A KRaft broker's configs are in its metadata log, `__cluster_metadata-0` in one of
-the log dirs (engine.metadata_log); a topic's config is Kafka's layers (engine.config) with the
+the log dirs (engine.internal_topics.metadata_log); a topic's config is Kafka's layers (engine.config) with the
 seglogfs overrides on top: server.properties < the metadata log's dynamic broker configs <
 --override, then Kafka's internal-topic configs < the metadata log's topic ConfigRecords < the
 seglogfs overrides. The operator's explicit seglogfs setting wins, as `kafka-configs --alter`
@@ -71,27 +71,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from seglogfs.engine.checkpoint import (
-    CLEAN_SHUTDOWN_FILE,
-    CLEANER_OFFSET_CHECKPOINT,
-    LOG_START_OFFSET_CHECKPOINT,
-    PARTITION_METADATA,
-    RECOVERY_POINT_CHECKPOINT,
-    REPLICATION_OFFSET_CHECKPOINT,
-    CheckpointError,
-    format_clean_shutdown,
-    fsync_dir,
-    read_broker_epoch,
-    read_offset_checkpoint,
-    read_partition_metadata,
-    try_writing,
-    write_atomically,
-    write_offset_checkpoint,
-)
-from seglogfs.engine.cleaner import Cleaner, CleanResult, earliest_delete_horizon
-from seglogfs.engine.cleaner_manager import LogToClean, filthiest, is_cleanable, log_to_clean
+from seglogfs.engine.cleaner.cleaner import Cleaner, CleanResult, earliest_delete_horizon
+from seglogfs.engine.cleaner.cleaner_manager import LogToClean, filthiest, is_cleanable, log_to_clean
 from seglogfs.engine.config import (
     BROKER_SETTINGS,
+    METADATA_TOPIC,
     OVERRIDE_SOURCE,
     TOPIC_DEFAULT_NAMES,
     TOPIC_SETTINGS,
@@ -117,18 +101,35 @@ from seglogfs.engine.errors import (
     UnsupportedFormatError,
 )
 from seglogfs.engine.files import decode_text, is_directory, open_regular, read_regular
-from seglogfs.engine.log import PartitionLog
-from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC, MetadataImage, read_metadata_image
-from seglogfs.engine.naming import (
+from seglogfs.engine.internal_topics.metadata_log import METADATA_PARTITION_DIR, MetadataImage, read_metadata_image
+from seglogfs.engine.log.checkpoint import (
+    CLEAN_SHUTDOWN_FILE,
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    PARTITION_METADATA,
+    RECOVERY_POINT_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    CheckpointError,
+    format_clean_shutdown,
+    fsync_dir,
+    read_broker_epoch,
+    read_offset_checkpoint,
+    read_partition_metadata,
+    try_writing,
+    write_atomically,
+    write_offset_checkpoint,
+)
+from seglogfs.engine.log.log import PartitionLog
+from seglogfs.engine.log.naming import (
     linked_partition_dirs,
     partition_dir_name,
     partition_dirs,
     refuse_colliding_topic,
     validate_topic,
 )
-from seglogfs.engine.retention import RetentionDecision
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.set_aside import SetAsideError
+from seglogfs.engine.log.retention import RetentionDecision
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.set_aside import SetAsideError
 
 logger = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ def _valid_override(name: str, value: str) -> bool:
 
 class _AfterRetention:
     """A log as a retention decision would leave it, for `plan_cleanup`'s compaction estimate: the
-    attributes engine.cleaner_manager and `earliest_delete_horizon` read, nothing else."""
+    attributes engine.cleaner.cleaner_manager and `earliest_delete_horizon` read, nothing else."""
 
     def __init__(self, log: PartitionLog, kept: list[LogSegment]) -> None:
         self.topic = log.topic

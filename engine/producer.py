@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import EngineError, InvalidRecordError, RecordTooLargeError
-from seglogfs.engine.json_records import record_from_json
-from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.log.log import PartitionLog
 from seglogfs.engine.partitioner import RoundRobin, partition_for_key
-from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, Header
+from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES, Header
+from seglogfs.engine.text.console_formats import LineFormat
+from seglogfs.engine.text.json_records import record_from_json
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

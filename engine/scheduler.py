@@ -35,7 +35,7 @@ from typing import TypeVar
 from seglogfs.engine.config import LONG_MAX
 from seglogfs.engine.datadir import DataDir
 from seglogfs.engine.errors import LogOfflineError
-from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.log.log import PartitionLog
 
 logger = logging.getLogger(__name__)
 

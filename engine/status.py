@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from seglogfs.engine.log import PartitionLog
+from seglogfs.engine.log.log import PartitionLog
 
 
 def partition_status(log: PartitionLog) -> dict[str, Any]:

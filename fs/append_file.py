@@ -25,7 +25,7 @@ from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, 
 from seglogfs.fs.permissions import Access, shared_access
 
 if TYPE_CHECKING:
-    from seglogfs.engine.log import PartitionLog
+    from seglogfs.engine.log.log import PartitionLog
     from seglogfs.fs.tree import Tree
 
 

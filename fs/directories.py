@@ -19,9 +19,9 @@ import time
 from typing import TYPE_CHECKING
 
 from seglogfs.engine.errors import TimestampParseError
-from seglogfs.engine.naming import refuse_internal_topic, validate_topic
-from seglogfs.engine.timestamps import parse_timestamp
-from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.log.naming import refuse_internal_topic, validate_topic
+from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.text.timestamps import parse_timestamp
 from seglogfs.fs.append_file import AppendFile, BatchesFile
 from seglogfs.fs.config_file import ConfigFile, TemporaryFile
 from seglogfs.fs.node import Attributes, Changes, Node, NoEntry, PartitionNode, Refused, join

@@ -55,7 +55,9 @@ from pathlib import Path
 import numpy as np
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine.checkpoint import (
+from seglogfs.engine.datadir import LOCK_FILE
+from seglogfs.engine.files import open_regular
+from seglogfs.engine.log.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -63,10 +65,8 @@ from seglogfs.engine.checkpoint import (
     REPLICATION_OFFSET_CHECKPOINT,
     format_offset_checkpoint,
 )
-from seglogfs.engine.datadir import LOCK_FILE
-from seglogfs.engine.files import open_regular
-from seglogfs.engine.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use, read_index_prefix
-from seglogfs.engine.naming import (
+from seglogfs.engine.log.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use, read_index_prefix
+from seglogfs.engine.log.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -78,8 +78,8 @@ from seglogfs.engine.naming import (
     parse_segment_file_name,
     partition_dir_name,
 )
-from seglogfs.engine.segment import LogSegment, read_cached
-from seglogfs.engine.transaction_index import ABORTED_TXN_DTYPE
+from seglogfs.engine.log.segment import LogSegment, read_cached
+from seglogfs.engine.log.transaction_index import ABORTED_TXN_DTYPE
 
 _GENERATED = (
     RECOVERY_POINT_CHECKPOINT,

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from seglogfs.engine import DataDir, EngineError, PartitionLog
-from seglogfs.engine.console_formats import LineFormat, TextFormat
-from seglogfs.engine.naming import INTERNAL_TOPICS
-from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
-from seglogfs.engine.transactions import READ_COMMITTED
+from seglogfs.engine.log.naming import INTERNAL_TOPICS
+from seglogfs.engine.log.transactions import READ_COMMITTED
+from seglogfs.engine.text.console_formats import LineFormat, TextFormat
+from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
 from seglogfs.fs.mirror import Mirror
 from seglogfs.fs.mirror_node import MirrorNode

@@ -29,7 +29,7 @@ and the other format's segment layouts are handed over to it as if loaded from t
 
 A read_committed layout (Kafka's `isolation.level=read_committed`) is the same rendering of the
 batches a read_committed consumer sees: it tracks the partition's transactions
-(engine.transactions) ahead of its measure, renders the batches of aborted transactions as
+(engine.log.transactions) ahead of its measure, renders the batches of aborted transactions as
 nothing (control batches render as nothing in every layout) and ends at the last stable offset
 (LSO) of what it tracked. Below the LSO every transaction has ended, so what the layout shows
 there is final: it only grows, as the LSO moves when transactions end, and an open view's bytes
@@ -98,15 +98,15 @@ from typing import Protocol
 
 import numpy as np
 
-from seglogfs.engine.columns import RecordColumns, record_columns
 from seglogfs.engine.errors import CorruptRecordError, EngineError, UnsafeFileError
 from seglogfs.engine.files import open_regular
-from seglogfs.engine.handles import MIN_OPEN_SEGMENTS, OPEN_SEGMENTS
-from seglogfs.engine.log import PartitionLog
-from seglogfs.engine.records import BATCH_OVERHEAD_BYTES, BatchHeader
-from seglogfs.engine.renderers import RenderedBatch
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.transactions import TransactionTracker
+from seglogfs.engine.log.handles import MIN_OPEN_SEGMENTS, OPEN_SEGMENTS
+from seglogfs.engine.log.log import PartitionLog
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.transactions import TransactionTracker
+from seglogfs.engine.record.columns import RecordColumns, record_columns
+from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES, BatchHeader
+from seglogfs.engine.text.renderers import RenderedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -793,7 +793,7 @@ def start_letting_close() -> None:
 
 def held_segments() -> int:
     """How many segments a held layout keeps open at most (`Layout.keep_open`): half the
-    process's budget of open segments (engine.handles), so that they never crowd out the rest."""
+    process's budget of open segments (engine.log.handles), so that they never crowd out the rest."""
     return max(MIN_OPEN_SEGMENTS, OPEN_SEGMENTS.max_open // 2)
 
 

@@ -90,7 +90,10 @@ from typing import Protocol
 
 from seglogfs.engine import BrokerConfig, DataDir, EngineError, LogDirLockedError
 from seglogfs.engine.check import log_dir_in_use
-from seglogfs.engine.checkpoint import (
+from seglogfs.engine.datadir import LOCK_FILE, META_PROPERTIES, describe_process
+from seglogfs.engine.errors import UnsafeFileError
+from seglogfs.engine.files import is_regular, open_regular, read_regular, write_all
+from seglogfs.engine.log.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -99,10 +102,7 @@ from seglogfs.engine.checkpoint import (
     fsync_dir,
     write_atomically,
 )
-from seglogfs.engine.datadir import LOCK_FILE, META_PROPERTIES, describe_process
-from seglogfs.engine.errors import UnsafeFileError
-from seglogfs.engine.files import is_regular, open_regular, read_regular, write_all
-from seglogfs.engine.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
+from seglogfs.engine.log.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name, partition_dirs
 from seglogfs.fs.mirror import Mirror, MirrorFile
 from seglogfs.mount_tools.common import discard_stdout, quiet_broken_pipe
 from seglogfs.mount_tools.progress import Progress

@@ -25,7 +25,7 @@ Exit codes (mount_tools.common):
     4  `check` found problems (after `--repair`: problems it could not repair), or DATADIR is a
        backup that did not complete (`seglogfs backup` cut short or failed)
     7  `check` found no problems, but records are set aside beside a log dir (by recovery or a
-       repair: see engine.set_aside) until an operator removes the place (`rm -r`)
+       repair: see engine.log.set_aside) until an operator removes the place (`rm -r`)
     70 an internal error (a bug): one line, the traceback with SEGLOGFS_DEBUG=1
 Errors are one line on stderr, `seglogfs: <what and where>` (a bad command line:
 `seglogfs COMMAND: <what> (see seglogfs COMMAND --help)`), with no traceback. A reader that goes
@@ -47,10 +47,10 @@ from typing import Any
 
 from seglogfs.engine import DataDir, EngineError, LogDirLockedError, _core
 from seglogfs.engine.check import CheckReport, PlannedRepair, check_log_dirs, plan_repair
-from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
+from seglogfs.engine.log.set_aside import SetAsidePiece, SetAsideRun, place_for
 from seglogfs.engine.producer import LineSplitter, Producer
-from seglogfs.engine.set_aside import SetAsidePiece, SetAsideRun, place_for
+from seglogfs.engine.text.console_formats import LineFormat
 from seglogfs.mount_tools import backup, configs, consume, dump, groups, mounting, topics
 from seglogfs.mount_tools.common import (
     EPILOG,

@@ -41,14 +41,14 @@ from types import FrameType
 from typing import BinaryIO, NamedTuple
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED, TransactionTracker
 from seglogfs.engine.read_ahead import map_ahead, read_ahead
-from seglogfs.engine.records import CURRENT_MAGIC, BatchHeader
-from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.timestamps import parse_timestamp
-from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED, TransactionTracker
+from seglogfs.engine.record.records import CURRENT_MAGIC, BatchHeader
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.text.timestamps import parse_timestamp
 from seglogfs.mount_tools.backup import incomplete_backup
 from seglogfs.mount_tools.common import (
     EXIT_OK,
@@ -134,7 +134,7 @@ def _start_offset(args: argparse.Namespace, log: PartitionLog) -> int:
 
 class _Cursor:
     """One partition being consumed: its log, its renderer and the next offset to print. With
-    `read_committed`, the partition's transactions are tracked (engine.transactions): aborted
+    `read_committed`, the partition's transactions are tracked (engine.log.transactions): aborted
     ones are left out and nothing at or past the last stable offset is printed, as Kafka's
     read_committed consumers see it; a start at the log end starts at the last stable offset."""
 

@@ -45,10 +45,9 @@ from typing import Any
 
 import numpy as np
 
-from seglogfs.engine import legacy
-from seglogfs.engine.columns import record_columns
-from seglogfs.engine.compression import CompressionType, decompress
-from seglogfs.engine.consumer_offsets import (
+from seglogfs.engine.errors import CorruptIndexError, EngineError, UnsafeFileError
+from seglogfs.engine.files import check_regular, is_regular, open_regular
+from seglogfs.engine.internal_topics.consumer_offsets import (
     CONSUMER_PROTOCOL_ASSIGNMENT,
     CONSUMER_PROTOCOL_SUBSCRIPTION,
     CONSUMER_PROTOCOL_TYPE,
@@ -62,10 +61,15 @@ from seglogfs.engine.consumer_offsets import (
     decode_value,
     key_type,
 )
-from seglogfs.engine.control_records import describe_control_record
-from seglogfs.engine.errors import CorruptIndexError, EngineError, UnsafeFileError
-from seglogfs.engine.files import check_regular, is_regular, open_regular
-from seglogfs.engine.index import (
+from seglogfs.engine.internal_topics.metadata_records import describe_metadata_record
+from seglogfs.engine.internal_topics.transaction_log import (
+    TRANSACTION_LOG_KEY,
+    TRANSACTION_LOG_VALUE,
+    decode_transaction_log_key,
+    decode_transaction_log_value,
+    transaction_state_name,
+)
+from seglogfs.engine.log.index import (
     OFFSET_INDEX_DTYPE,
     TIME_INDEX_DTYPE,
     OffsetIndex,
@@ -73,11 +77,16 @@ from seglogfs.engine.index import (
     entries_in_use,
     read_index_prefix,
 )
-from seglogfs.engine.messages import json_ready, to_json
-from seglogfs.engine.metadata_records import describe_metadata_record
-from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
-from seglogfs.engine.producer_snapshot import CorruptSnapshotError, read_producer_snapshot
-from seglogfs.engine.records import (
+from seglogfs.engine.log.naming import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from seglogfs.engine.log.producer_snapshot import CorruptSnapshotError, read_producer_snapshot
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.transaction_index import read_transaction_index
+from seglogfs.engine.record import legacy
+from seglogfs.engine.record.columns import record_columns
+from seglogfs.engine.record.compression import CompressionType, decompress
+from seglogfs.engine.record.control_records import describe_control_record
+from seglogfs.engine.record.messages import json_ready, to_json
+from seglogfs.engine.record.records import (
     CURRENT_MAGIC,
     BatchHeader,
     LegacyBatchHeader,
@@ -85,15 +94,6 @@ from seglogfs.engine.records import (
     check_batch,
     decode_records,
     iter_batch_headers,
-)
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.transaction_index import read_transaction_index
-from seglogfs.engine.transaction_log import (
-    TRANSACTION_LOG_KEY,
-    TRANSACTION_LOG_VALUE,
-    decode_transaction_log_key,
-    decode_transaction_log_value,
-    transaction_state_name,
 )
 
 KRAFT_SNAPSHOT_SUFFIX = ".checkpoint"  # Kafka's Snapshots.SUFFIX
@@ -270,7 +270,7 @@ def _legacy_checksums(header: LegacyBatchHeader, batch: bytes | memoryview) -> l
     if header.compression is CompressionType.NONE:
         return [header.crc]
     if header.magic == 0 and header.compression is CompressionType.LZ4:
-        # Kafka 0.8's LZ4 frames carry a wrong descriptor checksum that only engine.legacy reads
+        # Kafka 0.8's LZ4 frames carry a wrong descriptor checksum that only engine.record.legacy reads
         # past; a magic 0 inner message holds no timestamp, so its bytes follow from its record.
         return [_magic0_checksum(record) for record in header.records]
     data = decompress(header.compression, legacy.parse_message(batch).value or b"")

@@ -4,7 +4,7 @@
     seglogfs groups describe DATADIR [--group G] [--json]
 
 DATADIR is one log dir or several separated by commas (`log.dirs`), as for every command; every
-`__consumer_offsets-N` partition in them is replayed (engine.consumer_offsets): nothing is
+`__consumer_offsets-N` partition in them is replayed (engine.internal_topics.consumer_offsets): nothing is
 changed and no lock is taken, so it works beside a running broker or a mount.
 
 `list` prints group ids, one a line, sorted (kafka-consumer-groups --list). `describe` prints,
@@ -34,7 +34,7 @@ from typing import Any
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
 from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC
-from seglogfs.engine.consumer_offsets import (
+from seglogfs.engine.internal_topics.consumer_offsets import (
     ConsumerGroup,
     GroupCoordinatorState,
     GroupIdNotFoundError,
@@ -97,7 +97,8 @@ def _open(args: argparse.Namespace) -> DataDir:
 def _state(data_dir: DataDir) -> GroupCoordinatorState:
     """The groups the data dir's offsets topic holds; warnings to stderr. An error when no dir
     holds `__consumer_offsets`."""
-    state = read_consumer_groups(data_dir)
+    partitions = data_dir.topics().get(CONSUMER_OFFSETS_TOPIC, ())
+    state = read_consumer_groups({p: data_dir.partition(CONSUMER_OFFSETS_TOPIC, p) for p in partitions})
     if not state.partitions:
         where = ", ".join(str(d) for d in data_dir.config.log_dirs)
         raise UnknownTopicOrPartitionError(

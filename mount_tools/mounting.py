@@ -58,11 +58,11 @@ from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, LogDirLockedError
 from seglogfs.engine.check import log_dir_in_use
-from seglogfs.engine.checkpoint import CLEAN_SHUTDOWN_FILE
 from seglogfs.engine.config import broker_name_for
-from seglogfs.engine.console_formats import LineFormat, TextFormat
 from seglogfs.engine.errors import ConfigError, EngineError
-from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.log.checkpoint import CLEAN_SHUTDOWN_FILE
+from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.text.console_formats import LineFormat, TextFormat
 from seglogfs.mount_tools import mountpoints
 
 EXIT_DATA = 1  # as the CLI's exit codes say

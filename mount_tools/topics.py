@@ -35,11 +35,15 @@ import sys
 from typing import Any
 
 from seglogfs.engine import DataDir, PartitionLog, UnknownTopicOrPartitionError
-from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, validate_topic_overrides
+from seglogfs.engine.config import (
+    CONSUMER_OFFSETS_TOPIC,
+    METADATA_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    validate_topic_overrides,
+)
 from seglogfs.engine.datadir import TOPIC_LEVEL_SOURCES
 from seglogfs.engine.errors import ConfigError, InvalidTopicError, TopicExistsError
-from seglogfs.engine.metadata_log import METADATA_TOPIC
-from seglogfs.engine.naming import refuse_internal_topic, validate_topic
+from seglogfs.engine.log.naming import refuse_internal_topic, validate_topic
 from seglogfs.mount_tools.common import (
     EPILOG,
     EXIT_OK,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Literal
 
 from seglogfs.engine import BrokerConfig
-from seglogfs.engine.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED
 
 TopicPartition = tuple[str, int]
 

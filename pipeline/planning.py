@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.transactions import AbortedTransaction, TransactionTracker
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.transactions import AbortedTransaction, TransactionTracker
 from seglogfs.pipeline.options import (
     EARLIEST,
     LATEST,

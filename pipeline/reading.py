@@ -3,7 +3,7 @@
 The slice's bytes are read as whole batches (`LogSegment.checked_batches`: CRC-checked) from its
 start position to its end position, and nothing else. Records are gathered into Arrow columns
 without a Python object per record: the engine's core walks each batch's records
-(`engine.columns.record_columns`: offsets, timestamps and key/value bounds as numpy columns, over
+(`engine.record.columns.record_columns`: offsets, timestamps and key/value bounds as numpy columns, over
 the records section in place when uncompressed), numpy filters them (offset range, pushed
 filters), and the core copies the kept keys and values into Arrow `binary` buffers
 (`_core.gather`). About `_ROWS_PER_ARROW_BATCH` rows go into each Arrow batch. Only
@@ -32,16 +32,16 @@ import numpy as np
 import pyarrow as pa
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError, _core
-from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError
-from seglogfs.engine.naming import log_file
-from seglogfs.engine.records import (
+from seglogfs.engine.log.naming import log_file
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.transactions import AbortedIndex
+from seglogfs.engine.record.columns import record_columns
+from seglogfs.engine.record.records import (
     BatchHeader,
     Header,
     decode_records,
 )
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.transactions import AbortedIndex
 from seglogfs.pipeline.options import EngineSettings, Location
 from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice
 

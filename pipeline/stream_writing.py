@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine.checkpoint import fsync_dir, write_atomically
-from seglogfs.engine.records import BatchHeader, iter_batch_headers
+from seglogfs.engine.log.checkpoint import fsync_dir, write_atomically
+from seglogfs.engine.record.records import BatchHeader, iter_batch_headers
 from seglogfs.pipeline.options import OptionError, lowered
 from seglogfs.pipeline.writing import (
     Columns,

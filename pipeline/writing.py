@@ -74,11 +74,11 @@ from seglogfs.engine import (
     UnknownTopicOrPartitionError,
 )
 from seglogfs.engine.check import log_dir_in_use
+from seglogfs.engine.config import METADATA_TOPIC
 from seglogfs.engine.datadir import describe_process
-from seglogfs.engine.metadata_log import METADATA_TOPIC
-from seglogfs.engine.naming import validate_topic
+from seglogfs.engine.log.naming import validate_topic
 from seglogfs.engine.producer import BATCHES_PER_APPEND_BYTES
-from seglogfs.engine.records import (
+from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     ESTIMATED_RECORD_VARINTS,
     Header,

@@ -34,10 +34,17 @@ def test_wheel_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     assert installed.returncode == 0, installed.stderr
     elsewhere = {"cwd": tmp_path, "env": {**os.environ, "PYTHONPATH": ""}}
 
-    imported = run(
-        python, "-c", "import seglogfs.engine, seglogfs.fs, seglogfs.mount_tools, seglogfs.pipeline", **elsewhere
+    # (every engine module: its folders are subpackages, and the engine loads its names lazily)
+    every = (
+        "import pkgutil, seglogfs.engine as engine\n"
+        "names = [m.name for m in pkgutil.walk_packages(engine.__path__, 'seglogfs.engine.')]\n"
+        "for name in names: __import__(name)\n"
+        "print(len(names))"
     )
-    assert imported.returncode == 0, imported.stderr
+    imported = run(python, "-c", every, **elsewhere)
+    assert imported.returncode == 0 and int(imported.stdout) > 45, (imported.stdout, imported.stderr)
+    listed = run(python, "-c", "import seglogfs.engine.log.segment, seglogfs.engine.cleaner.cleaner", **elsewhere)
+    assert listed.returncode == 0, listed.stderr
     core = run(python, "-c", "from seglogfs.engine import _core; print(_core.__file__)", **elsewhere)
     assert core.returncode == 0 and core.stdout.startswith(str(venv)), core  # compiled in, from the wheel
     for name in ("engine", "fs", "mount_tools", "pipeline"):

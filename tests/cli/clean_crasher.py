@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from seglogfs.engine import DataDir
-from seglogfs.engine.naming import CLEANED_SUFFIX
-from seglogfs.engine.offset_map import OffsetMap
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.cleaner.offset_map import OffsetMap
+from seglogfs.engine.log.naming import CLEANED_SUFFIX
+from seglogfs.engine.log.segment import LogSegment
 from tests.cli.clean_crash_setup import crash_config
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.record.compression import CompressionType
 
 
 def value_for(offset: int) -> bytes:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.metadata_log import METADATA_TOPIC
+from seglogfs.engine.config import METADATA_TOPIC
 from tests.cli.test_cli import run
 from tests.conftest import NOW_MS, assert_log_dir_valid, copy_fixture
 

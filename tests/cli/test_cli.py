@@ -474,8 +474,8 @@ def test_legacy_message_data_is_read_and_never_cut(tmp_path: Path) -> None:
 def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
     import struct
 
-    from seglogfs.engine.records import build_batch as build
-    from seglogfs.engine.records import compute_crc
+    from seglogfs.engine.record.records import build_batch as build
+    from seglogfs.engine.record.records import compute_crc
 
     batch = bytearray(build([b"one", b"two"], timestamps=NOW_MS))
     struct.pack_into(">i", batch, 57, 3)  # claims three records, holds two; CRC made to match
@@ -495,7 +495,7 @@ def test_consume_reports_undecodable_records_after_the_good_batches(tmp_path: Pa
     position, after the batches before it were printed."""
     import struct
 
-    from seglogfs.engine.records import compute_crc
+    from seglogfs.engine.record.records import compute_crc
 
     data = tmp_path / "data"
     run("produce", str(data), "--topic", "t", stdin=b"".join(b"first-%d\n" % i for i in range(20)))
@@ -523,7 +523,7 @@ def test_consume_reports_a_damaged_batch_after_those_before_it_far_into_the_log(
     """Batches are checked and rendered on several threads, runs of them at a time: a CRC
     failure megabytes in still comes after every record before it (those of its own run
     too), as one line naming the file and the batch's position."""
-    from seglogfs.engine.records import compute_crc, iter_batch_headers
+    from seglogfs.engine.record.records import compute_crc, iter_batch_headers
 
     data = tmp_path / "data"
     lines = [b"line-%06d %s\n" % (n, b"x" * pad) for n in range(6_000_000 // pad)]  # batches of up to 1 MB
@@ -550,7 +550,7 @@ def test_consume_stops_at_its_message_limit_before_a_damaged_batch(tmp_path: Pat
     """With `--max-messages`, a damaged batch past the last record printed is never looked at
     (Kafka's consumer checks a batch when it gets to its records): the batches read ahead are
     checked only where they are printed."""
-    from seglogfs.engine.records import iter_batch_headers
+    from seglogfs.engine.record.records import iter_batch_headers
 
     data = tmp_path / "data"
     for name in ("first", "second"):  # a batch each, of short records (checked ahead without a limit)
@@ -632,9 +632,9 @@ def mixed(tmp_path: Path) -> Path:
     gzip batch, a transaction's control batch, LogAppendTime-like varied times, null keys and
     values, bytes that are not UTF-8, and records with headers."""
     from seglogfs.engine import PartitionLog
-    from seglogfs.engine.compression import CompressionType
     from seglogfs.engine.config import apply_topic_overrides
-    from seglogfs.engine.records import ProducerState, build_batch
+    from seglogfs.engine.record.compression import CompressionType
+    from seglogfs.engine.record.records import ProducerState, build_batch
 
     data = tmp_path / "data"
     data.mkdir()
@@ -710,7 +710,7 @@ def _damage(segment: Path, which: str) -> None:
     a byte after its first record's header count (a faulty producer's batch of three)."""
     import struct
 
-    from seglogfs.engine.records import compute_crc, iter_batch_headers
+    from seglogfs.engine.record.records import compute_crc, iter_batch_headers
 
     content = bytearray(segment.read_bytes())
     second = list(iter_batch_headers(content))[1]

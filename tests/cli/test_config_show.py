@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR
+from seglogfs.engine.internal_topics.metadata_log import METADATA_PARTITION_DIR
 from tests.cli.support import one_error_line, run, run_json
 from tests.conftest import NOW_MS
 from tests.engine.test_metadata_log import config_record, topic_record, write_log

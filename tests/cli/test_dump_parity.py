@@ -18,7 +18,7 @@ import cramjam
 import crc32c
 import pytest
 
-from seglogfs.engine.records import ProducerState, build_batch, decode_records, iter_batch_headers
+from seglogfs.engine.record.records import ProducerState, build_batch, decode_records, iter_batch_headers
 from seglogfs.mount_tools.dump import java_utf8
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures

@@ -1,5 +1,5 @@
 """`check --repair` and recovery keep what they remove from a log beside the data dir, byte for
-byte, and `check` reports it until an operator removes the place (engine.set_aside)."""
+byte, and `check` reports it until an operator removes the place (engine.log.set_aside)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.producer import Producer
+from seglogfs.engine.text.console_formats import LineFormat
 from tests.cli.support import run
 from tests.conftest import NOW_MS, REPO, broker_config, unmount
 
@@ -170,7 +170,7 @@ def test_dry_run_says_what_a_repair_would_do_and_changes_nothing(eight_segments:
 TORN_WRITER = """
 import os, sys, time
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.records import encode_batches
+from seglogfs.engine.record.records import encode_batches
 data_dir = DataDir.open(BrokerConfig.load(log_dirs=[sys.argv[1]]), now_ms=time.time_ns() // 1_000_000)
 log = data_dir.partition_for_append("crash", 0, now_ms=time.time_ns() // 1_000_000)[0]
 log.append_records([b"record-%d" % n for n in range(50)], now_ms=time.time_ns() // 1_000_000)

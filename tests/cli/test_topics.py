@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from seglogfs.engine.checkpoint import read_offset_checkpoint, read_partition_metadata
+from seglogfs.engine.log.checkpoint import read_offset_checkpoint, read_partition_metadata
 from tests.cli.support import Holder, one_error_line, run, run_json
 from tests.conftest import assert_log_dir_valid, kafka_fixtures
 

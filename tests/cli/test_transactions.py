@@ -24,7 +24,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.transactions import TransactionTracker
+from seglogfs.engine.log.transactions import TransactionTracker
 from tests.cli.support import run
 from tests.conftest import NOW_MS, REPO
 
@@ -270,7 +270,7 @@ def test_a_damaged_batch_the_tracking_rests_on_is_reported(tmp_path: Path, damag
     naming file and position, not a transaction left open (or aborted) by mistake, which would
     hold read_committed readers back without a word."""
     from seglogfs.engine.errors import CorruptRecordError
-    from seglogfs.engine.records import iter_batch_headers
+    from seglogfs.engine.record.records import iter_batch_headers
 
     data = tmp_path / "data"
     build_corpus(data)

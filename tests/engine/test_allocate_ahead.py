@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import _core
-from seglogfs.engine import segment as segment_module
+from seglogfs.engine.log import segment as segment_module
 from tests.conftest import NOW_MS, make_log, unmount
 from tests.engine.test_log import reopen
 

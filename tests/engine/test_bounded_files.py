@@ -19,8 +19,8 @@ import pytest
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.errors import CorruptIndexError
-from seglogfs.engine.index import BLOCK_ENTRIES, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.index import BLOCK_ENTRIES, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
+from seglogfs.engine.log.segment import LogSegment
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, Measured, broker_config, run_measured
 

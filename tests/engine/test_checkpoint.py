@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine.checkpoint import (
+from seglogfs.engine.log.checkpoint import (
     CheckpointError,
     read_offset_checkpoint,
     read_partition_metadata,

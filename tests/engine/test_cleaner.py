@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from kafka.record.memory_records import MemoryRecords
 
 from seglogfs.engine import BrokerConfig, CorruptRecordError, DataDir, PartitionLog
-from seglogfs.engine.checkpoint import read_offset_checkpoint, write_offset_checkpoint
-from seglogfs.engine.cleaner import Cleaner, CleanerStats, batch_records, group_segments_by_size
-from seglogfs.engine.cleaner_manager import LogToClean, filthiest, first_uncleanable_offset, log_to_clean
-from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.cleaner.cleaner import Cleaner, CleanerStats, batch_records, group_segments_by_size
+from seglogfs.engine.cleaner.cleaner_manager import LogToClean, filthiest, first_uncleanable_offset, log_to_clean
+from seglogfs.engine.cleaner.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.config import apply_topic_overrides
-from seglogfs.engine.loader import segment_for
-from seglogfs.engine.offset_map import OffsetMap, key_hashes
-from seglogfs.engine.records import BatchHeader, build_batch, decode_records
+from seglogfs.engine.log.checkpoint import read_offset_checkpoint, write_offset_checkpoint
+from seglogfs.engine.log.loader import segment_for
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
 from tests.engine.test_retention import run_cli
 

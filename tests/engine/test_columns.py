@@ -1,4 +1,4 @@
-"""Batches laid out column-wise (engine.columns: `record_columns`) hold what the record-by-record
+"""Batches laid out column-wise (engine.record.columns: `record_columns`) hold what the record-by-record
 decoder and kafka-python's read from the same bytes. Batches are generated with runs of equal
 records, mixed sizes, null keys and values, headers, timestamp deltas of every varint size and
 offset gaps (as compaction leaves them)."""
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
-from seglogfs.engine.columns import record_columns
-from seglogfs.engine.records import BatchHeader, build_batch, decode_records
+from seglogfs.engine.record.columns import record_columns
+from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records
 
 BASE_TIMESTAMP = 1_763_800_000_000
 

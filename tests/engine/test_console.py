@@ -8,10 +8,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seglogfs.engine.console_formats import TextFormat
-from seglogfs.engine.json_records import record_from_json, record_to_json
-from seglogfs.engine.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
-from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
+from seglogfs.engine.record.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.json_records import record_from_json, record_to_json
+from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 
 NOW_MS = 1_763_800_000_000
 

@@ -37,12 +37,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from seglogfs.engine import _core, varint
-from seglogfs.engine.columns import record_columns
-from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.console_formats import TextFormat
-from seglogfs.engine.json_records import record_to_json
-from seglogfs.engine.records import (
+from seglogfs.engine import _core
+from seglogfs.engine.record import varint
+from seglogfs.engine.record.columns import record_columns
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     BatchHeader,
     Record,
@@ -53,7 +52,9 @@ from seglogfs.engine.records import (
     rebuild_batch,
     records_section,
 )
-from seglogfs.engine.renderers import _SMALL_BATCH_RECORDS, JsonLinesRenderer, TextRenderer
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.json_records import record_to_json
+from seglogfs.engine.text.renderers import _SMALL_BATCH_RECORDS, JsonLinesRenderer, TextRenderer
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 EXTREMES = [INT64_MIN, -(1 << 31) - 1, -(1 << 31), -2, -1, 0, 1, 7, (1 << 31) - 1, 1 << 31, INT64_MAX]

@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import _core
-from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.console_formats import TextFormat
-from seglogfs.engine.records import BatchHeader, ProducerState, TimestampType, build_batch
-from seglogfs.engine.renderers import _SMALL_BATCH_RECORDS, JsonLinesRenderer, TextRenderer
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import BatchHeader, ProducerState, TimestampType, build_batch
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.renderers import _SMALL_BATCH_RECORDS, JsonLinesRenderer, TextRenderer
 from tests.conftest import refused_when_uncached
 from tests.engine.test_core_text import formats
 
@@ -343,8 +343,8 @@ def test_offsets_and_times_at_the_edges_render_as_the_oracles_do(tmp_path: Path)
     int64 limits, with gaps (a compacted batch), negative times and LogAppendTime: the
     section renderers and the range renderers, with a size and without, render what the
     record-at-a-time oracles render."""
-    from seglogfs.engine.json_records import record_to_json
-    from seglogfs.engine.records import decode_records
+    from seglogfs.engine.record.records import decode_records
+    from seglogfs.engine.text.json_records import record_to_json
 
     built = [
         build_batch([b"v%d" % i for i in range(25)], timestamps=[-5 + i // 3 for i in range(25)], base_offset=0),

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import _core
-from seglogfs.engine.console_formats import TextFormat
-from seglogfs.engine.records import BatchHeader, TimestampType, build_batch, decode_records
-from seglogfs.engine.renderers import TextRenderer
+from seglogfs.engine.record.records import BatchHeader, TimestampType, build_batch, decode_records
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.renderers import TextRenderer
 
 formats = st.builds(
     TextFormat,

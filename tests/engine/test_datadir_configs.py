@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
+from seglogfs.engine.config import METADATA_TOPIC
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
-from seglogfs.engine.metadata_log import METADATA_PARTITION_DIR, METADATA_TOPIC
+from seglogfs.engine.internal_topics.metadata_log import METADATA_PARTITION_DIR
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, copy_fixture, kafka_fixtures
 from tests.engine.test_metadata_log import config_record, frame, topic_record, write_log
 
@@ -310,7 +311,7 @@ def test_a_topic_that_cannot_be_made_leaves_nothing_behind(tmp_path: Path, monke
     the topic's overrides are removed again, so the name is free; a partition dir a crash left
     (not loaded) is not ours: creating the topic over it is refused and it stays."""
     from seglogfs.engine.errors import TopicExistsError
-    from seglogfs.engine.log import PartitionLog
+    from seglogfs.engine.log.log import PartitionLog
 
     log_dir = tmp_path / "logs"
     with DataDir.open(broker_config(log_dir), now_ms=NOW_MS) as data_dir:

@@ -24,8 +24,8 @@ from kafka.record.memory_records import MemoryRecords
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.check import check_log_dirs
-from seglogfs.engine.loader import segment_for
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.loader import segment_for
+from seglogfs.engine.log.segment import LogSegment
 from seglogfs.mount_tools.cli import main as cli_main
 from tests.conftest import NOW_MS, kafka_fixtures
 

@@ -1,4 +1,4 @@
-"""The process-wide cache of open segment files (engine.handles) and the segment's leases: the
+"""The process-wide cache of open segment files (engine.log.handles) and the segment's leases: the
 budget holds however many segments are read, leased and pinned segments keep their files, a
 release under a reader waits for it (without blocking the writer), and reads racing evictions
 and releases read the right bytes."""
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import DataDir, PartitionLog
-from seglogfs.engine import handles as handles_module
 from seglogfs.engine.errors import ConfigError
-from seglogfs.engine.handles import (
+from seglogfs.engine.log import handles as handles_module
+from seglogfs.engine.log.handles import (
     FDS_PER_SEGMENT,
     MAX_OPEN_SEGMENTS_ENV,
     OPEN_SEGMENTS,
@@ -27,8 +27,8 @@ from seglogfs.engine.handles import (
     max_open_segments,
     set_max_open_segments,
 )
-from seglogfs.engine.records import BatchHeader, build_batch
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.record.records import BatchHeader, build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
 SEGMENTS = 120

@@ -16,7 +16,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
-from seglogfs.engine.index import (
+from seglogfs.engine.log.index import (
     NO_TIMESTAMP,
     OFFSET_INDEX_DTYPE,
     TIME_INDEX_DTYPE,

@@ -18,11 +18,11 @@ from seglogfs.engine import (
     PartitionLog,
     RecordTooLargeError,
 )
-from seglogfs.engine import log as engine_log
 from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
-from seglogfs.engine.records import build_batch
-from seglogfs.engine.transactions import TransactionTracker
+from seglogfs.engine.log import log as engine_log
+from seglogfs.engine.log.transactions import TransactionTracker
+from seglogfs.engine.record.records import build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
 
 
@@ -81,7 +81,7 @@ def test_non_sequential_offsets_read_the_next_record(part_dir: Path) -> None:
 
 def test_compressed_batches_are_read_whole(part_dir: Path) -> None:
     # Case 14: reading from any offset of a compressed batch gives the whole batch.
-    from seglogfs.engine.compression import CompressionType
+    from seglogfs.engine.record.compression import CompressionType
 
     log = make_log(part_dir)
     log.append_records([b"a", b"b"], now_ms=NOW_MS, compression=CompressionType.GZIP)
@@ -120,7 +120,7 @@ def test_compacted_topic_refuses_records_without_key(part_dir: Path) -> None:
     log = make_log(part_dir, cleanup_policy="compact")
     with pytest.raises(InvalidRecordError, match="record 1, which has no key"):
         log.append_records([b"a", b"b"], keys=[b"k", None], now_ms=NOW_MS)
-    from seglogfs.engine.compression import CompressionType
+    from seglogfs.engine.record.compression import CompressionType
 
     unkeyed = build_batch([b"a"], timestamps=NOW_MS, compression=CompressionType.GZIP)
     with pytest.raises(InvalidRecordError, match="record 0"):
@@ -316,7 +316,7 @@ def test_a_roll_makes_the_new_segments_names_durable_after_the_sealed_segments_b
     partition offline (the sealed segment's batches were fsynced before it)."""
     import errno as errno_module
 
-    from seglogfs.engine import log as log_module
+    from seglogfs.engine.log import log as log_module
 
     log = make_log(part_dir, segment_bytes=300)
     log.append_records([b"x" * 100], now_ms=NOW_MS)
@@ -449,7 +449,7 @@ def test_clean_shutdown_skips_recovery(part_dir: Path) -> None:
     log.append_records([b"a", b"b"], now_ms=NOW_MS)
     log.close()
     calls = []
-    from seglogfs.engine import segment as segment_module
+    from seglogfs.engine.log import segment as segment_module
 
     original = segment_module.LogSegment.recover
     segment_module.LogSegment.recover = lambda self: calls.append(self) or original(self)  # type: ignore[method-assign]
@@ -889,7 +889,7 @@ def test_a_read_only_log_whose_last_batch_is_cut_ends_after_the_batch_before(par
 
 def damage_batch_length(path: Path, nth: int, length: int) -> int:
     """Write `length` into the length field of the file's `nth` batch; returns its position."""
-    from seglogfs.engine.records import iter_batch_headers
+    from seglogfs.engine.record.records import iter_batch_headers
 
     content = bytearray(path.read_bytes())
     position = list(iter_batch_headers(content))[nth].position

@@ -1,4 +1,4 @@
-"""The KRaft metadata log reader (engine.metadata_log), against the broker fixtures and hand-made
+"""The KRaft metadata log reader (engine.internal_topics.metadata_log), against the broker fixtures and hand-made
 records.
 
 The oracle for the fixtures is independent of the decoder: the topic dirs a broker made, and the
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine.checkpoint import read_partition_metadata
-from seglogfs.engine.metadata_log import (
+from seglogfs.engine.internal_topics.metadata_log import (
     METADATA_PARTITION_DIR,
     ConfigRecord,
     MetadataLogError,
@@ -23,8 +22,9 @@ from seglogfs.engine.metadata_log import (
     read_metadata_image,
     topic_id_text,
 )
-from seglogfs.engine.naming import parse_partition_dir
-from seglogfs.engine.records import build_batch
+from seglogfs.engine.log.checkpoint import read_partition_metadata
+from seglogfs.engine.log.naming import parse_partition_dir
+from seglogfs.engine.record.records import build_batch
 from tests.conftest import NOW_MS, kafka_fixtures
 
 KRAFT_DIRS = ["flink-on-prem-cp760", "experts-kafka-data", "ne-streaming-d95be01"]

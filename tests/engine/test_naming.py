@@ -8,7 +8,7 @@ import pytest
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.errors import InvalidTopicError
-from seglogfs.engine.naming import colliding_topic, parse_partition_dir
+from seglogfs.engine.log.naming import colliding_topic, parse_partition_dir
 from tests.conftest import NOW_MS, broker_config
 
 

@@ -8,8 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-from seglogfs.engine.records import build_batch, iter_batch_headers
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.record.records import build_batch, iter_batch_headers
 from tests.conftest import NOW_MS, REPO
 
 

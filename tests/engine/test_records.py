@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from seglogfs.engine import _core, varint
-from seglogfs.engine.compression import CompressionType, compress, decompress
+from seglogfs.engine import _core
 from seglogfs.engine.errors import RecordTooLargeError
-from seglogfs.engine.records import (
+from seglogfs.engine.record import varint
+from seglogfs.engine.record.compression import CompressionType, compress, decompress
+from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     BatchHeader,
     ControlType,
@@ -256,7 +257,7 @@ def test_segments_written_by_the_engine_parse_and_index_by_kafkas_rules(tmp_path
     from kafka.record.memory_records import MemoryRecords
 
     from seglogfs.engine import BrokerConfig, PartitionLog
-    from seglogfs.engine.loader import segment_for
+    from seglogfs.engine.log.loader import segment_for
     from tests.conftest import NOW_MS
 
     log_dir = tmp_path / "logs"

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import BrokerConfig, PartitionLog
-from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.records import BATCH_OVERHEAD_BYTES
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES
 from tests.conftest import NOW_MS, assert_log_dir_valid
 
 # Bytes of a batch header that the CRC does not cover and whose damage leaves a valid batch:

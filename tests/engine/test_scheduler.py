@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.checkpoint import read_offset_checkpoint
 from seglogfs.engine.errors import LogOfflineError
+from seglogfs.engine.log.checkpoint import read_offset_checkpoint
 from seglogfs.engine.scheduler import Scheduler
 from seglogfs.engine.status import partition_status
 from tests.conftest import NOW_MS, assert_log_dir_valid

@@ -18,9 +18,15 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError, UnsafeFileError
-from seglogfs.engine.index import NO_TIMESTAMP, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetPosition, TimestampOffset
-from seglogfs.engine.records import BatchHeader, build_batch, decode_records, iter_batch_headers
-from seglogfs.engine.segment import FetchSlice, LogSegment, _ReadAheadAdvice, read_cached
+from seglogfs.engine.log.index import (
+    NO_TIMESTAMP,
+    OFFSET_INDEX_DTYPE,
+    TIME_INDEX_DTYPE,
+    OffsetPosition,
+    TimestampOffset,
+)
+from seglogfs.engine.log.segment import FetchSlice, LogSegment, _ReadAheadAdvice, read_cached
+from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records, iter_batch_headers
 from tests.conftest import NOW_MS, refused_when_uncached
 
 INT32_MAX = 2**31 - 1

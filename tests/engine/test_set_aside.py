@@ -1,5 +1,5 @@
 """What recovery and repair cut from a log is kept beside the log dir, byte for byte
-(engine.set_aside), and the log left behind is the one Kafka's LogLoader leaves."""
+(engine.log.set_aside), and the log left behind is the one Kafka's LogLoader leaves."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from seglogfs.engine import BrokerConfig, DataDir, PartitionLog
 from seglogfs.engine.check import check_log_dirs, plan_repair
-from seglogfs.engine.checkpoint import CLEAN_SHUTDOWN_FILE
-from seglogfs.engine.set_aside import MANIFEST, SetAsideError, find_set_aside, place_for
+from seglogfs.engine.log.checkpoint import CLEAN_SHUTDOWN_FILE
+from seglogfs.engine.log.set_aside import MANIFEST, SetAsideError, find_set_aside, place_for
 from tests.conftest import NOW_MS
 
 pytestmark = pytest.mark.expect_warnings(r"cut \d+ bytes after the last valid batch")

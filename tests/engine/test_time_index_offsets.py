@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from seglogfs.engine import PartitionLog
-from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.index import TIME_INDEX_DTYPE
-from seglogfs.engine.records import NO_TIMESTAMP, BatchHeader, ProducerState, build_batch, iter_batch_headers
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.index import TIME_INDEX_DTYPE
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, ProducerState, build_batch, iter_batch_headers
 from tests.conftest import NOW_MS
 from tests.engine.test_cleaner import clean, compacted_log
 

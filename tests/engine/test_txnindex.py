@@ -29,9 +29,9 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from seglogfs.engine import DataDir
 from seglogfs.engine.check import check_log_dirs
 from seglogfs.engine.errors import CorruptRecordError
-from seglogfs.engine.log import PartitionLog
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.transaction_index import AbortedTxn, TransactionIndexBuilder, read_transaction_index
+from seglogfs.engine.log.log import PartitionLog
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.transaction_index import AbortedTxn, TransactionIndexBuilder, read_transaction_index
 from tests.cli.support import run
 from tests.cli.test_transactions import ABORT, COMMIT, control_batch, data_batch
 from tests.conftest import NOW_MS, REPO, broker_config
@@ -134,7 +134,7 @@ def by_segment(entries: list[AbortedTxn], bases: list[int]) -> dict[int, list[Ab
 
 
 def rebuilt_from_log(partition_dir: Path) -> list[AbortedTxn]:
-    """The entries a read of the log alone gives (engine.transaction_index's builder)."""
+    """The entries a read of the log alone gives (engine.log.transaction_index's builder)."""
     builder = TransactionIndexBuilder()
     entries = []
     for base in segment_bases(partition_dir):

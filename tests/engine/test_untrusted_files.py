@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.checkpoint import CheckpointError, read_offset_checkpoint, read_partition_metadata
 from seglogfs.engine.config import read_properties
 from seglogfs.engine.errors import ConfigError, LogOfflineError
 from seglogfs.engine.files import decode_text
-from seglogfs.engine.naming import linked_partition_dirs, partition_dirs
+from seglogfs.engine.log.checkpoint import CheckpointError, read_offset_checkpoint, read_partition_metadata
+from seglogfs.engine.log.naming import linked_partition_dirs, partition_dirs
 
 NOW_MS = 1_700_000_000_000
 

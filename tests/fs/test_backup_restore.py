@@ -25,7 +25,7 @@ import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir, Record
 from seglogfs.engine.check import log_dir_in_use
-from seglogfs.engine.checkpoint import (
+from seglogfs.engine.log.checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine.checkpoint import CLEAN_SHUTDOWN_FILE, LEADER_EPOCH_CHECKPOINT, read_leader_epochs
+from seglogfs.engine.log.checkpoint import CLEAN_SHUTDOWN_FILE, LEADER_EPOCH_CHECKPOINT, read_leader_epochs
 from tests.conftest import REPO, kafka_fixtures
 from tests.engine.test_fixtures import _is_partition_dir
 from tests.fs.conftest import Mount

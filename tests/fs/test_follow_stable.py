@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.handles import MAX_OPEN_SEGMENTS_ENV, MIN_OPEN_SEGMENTS
+from seglogfs.engine.log.handles import MAX_OPEN_SEGMENTS_ENV, MIN_OPEN_SEGMENTS
 from tests.fs.conftest import Mount
 
 SEGLOGFS = [sys.executable, "-m", "seglogfs.mount_tools.cli"]

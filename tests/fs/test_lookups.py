@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.cleaner import Cleaner
-from seglogfs.engine.cleaner_manager import log_to_clean
+from seglogfs.engine.cleaner.cleaner import Cleaner
+from seglogfs.engine.cleaner.cleaner_manager import log_to_clean
 from tests.conftest import NOW_MS
 from tests.engine.test_partitioner import KAFKA_VECTORS
 from tests.fs.conftest import REFUSED, Mount

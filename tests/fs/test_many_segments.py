@@ -1,7 +1,7 @@
 """A partition of 2,000 segments under `ulimit -n 256`: the mount (status over every segment,
 records, by-offset views all over the log, retention deleting 200 segments at once) and the CLI
 (`consume`, `check`) work within the descriptor limit, because segments give their files back
-(engine.handles). Without that, one `cat status` held four descriptors per segment."""
+(engine.log.handles). Without that, one `cat status` held four descriptors per segment."""
 
 from __future__ import annotations
 

@@ -555,7 +555,7 @@ def test_cat_of_a_partition_with_a_damaged_batch_prints_what_consume_prints(moun
     """A batch whose CRC fails in the middle of a partition: `cat records` (and the JSON Lines
     view, and `grep`) prints every record before it, as `consume` does, and ends with EIO; a
     by-offset view past it reads on; `status` names the file and position; the mount stays up."""
-    from seglogfs.engine.records import iter_batch_headers
+    from seglogfs.engine.record.records import iter_batch_headers
 
     data = tmp_path / "data"
     lines = b"".join(b"line-%06d %s\n" % (n, b"z" * 60) for n in range(60_000))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine.compression import CompressionType
+from seglogfs.engine.record.compression import CompressionType
 from tests.engine.test_bounded_files import (
     SECONDS,
     TOPIC,

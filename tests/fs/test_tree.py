@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import DataDir
-from seglogfs.engine.console_formats import LineFormat
 from seglogfs.engine.errors import ConfigError, CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from seglogfs.engine.text.console_formats import LineFormat
 from seglogfs.fs.node import Handle, Node, Refused
 from seglogfs.fs.permissions import Caller
 from seglogfs.fs.tree import MountOptions, Tree

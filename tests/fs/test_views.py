@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import PartitionLog
-from seglogfs.engine import segment as segment_module
-from seglogfs.engine.console_formats import TextFormat
 from seglogfs.engine.errors import CorruptRecordError
-from seglogfs.engine.json_records import record_to_json
-from seglogfs.engine.renderers import JsonLinesRenderer, TextRenderer
-from seglogfs.engine.segment import LogSegment, read_cached
+from seglogfs.engine.log import segment as segment_module
+from seglogfs.engine.log.segment import LogSegment, read_cached
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.json_records import record_to_json
+from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.fs import views
 from seglogfs.fs.views import Layout, LayoutStore, View
 from tests.conftest import NOW_MS, drop_from_page_cache, make_log

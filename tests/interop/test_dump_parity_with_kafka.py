@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from seglogfs.engine.records import build_batch
+from seglogfs.engine.record.records import build_batch
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, REPO, kafka_fixtures
 from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, Producers, split_dump

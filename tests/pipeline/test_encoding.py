@@ -11,9 +11,9 @@ import random
 import pyarrow as pa
 import pytest
 
-from seglogfs.engine.compression import CompressionType
 from seglogfs.engine.errors import RecordTooLargeError
-from seglogfs.engine.records import encode_batches
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import encode_batches
 from seglogfs.pipeline.encoding import encode_columns
 
 

@@ -176,7 +176,7 @@ def _append_roll_new_topic(w: Workload) -> None:
 
 def _flush_without_fsync(w: Workload) -> None:
     # A deliberately broken engine, for the harness's own test: flush() fsyncs no `.log` file.
-    from seglogfs.engine.segment import LogSegment
+    from seglogfs.engine.log.segment import LogSegment
 
     def flush(segment: LogSegment) -> None:
         pass

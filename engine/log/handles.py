@@ -12,7 +12,7 @@ A segment holds up to five descriptors: its `.log`, and for each index the file 
 device, sockets, open mirror files, layout files); `SEGLOGFS_MAX_OPEN_SEGMENTS` or
 `set_max_open_segments` sets it instead.
 
-What a holder (`engine.segment.LogSegment`) does:
+What a holder (`engine.log.segment.LogSegment`) does:
 
 * it calls `touch` whenever it takes a lease (a read, an iteration, an append, an index open:
   see `LogSegment._lease`), which opens its `.log` if need be: the cache moves it to the most

@@ -1,9 +1,9 @@
 """One log segment: a `.log` file of record batches and its two sparse indexes (and its
-`.txnindex` when a transaction aborted in it: engine.transaction_index).
+`.txnindex` when a transaction aborted in it: engine.log.transaction_index).
 
-The `.log` file is a plain sequence of v2 batches (see `engine.records`), the base offset in the
+The `.log` file is a plain sequence of v2 batches (see `engine.record.records`), the base offset in the
 file name; a segment a broker wrote before Kafka 0.11 holds legacy messages (magic 0 or 1, see
-`engine.legacy`) instead, or first, which read as batches of their own (`LegacyBatchHeader`) and
+`engine.record.legacy`) instead, or first, which read as batches of their own (`LegacyBatchHeader`) and
 may be shorter than a v2 header. Appends are v2, after whatever the segment holds. The segment
 appends whole batches and keeps Kafka's index rules:
 
@@ -29,12 +29,12 @@ truncates the log at the first invalid batch.
 
 Thread safety: one writer at a time. For the segments in a partition's log that is the holder of
 the partition's lock (appends, rolls, flushes, truncation, retention and the cleaner's swap take
-it: see engine.log); a `.cleaned` segment is written by the cleaner alone, without that lock,
+it: see engine.log.log); a `.cleaned` segment is written by the cleaner alone, without that lock,
 until it is swapped in. Readers may call the read methods concurrently with appends: they read
 with `os.pread` up to a size they were given or read once.
 
 Open files: a segment opens its `.log` and its indexes on first use and gives them back when the
-process holds too many (`engine.handles`: a process-wide LRU with a budget derived from the
+process holds too many (`engine.log.handles`: a process-wide LRU with a budget derived from the
 descriptor limit), or when it is released or closed; they reopen on next use. Every method that
 uses the `.log` descriptor holds a *lease* for as long as it does (an iterator: until it is
 exhausted or closed): a leased segment is never evicted, and `release_handles`, `close_handlers`
@@ -49,7 +49,7 @@ not that segment's bytes.
 
 Locks, in order: `_index_lock` (an RLock: opening, checking and recovering the indexes, closing
 them, renaming the files) → `_handle_lock` (the descriptor, the lease count, the pending
-release) → the cache's lock (`engine.handles`) and each index's own lock. Eviction only ever
+release) → the cache's lock (`engine.log.handles`) and each index's own lock. Eviction only ever
 try-acquires a segment's locks, and skips the segment when one is taken.
 """
 
@@ -70,13 +70,11 @@ from typing import TypeVar
 import numpy as np
 
 from seglogfs.engine import _core
-from seglogfs.engine.columns import record_columns
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, OffsetOverflowError, UnsupportedFormatError
 from seglogfs.engine.files import check_regular, open_regular, write_all
-from seglogfs.engine.handles import OPEN_SEGMENTS, opening
-from seglogfs.engine.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
-from seglogfs.engine.legacy import MIN_ENTRY_BYTES, message_overhead
-from seglogfs.engine.naming import (
+from seglogfs.engine.log.handles import OPEN_SEGMENTS, opening
+from seglogfs.engine.log.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
+from seglogfs.engine.log.naming import (
     DELETED_SUFFIX,
     TXN_INDEX_SUFFIX,
     filename_prefix_from_offset,
@@ -84,7 +82,10 @@ from seglogfs.engine.naming import (
     offset_index_file,
     time_index_file,
 )
-from seglogfs.engine.records import (
+from seglogfs.engine.log.transaction_index import TransactionIndex
+from seglogfs.engine.record.columns import record_columns
+from seglogfs.engine.record.legacy import MIN_ENTRY_BYTES, message_overhead
+from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     CURRENT_MAGIC,
     LOG_OVERHEAD_BYTES,
@@ -95,13 +96,12 @@ from seglogfs.engine.records import (
     is_legacy_message,
     plausible_record_count,
 )
-from seglogfs.engine.transaction_index import TransactionIndex
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Given what recovery is about to cut: (the .log's path, its descriptor, the cut position, the
-# size, the offset the log ends at after the cut). See engine.set_aside.
+# size, the offset the log ends at after the cut). See engine.log.set_aside.
 KeepTail = Callable[[Path, int, int, int, int], object]
 
 _READ_CHUNK_BYTES = 4 * 1024 * 1024
@@ -197,7 +197,7 @@ class LogSegment:
         self._writing = False
         self._offset_index: OffsetIndex | None = None
         self._time_index: TimeIndex | None = None
-        # The `.txnindex` (engine.transaction_index): no descriptor, no lazy opening.
+        # The `.txnindex` (engine.log.transaction_index): no descriptor, no lazy opening.
         self.transaction_index = TransactionIndex(self.transaction_index_path)
         # Whether the last `recover` met a transactional batch (recovery rebuilds `.txnindex`).
         self.holds_transactions = False
@@ -1169,7 +1169,7 @@ class LogSegment:
             self._log_dirty = True
         if truncate and truncated > 0:
             if keep is not None:
-                # What is cut is kept first (engine.set_aside): a failure there cuts nothing.
+                # What is cut is kept first (engine.log.set_aside): a failure there cuts nothing.
                 keep(self.log_path, handle, valid_bytes, self._size, previous_last_offset + 1)
             self._verified_to = min(self._verified_to, valid_bytes)
             os.ftruncate(handle, valid_bytes)
@@ -1221,7 +1221,7 @@ class LogSegment:
         """Validate every batch, rebuild both indexes from the log and truncate the log at the
         first invalid batch (bad CRC, length, magic, or offsets that go backwards or overflow).
         Before the cut, `keep(log_path, descriptor, position, size, next_offset)` (default
-        `keep_cut`) is given the bytes to be cut (engine.set_aside keeps them); an error it
+        `keep_cut`) is given the bytes to be cut (engine.log.set_aside keeps them); an error it
         raises cuts nothing. Returns the number of bytes truncated. Writable segments only."""
         return self._rebuild_indexes(truncate=True, keep=keep or self.keep_cut)
 
@@ -1353,7 +1353,7 @@ class LogSegment:
             self._close_log(handle)
 
     def try_release_handles(self) -> bool:
-        """Eviction (`engine.handles`): close the file and the indexes as `release_handles` does,
+        """Eviction (`engine.log.handles`): close the file and the indexes as `release_handles` does,
         unless the segment is leased or pinned, or another thread holds one of its locks or its
         indexes' at this moment; never waits. In-memory indexes (a read-only segment without
         index files) are kept: they hold no descriptor, and rebuilding them means a scan.

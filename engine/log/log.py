@@ -6,7 +6,7 @@ written), the high watermark (with one replica, the log end offset once an appen
 the recovery point (every offset below it is flushed to disk).
 
 Transactions: an ABORT marker appended for a producer with an open transaction adds the
-transaction's entry to its segment's `.txnindex` (engine.transaction_index). The producers' open
+transaction's entry to its segment's `.txnindex` (engine.log.transaction_index). The producers' open
 transactions are read from the log at the first transactional append of the process and then
 followed append by append; a log without transactions pays one attribute test per batch.
 
@@ -33,15 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seglogfs.engine.checkpoint import (
-    LEADER_EPOCH_CHECKPOINT,
-    PARTITION_METADATA,
-    fsync_dir,
-    write_leader_epochs,
-    write_partition_metadata,
-)
-from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.config import LogConfig
+from seglogfs.engine.config import METADATA_TOPIC, LogConfig
 from seglogfs.engine.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -52,11 +44,23 @@ from seglogfs.engine.errors import (
     UnsafeFileError,
 )
 from seglogfs.engine.files import describe_mode, open_regular
-from seglogfs.engine.leader_epochs import DEFAULT_LEADER_EPOCH, LeaderEpochCache
-from seglogfs.engine.loader import load_partition, segment_for
-from seglogfs.engine.metadata_log import METADATA_TOPIC
-from seglogfs.engine.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
-from seglogfs.engine.records import (
+from seglogfs.engine.log.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    PARTITION_METADATA,
+    fsync_dir,
+    write_leader_epochs,
+    write_partition_metadata,
+)
+from seglogfs.engine.log.leader_epochs import DEFAULT_LEADER_EPOCH, LeaderEpochCache
+from seglogfs.engine.log.loader import load_partition, segment_for
+from seglogfs.engine.log.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
+from seglogfs.engine.log.retention import RetentionDecision, segments_below_log_start, segments_to_delete
+from seglogfs.engine.log.segment import LogSegment, TimestampAndOffset
+from seglogfs.engine.log.segments import LogSegments
+from seglogfs.engine.log.set_aside import SetAsidePiece
+from seglogfs.engine.log.transaction_index import TransactionIndexBuilder
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import (
     NO_PRODUCER,
     BatchHeader,
     Header,
@@ -69,11 +73,6 @@ from seglogfs.engine.records import (
     iter_batch_headers,
     set_log_append_time,
 )
-from seglogfs.engine.retention import RetentionDecision, segments_below_log_start, segments_to_delete
-from seglogfs.engine.segment import LogSegment, TimestampAndOffset
-from seglogfs.engine.segments import LogSegments
-from seglogfs.engine.set_aside import SetAsidePiece
-from seglogfs.engine.transaction_index import TransactionIndexBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +151,7 @@ class PartitionLog:
         self._behind: _RollFlush | None = None  # the last roll's flush, until it is waited for
         self._pending_deletes: list[tuple[int, LogSegment]] = []
         self.offline_reason: str | None = None  # why the partition was taken offline, if it was
-        # What the open's recovery cut or removed, kept beside the log dir (engine.set_aside).
+        # What the open's recovery cut or removed, kept beside the log dir (engine.log.set_aside).
         self.set_aside: list[SetAsidePiece] = []
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
         self._listed_at_mtime_ns: int | None = None  # read-only: the directory's mtime at `refresh`'s last listing
@@ -161,7 +160,7 @@ class PartitionLog:
         # process, then kept up to date by every transactional batch appended; None again after
         # a truncation. A log without transactions never builds it.
         self._transactions: TransactionIndexBuilder | None = None
-        # The leader epochs of `leader-epoch-checkpoint` (engine.leader_epochs): read at the first
+        # The leader epochs of `leader-epoch-checkpoint` (engine.log.leader_epochs): read at the first
         # append, truncation or move of the log start, which keep it in line with the log.
         self._leader_epochs: LeaderEpochCache | None = None
         if writable and segments:
@@ -968,7 +967,7 @@ class PartitionLog:
 
     # -- retention --------------------------------------------------------------------------------
     def delete_old_segments(self, now_ms: int) -> RetentionDecision:
-        """One retention pass (see engine.retention): the segments due go out of the segment map
+        """One retention pass (see engine.log.retention): the segments due go out of the segment map
         at once, are renamed `.deleted` and removed after `file.delete.delay.ms` (readers that
         hold one keep reading it); the log start offset moves to the first segment left. When
         every segment is due the log rolls first, so an empty segment keeps the log end offset."""
@@ -977,7 +976,7 @@ class PartitionLog:
             return self._delete_segments_locked(self.retention_due(now_ms), now_ms)
 
     def retention_due(self, now_ms: int) -> RetentionDecision:
-        """What a retention pass would delete now (engine.retention), deleting nothing: the
+        """What a retention pass would delete now (engine.log.retention), deleting nothing: the
         pass's own decision when called under the lock, a plan (`clean --dry-run`) otherwise."""
         return segments_to_delete(
             self._segments.snapshot(),

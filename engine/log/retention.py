@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from seglogfs.engine.config import LogConfig
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.segment import LogSegment
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 # snappy's and zstd's libraries are imported when a batch of theirs is first met: most commands
 # meet none, and the two cost about a tenth of every `seglogfs` start (zstandard imports
-# `platform`). lz4's frame module comes with the legacy codec's (engine.legacy) anyway.
+# `platform`). lz4's frame module comes with the legacy codec's (engine.record.legacy) anyway.
 
 
 class CompressionType(enum.IntEnum):

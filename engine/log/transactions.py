@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from seglogfs.engine.records import BatchHeader, ControlType, control_type, decode_records
+from seglogfs.engine.record.records import BatchHeader, ControlType, control_type, decode_records
 
 if TYPE_CHECKING:
-    from seglogfs.engine.log import PartitionLog
-    from seglogfs.engine.segment import LogSegment
+    from seglogfs.engine.log.log import PartitionLog
+    from seglogfs.engine.log.segment import LogSegment
 
 READ_UNCOMMITTED, READ_COMMITTED = "read_uncommitted", "read_committed"  # Kafka's isolation.level values
 

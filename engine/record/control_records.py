@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 
-from seglogfs.engine.messages import Field, Schema, decode, json_ready, to_json
+from seglogfs.engine.record.messages import Field, Schema, decode, json_ready, to_json
 
 CONTROL_TYPE_NAMES = {
     0: "ABORT",

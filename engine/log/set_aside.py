@@ -28,7 +28,7 @@ and last offsets those of the batches in it that pass their CRC check, `damagedB
 in no such batch. It is replaced (written, fsynced, renamed) after each piece, so it lists what
 is there even after a crash between two pieces.
 
-Order, so that nothing is lost whatever fails (engine.loader): the tail is copied and fsynced
+Order, so that nothing is lost whatever fails (engine.log.loader): the tail is copied and fsynced
 (with its directories) first, the one step that needs room; then the segments after it are
 renamed (on another file system: copied, fsynced, unlinked), the last first; only then is the
 live segment cut. Any failure (no space, a read-only or unwritable parent, something not a
@@ -58,12 +58,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seglogfs.engine.checkpoint import fsync_dir, write_atomically
 from seglogfs.engine.errors import EngineError
 from seglogfs.engine.files import is_directory, open_regular, read_regular, write_all
-from seglogfs.engine.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
-from seglogfs.engine.records import check_batch
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.checkpoint import fsync_dir, write_atomically
+from seglogfs.engine.log.naming import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.record.records import check_batch
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from seglogfs.engine.messages import Field, Schema, decode, since
+from seglogfs.engine.record.messages import Field, Schema, decode, since
 
 TRANSACTION_LOG_KEY_TYPE = 0
 TRANSACTION_LOG_KEY = Schema("TransactionLogKey", (Field("TransactionalId", "string"),))

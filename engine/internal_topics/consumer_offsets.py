@@ -47,15 +47,15 @@ Reading changes nothing and takes no lock. Not thread-safe per call (each call r
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from seglogfs.engine.config import CONSUMER_OFFSETS_TOPIC
-from seglogfs.engine.datadir import DataDir
 from seglogfs.engine.errors import EngineError
-from seglogfs.engine.messages import Field, Schema, decode, since
-from seglogfs.engine.records import (
+from seglogfs.engine.log.log import PartitionLog
+from seglogfs.engine.record.messages import Field, Schema, decode, since
+from seglogfs.engine.record.records import (
     BatchHeader,
     ControlType,
     control_type,
@@ -371,13 +371,13 @@ class _Replay:
             self.groups.pop(group.group_id, None)
 
 
-def read_consumer_groups(data_dir: DataDir) -> GroupCoordinatorState:
-    """Replay every `__consumer_offsets` partition of a data dir (see the module docstring).
+def read_consumer_groups(logs: Mapping[int, PartitionLog]) -> GroupCoordinatorState:
+    """Replay `__consumer_offsets`, its partitions' logs by partition (see the module docstring).
     Raises ConsumerOffsetsError for records that do not decode, CorruptRecordError for damage."""
-    partitions = tuple(data_dir.topics().get(CONSUMER_OFFSETS_TOPIC, ()))
+    partitions = tuple(sorted(logs))
     replay = _Replay()
     for partition in partitions:
-        log = data_dir.partition(CONSUMER_OFFSETS_TOPIC, partition)
+        log = logs[partition]
         for segment, header, batch in log.batches(log.log_start_offset):
             replay.apply_batch(segment.log_path, header, batch)
         replay.pending.clear()  # an open transaction's commits are not visible yet

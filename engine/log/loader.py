@@ -15,7 +15,7 @@ In order:
    recovery point on is recovered: batches checked, indexes rebuilt, the log cut at the first
    invalid batch — and every later segment removed, since what follows a torn write is not
    trusted. The live log is what Kafka's LogLoader leaves; what it cut or removed is moved
-   beside the log dir first (engine.set_aside), and one WARNING line names it. After a clean
+   beside the log dir first (engine.log.set_aside), and one WARNING line names it. After a clean
    stop nothing is read but the active segment's tail.
    The segments recovered here and in step 3 get their `.txnindex` rebuilt from the log
    (`rebuild_transaction_indexes`), as Kafka's LogSegment.recover rebuilds it.
@@ -33,11 +33,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from seglogfs.engine.checkpoint import fsync_dir
 from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, UnsafeFileError, UnsupportedFormatError
 from seglogfs.engine.files import describe_mode
-from seglogfs.engine.naming import (
+from seglogfs.engine.log.checkpoint import fsync_dir
+from seglogfs.engine.log.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -48,9 +48,9 @@ from seglogfs.engine.naming import (
     TXN_INDEX_SUFFIX,
     parse_segment_file_name,
 )
-from seglogfs.engine.segment import LogSegment
-from seglogfs.engine.set_aside import SetAside, SetAsideError, SetAsidePiece
-from seglogfs.engine.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
+from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.set_aside import SetAside, SetAsideError, SetAsidePiece
+from seglogfs.engine.log.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def _recover_from(
 def rebuild_transaction_indexes(segments: list[LogSegment], recovered: list[LogSegment]) -> None:
     """Give each recovered segment the `.txnindex` the log gives (Kafka's LogSegment.recover
     rebuilds it from the producer state), keeping the entries of the file that only it still
-    knows (engine.transaction_index.reconcile). Nothing is read unless a recovered segment
+    knows (engine.log.transaction_index.reconcile). Nothing is read unless a recovered segment
     holds a transactional batch or has a `.txnindex`; then the log is read from its first
     segment up to the last such one (the open transactions before it: Kafka loads them from
     its producer snapshots)."""

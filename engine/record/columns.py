@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seglogfs.engine import _core
-from seglogfs.engine.records import BatchHeader, TimestampType, check_record_count, records_section
+from seglogfs.engine.record.records import BatchHeader, TimestampType, check_record_count, records_section
 
 
 @dataclass(slots=True)

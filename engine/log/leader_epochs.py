@@ -1,6 +1,6 @@
 """A partition's leader epochs: Kafka's LeaderEpochFileCache over its `leader-epoch-checkpoint`.
 
-The checkpoint (engine.checkpoint) lists `epoch start_offset` entries, epochs and start offsets
+The checkpoint (engine.log.checkpoint) lists `epoch start_offset` entries, epochs and start offsets
 both rising: the first offset written in each leader epoch. A broker answers its followers'
 OffsetsForLeaderEpoch requests from it, and stamps each batch it appends as leader with its
 current epoch (the batch header's `partitionLeaderEpoch`).
@@ -16,7 +16,7 @@ Kafka's do: a truncation removes those at or past the new log end; a log start o
 a log cut below its first segment starts with none. The current epoch never goes down with them.
 
 Writes: only when the entries come to differ from the file's, atomically
-(engine.checkpoint.write_atomically: never through a link). Kafka writes an entry before the
+(engine.log.checkpoint.write_atomically: never through a link). Kafka writes an entry before the
 batch that needs it, and so does `assign`: a crash between the two leaves an entry at the log
 end, which does no harm (the next open drops it in memory, as Kafka's loader does, and from the
 file at the next change; or the next append in the epoch starts there).
@@ -29,7 +29,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from seglogfs.engine.checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointError, read_leader_epochs, write_leader_epochs
+from seglogfs.engine.log.checkpoint import (
+    LEADER_EPOCH_CHECKPOINT,
+    CheckpointError,
+    read_leader_epochs,
+    write_leader_epochs,
+)
 
 logger = logging.getLogger(__name__)
 

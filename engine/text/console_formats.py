@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from seglogfs.engine.errors import InvalidRecordError
-from seglogfs.engine.records import Record
+from seglogfs.engine.record.records import Record
 
 
 def _flag(properties: Mapping[str, str], name: str, default: bool = False) -> bool:

@@ -7,7 +7,7 @@ of an entry (all integers big-endian), as Kafka's LegacyRecord spells it:
      0       8    offset          the message's offset; a wrapper's is the offset of its last inner message
      8       4    message_size    bytes after this field: at least 14 (magic 0) or 22 (magic 1)
     12       4    crc             CRC-32 (zlib's, not the CRC-32C of v2) of every byte from `magic` on
-    16       1    magic           0 or 1 (2 is a v2 batch, see `engine.records`: same place)
+    16       1    magic           0 or 1 (2 is a v2 batch, see `engine.record.records`: same place)
     17       1    attributes      bits 0-2 codec (0 none, 1 gzip, 2 snappy, 3 lz4),
                                   bit 3 timestamp type (magic 1 only: 1 = LogAppendTime)
     18       8    timestamp       magic 1 only; magic 0 has none (consumers see -1, NO_TIMESTAMP)
@@ -28,7 +28,7 @@ Kafka's AbstractLegacyRecordBatch reads them:
 Inner timestamps: a LogAppendTime wrapper's timestamp replaces every inner one; a CreateTime
 wrapper's inner messages keep their own, and all take the wrapper's timestamp type.
 
-Codecs are as `engine.compression` reads them (gzip; snappy with xerial framing or a raw block),
+Codecs are as `engine.record.compression` reads them (gzip; snappy with xerial framing or a raw block),
 except lz4: a magic 0 wrapper written by Kafka 0.8-0.10 has its LZ4 frame descriptor checksum
 (HC) computed over the frame's magic bytes too, which no standard reader accepts. Kafka's
 KafkaLZ4BlockInputStream ignores that byte for magic 0, and so does `_lz4_frame_ignoring_hc`.
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import lz4.block
 import lz4.frame
 
-from seglogfs.engine.compression import CompressionType, decompress
+from seglogfs.engine.record.compression import CompressionType, decompress
 
 LOG_OVERHEAD_BYTES = 12  # offset (8) + message_size (4)
 MAGIC_OFFSET = 16

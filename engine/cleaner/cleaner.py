@@ -2,10 +2,10 @@
 
 A compacted log keeps, for every key, at least its latest record; offsets never change. Which log
 to clean, and its dirty section (from the first dirty offset to the first uncleanable one), is
-engine.cleaner_manager's choice; engine.datadir runs the passes one after another (Kafka's
+engine.cleaner.cleaner_manager's choice; engine.datadir runs the passes one after another (Kafka's
 LogCleaner, with one cleaner thread). A pass
 
-1. builds an offset map (engine.offset_map, key → latest offset) over the dirty section, from the
+1. builds an offset map (engine.cleaner.offset_map, key → latest offset) over the dirty section, from the
    first dirty offset until the map is full or the section ends; the offset after the last record
    mapped is where the next pass starts (the new checkpoint);
 2. rewrites every segment below that offset, in groups that fit one segment
@@ -13,7 +13,7 @@ LogCleaner, with one cleaner thread). A pass
    for, records without a key, and tombstones whose delete horizon has passed;
 3. swaps each group's output in: `.cleaned` files, renamed `.swap`, the old segments renamed
    `.deleted`, the `.swap` renamed live. A crash at any step leaves files the loader finishes or
-   undoes, as Kafka's does (see engine.loader).
+   undoes, as Kafka's does (see engine.log.loader).
 
 Tombstones (null values) live through two passes: the first pass that keeps one stamps its batch
 with a delete horizon (now + `delete.retention.ms`, in the batch's first-timestamp field); a pass
@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from seglogfs.engine.cleaner_manager import LogToClean, segments_between
-from seglogfs.engine.columns import RecordColumns, record_columns
+from seglogfs.engine.cleaner.cleaner_manager import LogToClean, segments_between
+from seglogfs.engine.cleaner.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.errors import CorruptRecordError, EngineError
-from seglogfs.engine.loader import segment_for
-from seglogfs.engine.naming import (
+from seglogfs.engine.log.loader import segment_for
+from seglogfs.engine.log.naming import (
     CLEANED_SUFFIX,
     TXN_INDEX_SUFFIX,
     filename_prefix_from_offset,
@@ -50,8 +50,8 @@ from seglogfs.engine.naming import (
     offset_index_file,
     time_index_file,
 )
-from seglogfs.engine.offset_map import OffsetMap, key_hashes
-from seglogfs.engine.records import (
+from seglogfs.engine.record.columns import RecordColumns, record_columns
+from seglogfs.engine.record.records import (
     BatchHeader,
     ProducerState,
     TimestampType,
@@ -62,8 +62,8 @@ from seglogfs.engine.records import (
 )
 
 if TYPE_CHECKING:
-    from seglogfs.engine.log import PartitionLog
-    from seglogfs.engine.segment import LogSegment
+    from seglogfs.engine.log.log import PartitionLog
+    from seglogfs.engine.log.segment import LogSegment
 
 _WRITE_CHUNK_BYTES = 1 << 20
 _INT32_MAX = 0x7FFF_FFFF
@@ -74,7 +74,7 @@ _INT32_MAX = 0x7FFF_FFFF
 
 @dataclass(slots=True)
 class BatchRecords:
-    """A batch's records column-wise (engine.columns) with the fields the cleaner decides on."""
+    """A batch's records column-wise (engine.record.columns) with the fields the cleaner decides on."""
 
     columns: RecordColumns
     has_key: np.ndarray

@@ -18,9 +18,9 @@ is read, and a file of more entries than its reader allows (a check or recovery:
 abort markers, each of which names one entry), found before anything is read too. Entries are
 read a chunk at a time; a writer's append reads only the last one.
 
-Writers: the partition's appends (engine.log: an ABORT marker that ends an open transaction adds
+Writers: the partition's appends (engine.log.log: an ABORT marker that ends an open transaction adds
 its entry to the marker's segment), the cleaner (a cleaned segment carries its sources' entries),
-recovery and `check --repair` (engine.loader: the segments recovery re-reads get theirs rebuilt
+recovery and `check --repair` (engine.log.loader: the segments recovery re-reads get theirs rebuilt
 from the log, `reconcile`). After a crash the file may miss its last entries or end in a torn
 one; the marker's segment lies past the recovery point then, so recovery rebuilds it.
 """
@@ -35,8 +35,8 @@ import numpy as np
 
 from seglogfs.engine.errors import CorruptIndexError
 from seglogfs.engine.files import open_regular
-from seglogfs.engine.records import CURRENT_MAGIC, BatchHeader, ControlType, control_type, decode_records
-from seglogfs.engine.transactions import TransactionTracker
+from seglogfs.engine.log.transactions import TransactionTracker
+from seglogfs.engine.record.records import CURRENT_MAGIC, BatchHeader, ControlType, control_type, decode_records
 
 ABORTED_TXN_DTYPE = np.dtype(
     [
@@ -137,7 +137,7 @@ class TransactionIndex:
     Durability: an append is written at once and fsynced by the next `flush` (the segment's
     flush, at a log flush or a roll), as the other indexes are. After a crash the file may lack
     its last entries or end in a torn one: recovery rebuilds the `.txnindex` of every segment
-    it re-reads (engine.loader). Not thread-safe: the partition's writer calls it under the
+    it re-reads (engine.log.loader). Not thread-safe: the partition's writer calls it under the
     partition's lock (the cleaner's `.cleaned` segment: the cleaner alone).
     """
 

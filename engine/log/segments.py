@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 
-from seglogfs.engine.segment import LogSegment
+from seglogfs.engine.log.segment import LogSegment
 
 
 class LogSegments:

@@ -11,7 +11,7 @@ another process's trim cut off):
 `relative_offset` is the absolute offset minus the segment's base offset. Invariants: offsets
 strictly increase in `.index`; in `.timeindex` timestamps strictly increase and offsets never
 decrease. An entry is written when more than `index.interval.bytes` were appended since the last
-one (the segment decides; see `engine.segment`).
+one (the segment decides; see `engine.log.segment`).
 
 While a segment is active its index files are preallocated to `segment.index.bytes` rounded down
 to the entry size, the tail zero-filled; `trim_to_valid_size` cuts them to the entries in use on
@@ -49,7 +49,7 @@ index file is missing or damaged) keeps its entries in anonymous memory, sized b
 
 Look-ups, appends and resizes are thread-safe: each index guards its file and its fences with a
 lock, since a reader may look up while the writer appends, trims or closes. An index is closed
-when its segment gives back its files (a roll, a release, or an eviction by `engine.handles`); a
+when its segment gives back its files (a roll, a release, or an eviction by `engine.log.handles`); a
 reader that still holds the object reopens it read-only on its next look-up. `fsync` runs only
 for an index written (or resized) since its last one: closing an untouched index costs no disk
 flush.
@@ -73,7 +73,7 @@ import numpy.typing as npt
 
 from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
 from seglogfs.engine.files import open_regular
-from seglogfs.engine.legacy import MIN_ENTRY_BYTES
+from seglogfs.engine.record.legacy import MIN_ENTRY_BYTES
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring as encode_json_string
 
 from seglogfs.engine.errors import InvalidRecordError
-from seglogfs.engine.records import Header, Record
-from seglogfs.engine.timestamps import parse_timestamp
+from seglogfs.engine.record.records import Header, Record
+from seglogfs.engine.text.timestamps import parse_timestamp
 
 
 def bytes_json_text(data: bytes | None) -> str:

@@ -3,7 +3,7 @@ record's type, version and fields as JSON (Kafka's MetadataRecordSerde, then its
 MetadataJsonConverters).
 
 The framing (frame version, api key, version, then the fields in Kafka's flexible encoding) is
-`engine.metadata_log`'s. This module holds the schemas of every record type in Kafka's
+`engine.internal_topics.metadata_log`'s. This module holds the schemas of every record type in Kafka's
 `common/metadata/*.json`, each in all its versions (all flexible from version 0; `tag N` is a
 tagged field, shown in the JSON only when it differs from its default, as the converters do):
 
@@ -76,8 +76,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seglogfs.engine.messages import Field, Reader, Schema, decode_struct, json_ready, since, to_json
-from seglogfs.engine.metadata_log import CONFIG_RECORD, FRAME_VERSION, REMOVE_TOPIC_RECORD, TOPIC_RECORD
+from seglogfs.engine.internal_topics.metadata_log import CONFIG_RECORD, FRAME_VERSION, REMOVE_TOPIC_RECORD, TOPIC_RECORD
+from seglogfs.engine.record.messages import Field, Reader, Schema, decode_struct, json_ready, since, to_json
 
 _NULLABLE = since(0)
 

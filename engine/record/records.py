@@ -19,7 +19,7 @@ Byte layout of a batch (all integers big-endian), as `BATCH_HEADER_DTYPE` spells
     57       4    records_count
     61       ...  records, compressed as a whole when the codec is not none
 
-A record inside the records section (varints are zig-zag, see `engine.varint`):
+A record inside the records section (varints are zig-zag, see `engine.record.varint`):
 
     length varint | attributes int8 (unused, 0) | timestamp_delta varlong | offset_delta varint |
     key_length varint (-1 = null) | key | value_length varint (-1 = null) | value |
@@ -30,13 +30,13 @@ Batch-level work (offsets, lengths, CRC) reads only the 61-byte header; record-l
 the records section. Control batches carry transaction markers, never user records: readers of
 user records skip them.
 
-Legacy messages (magic 0 and 1, `engine.legacy`) are read, never written. Their magic byte sits
+Legacy messages (magic 0 and 1, `engine.record.legacy`) are read, never written. Their magic byte sits
 where a batch's does, so `BatchHeader.parse` tells them apart and gives each top-level message a
 `LegacyBatchHeader`: the message seen as a batch (a plain message holds one record, a compressed
 wrapper its inner messages), its records decoded once, when it is parsed. Readers then use it as
 any batch: `check_batch` checks its CRC-32, `decode_records` returns its records, and
 `records_section` re-encodes them as a v2 records section, so that the column-wise readers
-(`engine.columns`) and the compiled core take them unchanged. Segments that mix legacy messages
+(`engine.record.columns`) and the compiled core take them unchanged. Segments that mix legacy messages
 and v2 batches (a broker upgraded in place) read in order.
 """
 
@@ -52,9 +52,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from seglogfs.engine import _core, legacy, varint
-from seglogfs.engine.compression import CompressionType, compress, decompress
+from seglogfs.engine import _core
 from seglogfs.engine.errors import RecordTooLargeError
+from seglogfs.engine.record import legacy, varint
+from seglogfs.engine.record.compression import CompressionType, compress, decompress
 
 BATCH_HEADER_DTYPE = np.dtype(
     [

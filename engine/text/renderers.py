@@ -2,7 +2,7 @@
 (`TextFormat`) and JSON Lines (`record_to_json`).
 
 `consume` and the views render millions of records: a renderer lays a batch out column-wise
-(engine.columns) and formats its records without a Record object each. Batches with headers
+(engine.record.columns) and formats its records without a Record object each. Batches with headers
 (when they are shown) and small batches are decoded record by record: the result is the same
 bytes. `render_indexed` also says where each record's part ends, and `measure` gives the size of
 a rendering without producing it where the columns allow.
@@ -15,11 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from seglogfs.engine import _core
-from seglogfs.engine.columns import RecordColumns, record_columns
-from seglogfs.engine.compression import CompressionType
-from seglogfs.engine.console_formats import TextFormat
-from seglogfs.engine.json_records import bytes_json_text, encode_json_string, record_to_json
-from seglogfs.engine.records import (
+from seglogfs.engine.record.columns import RecordColumns, record_columns
+from seglogfs.engine.record.compression import CompressionType
+from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     CURRENT_MAGIC,
     BatchHeader,
@@ -28,6 +26,8 @@ from seglogfs.engine.records import (
     decode_records,
     records_section,
 )
+from seglogfs.engine.text.console_formats import TextFormat
+from seglogfs.engine.text.json_records import bytes_json_text, encode_json_string, record_to_json
 
 
 @dataclass(frozen=True, slots=True)

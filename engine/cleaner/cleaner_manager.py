@@ -8,7 +8,7 @@ watermark and, with `min.compaction.lag.ms`, the base of the first dirty segment
 younger than the lag. A log is worth a pass when its dirty bytes are more than
 `min.cleanable.dirty.ratio` of its clean and dirty bytes together, or when `max.compaction.lag.ms`
 has passed for its first dirty batches; the filthiest such log goes first. The pass itself is
-engine.cleaner's.
+engine.cleaner.cleaner's.
 
 Everything here only looks at the log: its segment snapshot and its sealed segments' batch
 headers and indexes, read without the partition's lock, on the cleaner's thread.
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from seglogfs.engine.log import PartitionLog
-    from seglogfs.engine.segment import LogSegment
+    from seglogfs.engine.log.log import PartitionLog
+    from seglogfs.engine.log.segment import LogSegment
 
 
 @dataclass(frozen=True, slots=True)

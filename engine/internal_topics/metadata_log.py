@@ -51,11 +51,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from seglogfs.engine.config import METADATA_TOPIC
 from seglogfs.engine.errors import EngineError
 from seglogfs.engine.files import open_regular
-from seglogfs.engine.messages import Reader
-from seglogfs.engine.naming import segment_log_files
-from seglogfs.engine.records import (
+from seglogfs.engine.log.naming import segment_log_files
+from seglogfs.engine.record.messages import Reader
+from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     LOG_OVERHEAD_BYTES,
     MAGIC_OFFSET,
@@ -66,7 +67,6 @@ from seglogfs.engine.records import (
 
 logger = logging.getLogger(__name__)
 
-METADATA_TOPIC = "__cluster_metadata"
 METADATA_PARTITION = 0
 METADATA_PARTITION_DIR = f"{METADATA_TOPIC}-{METADATA_PARTITION}"
 
