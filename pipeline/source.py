@@ -48,6 +48,7 @@ from pyspark.sql.types import (
 )
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError
+from seglogfs.pipeline.commit import abort_staged, commit_staged
 from seglogfs.pipeline.options import (
     TABLE_REFUSED,
     OptionError,
@@ -74,6 +75,7 @@ from seglogfs.pipeline.planning import (
     resolve_ranges,
 )
 from seglogfs.pipeline.reading import ReadSpec, read_slice
+from seglogfs.pipeline.staging import Staged
 from seglogfs.pipeline.stream_writing import (
     abort_micro_batch,
     commit_micro_batch,
@@ -92,16 +94,8 @@ from seglogfs.pipeline.streaming import (
     parse_stream_options,
     to_json,
 )
-from seglogfs.pipeline.writing import (
-    Columns,
-    Staged,
-    WritePlan,
-    abort_staged,
-    commit_staged,
-    parse_write_options,
-    plan_write,
-    write_task,
-)
+from seglogfs.pipeline.task_writer import write_task
+from seglogfs.pipeline.writing import Columns, WritePlan, parse_write_options, plan_write
 
 FORMAT_NAME = "seglog"
 

@@ -8,7 +8,7 @@ batch id. Spark's Kafka sink appends such a batch twice. This sink does not:
   sink (else `queryName`, under `spark.sql.streaming.checkpointLocation`). Its state lives in
   `<staging root>/streams/<digest of the identity>/`: the tasks' staged batches and
   `ledger.json` — the last committed batch id, and the commit under way, if any.
-* Tasks stage as a batch write's do (`writing.TaskWriter`). The commit, holding the data dir's
+* Tasks stage as a batch write's do (`task_writer.TaskWriter`). The commit, holding the data dir's
   lock: makes the staged files durable; writes the ledger's *pending* entry (the batch id, and
   per partition its log end offset before the append and the staged regions); appends; flushes;
   then writes the batch as committed and removes the staged files.
@@ -38,19 +38,10 @@ from pathlib import Path
 from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.log.checkpoint import fsync_dir, write_atomically
 from seglogfs.engine.record.records import BatchHeader, iter_batch_headers
+from seglogfs.pipeline.commit import create_topics, open_writable
 from seglogfs.pipeline.options import OptionError, lowered
-from seglogfs.pipeline.writing import (
-    Columns,
-    Region,
-    Staged,
-    WriteOptions,
-    WritePlan,
-    create_topics,
-    open_writable,
-    plan_targets,
-    regions_by_partition,
-    staging_root_of,
-)
+from seglogfs.pipeline.staging import Region, Staged, regions_by_partition
+from seglogfs.pipeline.writing import Columns, WriteOptions, WritePlan, plan_targets, staging_root_of
 
 STREAMS_DIR = "streams"
 APPEND_CHUNK_BYTES = 64 << 20  # staged batches handed to one append_batches call

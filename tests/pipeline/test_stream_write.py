@@ -31,7 +31,8 @@ from seglogfs.pipeline.stream_writing import (
     plan_stream_write,
     stream_identity,
 )
-from seglogfs.pipeline.writing import Columns, parse_write_options, write_task
+from seglogfs.pipeline.task_writer import write_task
+from seglogfs.pipeline.writing import Columns, parse_write_options
 from tests.conftest import assert_log_dir_valid
 from tests.pipeline.test_streaming import append, finish, new_data_dir, stream
 from tests.pipeline.test_write import REPOSITORY, log_ends

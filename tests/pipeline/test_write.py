@@ -27,7 +27,7 @@ from kafka.record.default_records import DefaultRecordBatch
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
 from seglogfs.engine.record.records import build_batch
-from seglogfs.pipeline.writing import STAGING_SUFFIX, Region, _boot_id, _start_time, staged_batches_in_pieces
+from seglogfs.pipeline.staging import STAGING_SUFFIX, Region, _boot_id, _start_time, staged_batches_in_pieces
 from tests.conftest import assert_log_dir_valid, copy_fixture
 from tests.fs.conftest import Mount, check_mount_log
 from tests.pipeline.conftest import read_table
@@ -408,7 +408,9 @@ def _stage_and_commit(path: Path, staging: Path | None, values: list[bytes]) -> 
     staged files' inodes."""
     import pyarrow as pa
 
-    from seglogfs.pipeline.writing import Columns, commit_staged, parse_write_options, plan_write, write_task
+    from seglogfs.pipeline.commit import commit_staged
+    from seglogfs.pipeline.task_writer import write_task
+    from seglogfs.pipeline.writing import Columns, parse_write_options, plan_write
 
     raw = {"path": str(path), "topic": "bulk", "override.log.segment.bytes": "20000"}
     if staging is not None:
