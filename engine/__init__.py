@@ -13,7 +13,7 @@ use it unchanged. Time comes in as `now_ms` arguments. The public API:
 Its folders are its layers, each importing only those below it (an import contract checks it):
 `record/` (the record format), `log/` (one partition's log), `cleaner/` and `internal_topics/`
 (compaction; Kafka's own topics), then `datadir.py` and the tools over it (`check`, `scheduler`,
-`status`, `producer`); `config.py` and `text/` sit between the log and the record format, and
+`status`, `producer`, `mirror`); `config.py` and `text/` sit between the log and the record format, and
 `files.py` and `errors.py` under everything. The names above are loaded when first used, so a
 process that needs one layer does not load them all.
 """

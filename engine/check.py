@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from seglogfs.engine.config import read_properties
-from seglogfs.engine.datadir import META_PROPERTIES
 from seglogfs.engine.errors import ConfigError, CorruptIndexError, UnsafeFileError
 from seglogfs.engine.files import describe_mode, open_regular
 from seglogfs.engine.log.checkpoint import (
@@ -70,6 +69,7 @@ from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
 from seglogfs.engine.log.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 from seglogfs.engine.record.records import BatchHeader, check_batch, decode_records
+from seglogfs.engine.topic_configs import META_PROPERTIES
 
 # The partition's own small files besides its segments (a link or a FIFO there is refused too).
 _PARTITION_FILES = frozenset({PARTITION_METADATA, LEADER_EPOCH_CHECKPOINT})

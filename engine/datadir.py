@@ -12,32 +12,9 @@ Each log dir holds `<topic>-<partition>/` dirs and, at its root, Kafka's files:
     .seglogfs-topic-configs.json        per-topic config overrides (first log dir only)
     meta.properties                     a Kafka broker's (read only: it marks a broker's dir)
 
-Kafka keeps topic overrides in its metadata, not in log dirs; the JSON file is the one file
-seglogfs adds, a dot file that a broker reading the dir ignores.
-
-Topic configs. A KRaft broker's configs are in its metadata log, `__cluster_metadata-0` in one of
-the log dirs (engine.internal_topics.metadata_log); a topic's config is Kafka's layers (engine.config) with the
-seglogfs overrides on top: server.properties < the metadata log's dynamic broker configs <
---override, then Kafka's internal-topic configs < the metadata log's topic ConfigRecords < the
-seglogfs overrides. The operator's explicit seglogfs setting wins, as `kafka-configs --alter`
-would on the broker. `__cluster_metadata` is never deleted or compacted (Kafka trims it with
-snapshots), whatever is set.
-
-Configs that cannot be known. Unless the operator has set a policy for it (`cleanup.policy` in
-its seglogfs overrides), a topic's broker configs are unknown when
-
-* the dir is a Kafka broker's (`meta.properties` in a log dir), the topic is not
-  `__consumer_offsets`/`__transaction_state`, no `--override log.cleanup.policy` is given (a
-  server.properties value does not count: it is the broker's own file, written beside per-topic
-  configs kept elsewhere), and no readable metadata log has a TopicRecord for it: there is no
-  metadata log (a ZooKeeper-mode broker's dir, whose configs live in ZooKeeper), or it cannot be
-  read, or it does not name the topic; or
-* one of its overrides in the metadata log has a value seglogfs cannot read.
-
-Such a topic is neither deleted by time or size nor compacted (`LogConfig.without_cleanup`) until
-a policy is set; a writable open logs one WARNING naming them. Topics seglogfs creates in a broker's dir get their
-policy written into their overrides, so they stay managed. A dir seglogfs made (no
-`meta.properties`) has no unknown configs: the broker defaults apply, as always.
+Each topic's config is worked out by engine.topic_configs (Kafka's layers, the broker's metadata
+log, the seglogfs overrides, and the topics whose configs cannot be known, whose retention and
+compaction stay off).
 
 Thread safety. The partition table (`_logs`) and the overrides table are copy-on-write: a writer
 builds a new dict and publishes it in one assignment, under `_lock` (`create_topic`,
@@ -59,7 +36,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -74,18 +50,9 @@ from typing import cast
 from seglogfs.engine.cleaner.cleaner import Cleaner, CleanResult, earliest_delete_horizon
 from seglogfs.engine.cleaner.cleaner_manager import LogToClean, filthiest, is_cleanable, log_to_clean
 from seglogfs.engine.config import (
-    BROKER_SETTINGS,
     METADATA_TOPIC,
-    OVERRIDE_SOURCE,
-    TOPIC_DEFAULT_NAMES,
-    TOPIC_SETTINGS,
     BrokerConfig,
     LogConfig,
-    _without_shadowed,
-    apply_topic_overrides,
-    broker_name_for,
-    internal_topic_overrides,
-    read_properties,
     validate_topic_overrides,
 )
 from seglogfs.engine.errors import (
@@ -100,8 +67,7 @@ from seglogfs.engine.errors import (
     UnsafeFileError,
     UnsupportedFormatError,
 )
-from seglogfs.engine.files import decode_text, is_directory, open_regular, read_regular
-from seglogfs.engine.internal_topics.metadata_log import METADATA_PARTITION_DIR, MetadataImage, read_metadata_image
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.log.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
     CLEANER_OFFSET_CHECKPOINT,
@@ -115,7 +81,6 @@ from seglogfs.engine.log.checkpoint import (
     read_broker_epoch,
     read_offset_checkpoint,
     read_partition_metadata,
-    try_writing,
     write_atomically,
     write_offset_checkpoint,
 )
@@ -130,12 +95,11 @@ from seglogfs.engine.log.naming import (
 from seglogfs.engine.log.retention import RetentionDecision
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.set_aside import SetAsideError
+from seglogfs.engine.topic_configs import ConfigEntry, TopicConfigs, node_id
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-TOPIC_CONFIGS_FILE = ".seglogfs-topic-configs.json"
-META_PROPERTIES = "meta.properties"
 _TOPIC_CONFIGS_MAX_BYTES = 64 << 20  # far more than any number of topics' overrides takes
 _WARN_TOPICS_NAMED = 20  # the unknown-configs warning names this many topics, then counts the rest
 TopicPartition = tuple[str, int]
@@ -191,21 +155,6 @@ def _error_text(error: BaseException) -> str:
     return str(error)
 
 
-def _node_id(log_dirs: tuple[Path, ...]) -> str | None:
-    """The broker's `node.id` (KRaft) or `broker.id` (ZooKeeper mode) from its meta.properties."""
-    for log_dir in log_dirs:
-        path = log_dir / META_PROPERTIES
-        if not os.path.lexists(path):
-            continue
-        # A broker refuses to start on a meta.properties it cannot read; here the error (bad
-        # bytes, a link, a FIFO: naming the file) reaches the command that needs the node id.
-        properties = read_properties(path, in_data_dir=True)
-        for key in ("node.id", "broker.id"):
-            if key in properties:
-                return properties[key][0].strip()
-    return None
-
-
 @dataclass
 class CleanupReport:
     """What one cleanup pass did: retention per partition, compaction passes, and the
@@ -230,67 +179,6 @@ class CleanupPlan:
 
     def __bool__(self) -> bool:
         return bool(self.retention or self.compaction)
-
-
-# Where a setting's value comes from (`ConfigEntry.source`), lowest layer first.
-SOURCE_DEFAULT = "default"  # Kafka's default (seglogfs's, for flush.ms)
-SOURCE_SERVER_PROPERTIES = "server.properties"  # the -c file
-SOURCE_OVERRIDE = "--override"  # the command line (a mount's -o)
-SOURCE_METADATA_LOG = "metadata-log"  # a KRaft metadata log's ConfigRecord: dynamic broker or topic config
-SOURCE_INTERNAL_TOPIC = "internal-topic"  # the configs Kafka creates its internal topics with
-SOURCE_TOPIC_OVERRIDE = "topic-override"  # the seglogfs overrides (.seglogfs-topic-configs.json)
-SOURCE_CLEANUP_OFF = "cleanup-off"  # seglogfs turned retention and compaction off (module docstring)
-UNKNOWN_CONFIGS_REMEDY = (
-    "set cleanup.policy in the topic's config, or --override log.cleanup.policy=delete|compact for all such topics"
-)
-SOURCE_DATADIR = "DATADIR"  # log.dirs: the command's DATADIR argument
-TOPIC_LEVEL_SOURCES = frozenset({SOURCE_METADATA_LOG, SOURCE_INTERNAL_TOPIC, SOURCE_TOPIC_OVERRIDE})
-
-
-@dataclass(frozen=True)
-class ConfigEntry:
-    """One effective setting and where its value comes from (`DataDir.config_entries`,
-    `seglogfs config show`): `value` as Kafka writes it (`delete,compact`, `true`), `source` one
-    of the SOURCE_* names above, `detail` which file, line, record or name set it (empty for a
-    default)."""
-
-    name: str
-    value: str
-    source: str
-    detail: str = ""
-
-
-def _topic_overrides_text(table: Mapping[str, Mapping[str, str]]) -> str:
-    """The overrides file's text (seglogfs's own file: a data dir without a metadata log)."""
-    document = {"version": 1, "topics": {t: dict(sorted(o.items())) for t, o in sorted(table.items()) if o}}
-    return json.dumps(document, indent=2) + "\n"
-
-
-def _config_text(value: object) -> str:
-    """A setting's value as Kafka writes it (LogConfig.as_properties's rendering)."""
-    if isinstance(value, tuple):
-        return ",".join(value)
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
-
-
-def _raw_source(key: str, entry: tuple[str, str]) -> tuple[str, str]:
-    """(source, detail) of a BrokerConfig.raw entry (value, where): the -c file's `path:line`,
-    or --override."""
-    value, where = entry
-    if where.startswith(OVERRIDE_SOURCE):
-        return SOURCE_OVERRIDE, f"{key}={value}"
-    return SOURCE_SERVER_PROPERTIES, f"{where} {key}={value}"
-
-
-def _valid_override(name: str, value: str) -> bool:
-    """Whether a metadata log's topic config is one `DataDir._resolve` applies."""
-    try:
-        validate_topic_overrides({name: value})
-    except ConfigError:
-        return False
-    return True
 
 
 class _AfterRetention:
@@ -324,7 +212,8 @@ class DataDir:
         # Guards the writers of the two tables below; both are replaced whole, never changed.
         self._lock = threading.RLock()
         self._logs: Mapping[TopicPartition, PartitionLog] = {}
-        self._topic_overrides: Mapping[str, Mapping[str, str]] = {}
+        # The topics' configs; its overrides table, like `_logs`, is replaced whole under `_lock`.
+        self.topic_configs = TopicConfigs(config)
         self._recover_all = recover_all
         self._closed = False
         self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
@@ -341,13 +230,6 @@ class DataDir:
         # topic while its scheduler runs, and a pass must not flush, clean or checkpoint a
         # partition that is being closed and renamed under it.
         self.maintenance_lock = threading.Lock()
-        # What the broker's own files say about topic configs (set once, at open).
-        self._broker_dir = False
-        self._metadata: MetadataImage | None = None
-        self._metadata_dir: Path | None = None
-        self._metadata_problem: str | None = None
-        self._topic_defaults = config.topic_defaults
-        self._policy_given = config.cleanup_policy_overridden
 
     @classmethod
     def open(
@@ -389,8 +271,7 @@ class DataDir:
                 self._take_lock(log_dir)
             elif not log_dir.is_dir():
                 raise UnknownTopicOrPartitionError(f"{log_dir}: no such data dir")
-        self._topic_overrides = self._read_topic_overrides()
-        self._read_broker_configs()
+        self.topic_configs.load()
         for log_dir in self.config.log_dirs:
             self._load_log_dir(log_dir, now_ms)
         if self.writable:
@@ -514,81 +395,6 @@ class DataDir:
             fsync_dir(log_dir)
 
     # -- topic configs ---------------------------------------------------------------------------
-    @property
-    def _topic_configs_path(self) -> Path:
-        return self.config.log_dirs[0] / TOPIC_CONFIGS_FILE
-
-    def _read_topic_overrides(self) -> dict[str, Mapping[str, str]]:
-        path = self._topic_configs_path
-        try:
-            document = json.loads(decode_text(path, read_regular(path, _TOPIC_CONFIGS_MAX_BYTES), ConfigError))
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"{path}: unreadable topic configs: {error}") from None
-        topics = document.get("topics", {}) if isinstance(document, dict) else None
-        if not isinstance(topics, dict):
-            raise ConfigError(f"{path}: expected an object with a 'topics' object")
-        return {
-            topic: validate_topic_overrides(overrides, f"{path} topic {topic}") for topic, overrides in topics.items()
-        }
-
-    def _write_topic_overrides(self, table: Mapping[str, Mapping[str, str]]) -> None:
-        write_atomically(self._topic_configs_path, _topic_overrides_text(table))
-
-    def _read_broker_configs(self) -> None:
-        """Whether these are a Kafka broker's log dirs, and what its metadata log says. A metadata
-        log that cannot be used is remembered with the reason: its topics' configs are then
-        unknown (never guessed)."""
-        self._broker_dir = any(os.path.lexists(log_dir / META_PROPERTIES) for log_dir in self.config.log_dirs)
-        found = [d / METADATA_PARTITION_DIR for d in self.config.log_dirs if is_directory(d / METADATA_PARTITION_DIR)]
-        if not found:
-            return
-        self._metadata_dir = found[0]
-        try:
-            image = read_metadata_image(found[0])
-            node = _node_id(self.config.log_dirs)
-            dynamic = {**image.broker_configs.get("", {}), **(image.broker_configs.get(node, {}) if node else {})}
-            self._topic_defaults = self.config.topic_defaults_with(dynamic, f"{found[0]} dynamic broker config")
-        except (EngineError, OSError) as error:
-            self._metadata_problem = f"its metadata log cannot be used: {error}"
-            return
-        self._metadata = image
-
-    def _why_unknown(self, topic: str, table: Mapping[str, Mapping[str, str]]) -> str | None:
-        """Why `topic`'s broker configs are unknown with overrides `table`; None when known."""
-        if topic == METADATA_TOPIC or "cleanup.policy" in table.get(topic, {}):
-            return None
-        if internal_topic_overrides(topic, self.config) or self._policy_given:
-            return None
-        if self._metadata_problem is not None:
-            return self._metadata_problem
-        if self._metadata is not None:
-            return None if topic in self._metadata.topics else f"{self._metadata_dir} has no TopicRecord for it"
-        if self._broker_dir:
-            return "no metadata log: a ZooKeeper-mode broker's dir, whose topic configs are in ZooKeeper"
-        return None
-
-    def _resolve(self, topic: str, table: Mapping[str, Mapping[str, str]]) -> tuple[LogConfig, str | None]:
-        """`topic`'s effective config with overrides `table`, and why its broker configs are
-        unknown (None when known). The layers are in the module docstring."""
-        source = f"config of topic {topic}"
-        layers = internal_topic_overrides(topic, self.config)
-        why = self._why_unknown(topic, table)
-        stored = self._metadata.topic_configs.get(topic, {}) if self._metadata is not None else {}
-        for key, value in stored.items():
-            if key not in TOPIC_SETTINGS:
-                continue  # min.insync.replicas and the like: nothing a log here uses
-            try:
-                layers.update(validate_topic_overrides({key: value}, f"{self._metadata_dir} {source}"))
-            except ConfigError as error:
-                if "cleanup.policy" not in table.get(topic, {}):
-                    why = why or str(error)
-        layers.update(table.get(topic, {}))
-        config = apply_topic_overrides(self._topic_defaults, layers, source) if layers else self._topic_defaults
-        if topic == METADATA_TOPIC or why is not None:
-            config = config.without_cleanup()
-        return config, why
 
     def _warn_unknown_configs(self) -> None:
         unknown = self.unknown_config_topics()
@@ -613,17 +419,16 @@ class DataDir:
     def unknown_config_topics(self) -> dict[str, str]:
         """Topic → why its broker configs are unknown, for the topics here whose retention and
         compaction are therefore off (see the module docstring). Thread-safe."""
-        table = self._topic_overrides
-        return {topic: why for topic in self.topics() if (why := self._resolve(topic, table)[1]) is not None}
+        return self.topic_configs.unknown(self.topics())
 
     def topic_overrides(self, topic: str) -> dict[str, str]:
         """The topic's seglogfs overrides (what its `config` file shows); not the broker's."""
-        return dict(self._topic_overrides.get(topic, {}))
+        return dict(self.topic_configs.overrides.get(topic, {}))
 
     def topic_config(self, topic: str) -> LogConfig:
         """The topic's effective config: Kafka's layers and the seglogfs overrides (see the module
         docstring), with cleanup off for `__cluster_metadata` and unknown configs."""
-        return self._resolve(topic, self._topic_overrides)[0]
+        return self.topic_configs.resolve(topic)[0]
 
     def set_topic_overrides(self, topic: str, overrides: Mapping[str, str]) -> LogConfig:
         """Replace a topic's config overrides (kafka-configs --alter, the whole set at once):
@@ -643,10 +448,9 @@ class DataDir:
                     f"{source}: cleanup.policy cannot be set: {METADATA_TOPIC} is Kafka's metadata log, which "
                     f"Kafka trims with snapshots; seglogfs never deletes or compacts it"
                 )
-            table = {**self._topic_overrides, topic: checked}
-            config, why = self._resolve(topic, table)
-            self._write_topic_overrides(table)
-            self._topic_overrides = table
+            table = {**self.topic_configs.overrides, topic: checked}
+            config, why = self.topic_configs.resolve(topic, table)
+            self.topic_configs.store(table)
             for log in logs:
                 with log.lock:
                     log.config = config
@@ -662,8 +466,8 @@ class DataDir:
         not checked."""
         self._check_writable()
         with self._lock:
-            table = {**self._topic_overrides, topic: dict(overrides)}
-        try_writing(self._topic_configs_path, _topic_overrides_text(table))
+            table = {**self.topic_configs.overrides, topic: dict(overrides)}
+        self.topic_configs.try_storing(table)
 
     # -- topics and partitions ------------------------------------------------------------------
     def refresh_partitions(self, now_ms: int) -> bool:
@@ -763,27 +567,28 @@ class DataDir:
             if any(t == topic for t, _ in self._logs):
                 raise TopicExistsError(f"topic {topic!r} exists already")
             # (a topic the broker's metadata log names is one too, partitions here or not)
-            known = {t for t, _ in self._logs} | set(self._metadata.topics if self._metadata is not None else ())
+            metadata = self.topic_configs.metadata
+            known = {t for t, _ in self._logs} | set(metadata.topics if metadata is not None else ())
             refuse_colliding_topic(topic, known)
             count = self.config.num_partitions if partitions is None else partitions
             if count < 1:
                 raise ConfigError(f"topic {topic!r}: partition count must be at least 1, not {count}")
             checked = validate_topic_overrides(overrides or {}, f"config of topic {topic}")
-            if self._why_unknown(topic, {topic: checked}) is not None:
-                checked = {**checked, "cleanup.policy": ",".join(self._topic_defaults.cleanup_policy)}
-            before = table = self._topic_overrides
+            configs = self.topic_configs
+            if configs.why_unknown(topic, {topic: checked}) is not None:
+                checked = {**checked, "cleanup.policy": ",".join(configs.topic_defaults.cleanup_policy)}
+            before = table = configs.overrides
             if checked:
                 table = {**table, topic: checked}
-                self._write_topic_overrides(table)
-                self._topic_overrides = table
-            config = self._resolve(topic, table)[0]
+                configs.store(table)
+            config = configs.resolve(topic, table)[0]
             try:
                 created = self._create_partitions(topic, range(count), config, new_topic_id(), now_ms)
             except BaseException:
                 if table is not before:  # (a topic never made has no overrides: its name is free again)
-                    self._topic_overrides = before
                     with contextlib.suppress(OSError):
-                        self._write_topic_overrides(before)
+                        configs.store(before)
+                    configs.overrides = before
                 raise
             self._logs = {**self._logs, **created}
         return list(created.values())
@@ -830,21 +635,23 @@ class DataDir:
                 continue
             if topic_id:
                 return topic_id
-        if self._metadata is not None:
-            return self._metadata.topics.get(topic)
+        metadata = self.topic_configs.metadata
+        if metadata is not None:
+            return metadata.topics.get(topic)
         return None
 
     def broker_node_id(self) -> int | None:
         """The broker's `node.id` (`broker.id`) from its meta.properties; None in a dir seglogfs
         made (kafka-topics prints it as every partition's leader; seglogfs prints 0 then)."""
-        node = _node_id(self.config.log_dirs)
+        node = node_id(self.config.log_dirs)
         return int(node) if node is not None and node.isdigit() else None
 
     def metadata_log_has_topic(self, topic: str) -> bool:
         """Whether the broker's metadata log names `topic` (a TopicRecord): a broker started on
         this dir will then recreate whatever partitions of it seglogfs deletes, and set aside as
         stray the ones seglogfs adds."""
-        return self._metadata is not None and topic in self._metadata.topics
+        metadata = self.topic_configs.metadata
+        return metadata is not None and topic in metadata.topics
 
     def add_partitions(self, topic: str, count: int, *, now_ms: int) -> list[PartitionLog]:
         """Grow `topic` to `count` partitions (kafka-topics --alter --partitions): a count can only
@@ -924,10 +731,8 @@ class DataDir:
                 renamed.append(target)
             for log_dir in sorted({path.parent for path in renamed}):
                 fsync_dir(log_dir)
-            if topic in self._topic_overrides:
-                table = {t: overrides for t, overrides in self._topic_overrides.items() if t != topic}
-                self._write_topic_overrides(table)
-                self._topic_overrides = table
+            if topic in self.topic_configs.overrides:
+                self.topic_configs.store({t: o for t, o in self.topic_configs.overrides.items() if t != topic})
             for log in doomed:
                 key = (topic, log.partition)
                 self._cleaner_checkpoints.pop(key, None)
@@ -949,78 +754,10 @@ class DataDir:
         the source is the last layer of the module docstring's order that sets the name, and
         for a broker default the name Kafka's precedence picks (`log.retention.ms` over
         `log.retention.hours`). Thread-safe."""
-        defaults = self._topic_default_sources()
         if topic is None:
-            return self._broker_config_entries(defaults)
-        self._topic_logs(topic)
-        table = self._topic_overrides
-        config, why = self._resolve(topic, table)
-        properties = config.as_properties()
-        internal = internal_topic_overrides(topic, self.config)
-        stored = self._metadata.topic_configs.get(topic, {}) if self._metadata is not None else {}
-        overrides = table.get(topic, {})
-        entries = []
-        for name in TOPIC_SETTINGS:
-            value = properties[name]
-            if name in overrides:
-                entry = ConfigEntry(name, value, SOURCE_TOPIC_OVERRIDE, str(self._topic_configs_path))
-            elif name in stored and _valid_override(name, stored[name]):
-                entry = ConfigEntry(
-                    name, value, SOURCE_METADATA_LOG, f"{self._metadata_dir}: topic config {name}={stored[name]}"
-                )
-            elif name in internal:
-                entry = ConfigEntry(
-                    name, value, SOURCE_INTERNAL_TOPIC, f"Kafka creates {topic} with {name}={internal[name]}"
-                )
-            else:
-                entry = ConfigEntry(name, value, *defaults[name])
-            if name == "cleanup.policy" and topic == METADATA_TOPIC:
-                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, "Kafka trims its metadata log with snapshots")
-            elif name == "cleanup.policy" and why is not None:
-                # (The policy the layers would give is not in force and not known to be the
-                # topic's: saying which layer set it only read as if it were.)
-                entry = ConfigEntry(name, value, SOURCE_CLEANUP_OFF, f"{why}; {UNKNOWN_CONFIGS_REMEDY}")
-            entries.append(entry)
-        return entries
-
-    def _broker_config_entries(self, defaults: Mapping[str, tuple[str, str]]) -> list[ConfigEntry]:
-        raw = self.config.raw
-        entries = [ConfigEntry("log.dirs", ",".join(str(d) for d in self.config.log_dirs), SOURCE_DATADIR)]
-        for key in BROKER_SETTINGS:
-            value = _config_text(getattr(self.config, key.replace(".", "_")))
-            source = _raw_source(key, raw[key]) if key in raw else (SOURCE_DEFAULT, "")
-            entries.append(ConfigEntry(key, value, *source))
-        properties = self._topic_defaults.as_properties()
-        entries += [ConfigEntry(broker_name_for(name), properties[name], *defaults[name]) for name in TOPIC_SETTINGS]
-        return entries
-
-    def _topic_default_sources(self) -> dict[str, tuple[str, str]]:
-        """Topic-level name → (source, detail) of its broker default: the broker name Kafka's
-        precedence picks among server.properties, the metadata log's dynamic broker configs and
-        --override, merged as BrokerConfig.topic_defaults_with merges them."""
-        static: dict[str, tuple[str, str]] = {}
-        overridden: dict[str, tuple[str, str]] = {}
-        for key, (value, where) in self.config.raw.items():
-            (overridden if where.startswith(OVERRIDE_SOURCE) else static)[key] = (value, where)
-        merged = {key: (value, *_raw_source(key, (value, where))) for key, (value, where) in static.items()}
-        if self._metadata is not None:
-            node = _node_id(self.config.log_dirs)
-            dynamic = {
-                key: (value, SOURCE_METADATA_LOG, f"{self._metadata_dir}: dynamic {label} config {key}={value}")
-                for resource, label in (("", "cluster default"), (node, f"broker {node}"))
-                if resource is not None
-                for key, value in self._metadata.broker_configs.get(resource, {}).items()
-                if key in TOPIC_DEFAULT_NAMES
-            }
-            kept = _without_shadowed({key: (value, detail) for key, (value, _, detail) in dynamic.items()}, overridden)
-            merged.update({key: dynamic[key] for key in kept})
-        merged.update({key: (value, *_raw_source(key, (value, where))) for key, (value, where) in overridden.items()})
-        sources: dict[str, tuple[str, str]] = {}
-        for name, setting in TOPIC_SETTINGS.items():
-            # The first broker name set wins, most precise first (config._topic_defaults).
-            winner = next((merged[b] for b, _ in setting.broker_names if b in merged), None)
-            sources[name] = (winner[1], winner[2]) if winner is not None else (SOURCE_DEFAULT, "")
-        return sources
+            return self.topic_configs.broker_entries()
+        self._topic_logs(topic)  # (an unknown topic: UnknownTopicOrPartitionError)
+        return self.topic_configs.entries(topic)
 
     # -- cleanup ------------------------------------------------------------------------------------
     def clean(self, now_ms: int) -> CleanupReport:

@@ -1,4 +1,4 @@
-"""`.logdir` in the tree: its directories and files (fs.mirror resolves what they hold)."""
+"""`.logdir` in the tree: its directories and files (engine.mirror resolves what they hold)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import errno
 import stat
 from typing import TYPE_CHECKING
 
-from seglogfs.fs.mirror import MirrorEntry, MirrorFile
+from seglogfs.engine.mirror import MirrorEntry, MirrorFile
 from seglogfs.fs.node import IO_BLOCK_BYTES, Attributes, Changes, Handle, Node, NoEntry, Refused, join
 from seglogfs.fs.permissions import Access
 

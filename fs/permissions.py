@@ -12,7 +12,7 @@ users in, `allow_other`), so a node must show exactly who may read or write what
     <topic>/<p>/append[.*]        the partition's files' owner and group, their write bits
     <topic>/append[.jsonl]        the write bits every partition of the topic shares, when they
                                   have one owner and group (else root's, write for root only)
-    .logdir/…                     each file's and directory's own (fs.mirror)
+    .logdir/…                     each file's and directory's own (engine.mirror)
 
 "The partition's files" are its active segment's `.log` (the one appends go to; where a
 partition's segments differ, that one decides), or, for a partition with no segment (offline),

@@ -38,10 +38,10 @@ from typing import TypeVar
 from seglogfs.engine import DataDir, EngineError, PartitionLog
 from seglogfs.engine.log.naming import INTERNAL_TOPICS
 from seglogfs.engine.log.transactions import READ_COMMITTED
+from seglogfs.engine.mirror import Mirror
 from seglogfs.engine.text.console_formats import LineFormat, TextFormat
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
-from seglogfs.fs.mirror import Mirror
 from seglogfs.fs.mirror_node import MirrorNode
 from seglogfs.fs.node import Changes, Node, NoEntry, Refused, join, log_access
 from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, Caller, chown_created

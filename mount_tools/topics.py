@@ -41,9 +41,9 @@ from seglogfs.engine.config import (
     TRANSACTION_STATE_TOPIC,
     validate_topic_overrides,
 )
-from seglogfs.engine.datadir import TOPIC_LEVEL_SOURCES
 from seglogfs.engine.errors import ConfigError, InvalidTopicError, TopicExistsError
 from seglogfs.engine.log.naming import refuse_internal_topic, validate_topic
+from seglogfs.engine.topic_configs import TOPIC_LEVEL_SOURCES
 from seglogfs.mount_tools.common import (
     EPILOG,
     EXIT_OK,

@@ -15,7 +15,7 @@ import numpy as np
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.log.index import TIME_INDEX_DTYPE
-from seglogfs.fs.mirror import Mirror, MirrorFile
+from seglogfs.engine.mirror import Mirror, MirrorFile
 from tests.conftest import NOW_MS, REPO
 from tests.fs.conftest import Mount
 from tests.fs.test_concurrency import acknowledged, start_writer
