@@ -1,4 +1,4 @@
-"""Types of the engine's compiled core (engine/_core.c)."""
+"""Types of the engine's compiled core (engine/core/*.c, the extension `seglogfs.engine._core`)."""
 
 from typing import overload
 

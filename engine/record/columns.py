@@ -9,7 +9,7 @@ A record (Kafka's DefaultRecord) is a sequence of varints and bytes:
 
 Walking that per record in Python costs microseconds a record; the cleaner, the views and
 `consume` read millions. `record_columns` walks the records in the engine's compiled core
-(`_core.record_fields`, engine/_core.c: every field of every record in one call, the GIL
+(`_core.record_fields`, engine/core/decode.c: every field of every record in one call, the GIL
 released) and hands them over as numpy columns. Headers are located (their count) but not
 decoded: callers that need them decode the batch with `decode_records`.
 """

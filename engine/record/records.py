@@ -389,7 +389,7 @@ def _decode_headers(buf: bytes, position: int, record_end: int) -> tuple[tuple[H
 _int_at = varint.decode_int_at
 _long_at = varint.decode_at
 # A record takes seven bytes at least: a length, attributes, timestamp and offset deltas, key and
-# value lengths and a header count of one byte each (engine/_core.c's MIN_RECORD_BYTES).
+# value lengths and a header count of one byte each (MIN_RECORD_BYTES of engine/core/core.h).
 MIN_RECORD_BYTES = 7
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
