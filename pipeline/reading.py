@@ -1,6 +1,6 @@
 """A task's read: one segment slice → Arrow record batches in Spark's Kafka source schema.
 
-The slice's bytes are read as whole batches (`LogSegment.checked_batches`: CRC-checked) from its
+The slice's bytes are read as whole batches (`FileRecords.checked_batches`: CRC-checked) from its
 start position to its end position, and nothing else. Records are gathered into Arrow columns
 without a Python object per record: the engine's core walks each batch's records
 (`engine.record.columns.record_columns`: offsets, timestamps and key/value bounds as numpy columns, over
@@ -33,8 +33,8 @@ import pyarrow as pa
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError, _core
 from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError
+from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import log_file
-from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.transactions import AbortedIndex
 from seglogfs.engine.record.columns import record_columns
 from seglogfs.engine.record.records import (
@@ -262,11 +262,11 @@ class ReadStats:
     through_log: bool = False
 
 
-def _planned_segment(piece: SegmentSlice) -> LogSegment | None:
+def _planned_segment(piece: SegmentSlice) -> FileRecords | None:
     """The slice's segment file, open, when it is still the file planning measured; None when
     retention removed it or compaction swapped another in since (the log is read instead)."""
     try:
-        return LogSegment.open_for_reading(Path(piece.directory), piece.base_offset, piece.file_id)
+        return FileRecords.open_for_reading(log_file(Path(piece.directory), piece.base_offset), piece.file_id)
     except FileNotFoundError:
         return None
     except UnsafeFileError:
@@ -278,7 +278,7 @@ def _planned_segment(piece: SegmentSlice) -> LogSegment | None:
 
 
 def _batches_in_slice(
-    segment: LogSegment, piece: SegmentSlice, stats: ReadStats
+    segment: FileRecords, piece: SegmentSlice, stats: ReadStats
 ) -> Iterator[tuple[BatchHeader, memoryview]]:
     """The slice's batches straight from its segment file (`_planned_segment`), which this closes."""
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import _core
-from seglogfs.engine.log import segment as segment_module
+from seglogfs.engine.log import file_records as file_records_module
 from tests.conftest import NOW_MS, make_log, unmount
 from tests.engine.test_log import reopen
 
@@ -52,7 +52,7 @@ def allocations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         asked.append(length)
         return _core.allocate_ahead(fd, offset, length)
 
-    monkeypatch.setattr(segment_module, "_core", _Spy(allocate_ahead))
+    monkeypatch.setattr(file_records_module, "_core", _Spy(allocate_ahead))
     return asked
 
 

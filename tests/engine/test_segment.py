@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError, UnsafeFileError
+from seglogfs.engine.log.file_records import FileRecords, _ReadAheadAdvice, read_cached
 from seglogfs.engine.log.index import (
     NO_TIMESTAMP,
     OFFSET_INDEX_DTYPE,
@@ -25,7 +26,7 @@ from seglogfs.engine.log.index import (
     OffsetPosition,
     TimestampOffset,
 )
-from seglogfs.engine.log.segment import FetchSlice, LogSegment, _ReadAheadAdvice, read_cached
+from seglogfs.engine.log.segment import FetchSlice, LogSegment
 from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records, iter_batch_headers
 from tests.conftest import NOW_MS, refused_when_uncached
 
@@ -666,7 +667,7 @@ def test_a_segment_opened_for_reading_is_the_file_planned_or_none(make_segment: 
     segment.flush()
     status = os.stat(segment.log_path)
     planned = (status.st_dev, status.st_ino)
-    reader = LogSegment.open_for_reading(tmp_path, 0, planned)
+    reader = FileRecords.open_for_reading(segment.log_path, planned)
     try:
         assert [r.value for h, b in reader.checked_batches(0, segment.size) for r in decode_records(h, b)] == [
             b"a",
@@ -678,11 +679,11 @@ def test_a_segment_opened_for_reading_is_the_file_planned_or_none(make_segment: 
     copy.write_bytes(segment.log_path.read_bytes())
     os.replace(copy, segment.log_path)  # (the same bytes, another file: what a compaction's swap leaves)
     with pytest.raises(OSError) as stale:
-        LogSegment.open_for_reading(tmp_path, 0, planned)
+        FileRecords.open_for_reading(segment.log_path, planned)
     assert stale.value.errno == errno.ESTALE
     os.unlink(segment.log_path)
     with pytest.raises(FileNotFoundError):
-        LogSegment.open_for_reading(tmp_path, 0, planned)
+        FileRecords.open_for_reading(segment.log_path, planned)
     os.symlink(tmp_path / "elsewhere.log", segment.log_path)
     with pytest.raises(UnsafeFileError):
-        LogSegment.open_for_reading(tmp_path, 0, planned)
+        FileRecords.open_for_reading(segment.log_path, planned)

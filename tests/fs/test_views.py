@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from seglogfs.engine import PartitionLog
 from seglogfs.engine.errors import CorruptRecordError
-from seglogfs.engine.log import segment as segment_module
-from seglogfs.engine.log.segment import LogSegment, read_cached
+from seglogfs.engine.log import file_records as file_records_module
+from seglogfs.engine.log.file_records import read_cached
+from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.json_records import record_to_json
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
@@ -417,7 +418,7 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
         read_on_the_loop.append(length)
         return read_cached(fd, at, length)
 
-    monkeypatch.setattr(segment_module, "read_cached", counted)
+    monkeypatch.setattr(file_records_module, "read_cached", counted)
     assert view.read_now(0, 10) is None
     assert read_on_the_loop == []
     assert view.read(0, len(expected)) == expected  # (a worker thread's read)
