@@ -579,3 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         discard_stdout()  # (as an interrupted backup does)
         return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
