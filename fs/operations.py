@@ -53,9 +53,9 @@ from seglogfs.engine.errors import (
 )
 from seglogfs.fs.config_file import TemporaryFile
 from seglogfs.fs.node import Attributes, Changes, Handle, Node, NoEntry, Refused, join
+from seglogfs.fs.page_cache import RenderingAhead
 from seglogfs.fs.permissions import Caller
 from seglogfs.fs.tree import Tree
-from seglogfs.fs.views import RenderingAhead
 
 logger = logging.getLogger(__name__)
 

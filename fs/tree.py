@@ -42,11 +42,12 @@ from seglogfs.engine.mirror import Mirror
 from seglogfs.engine.text.console_formats import LineFormat, TextFormat
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.fs.directories import LOGDIR, ByOffsetDir, ByTimeDir, PartitionDir, RootDir
+from seglogfs.fs.layout_store import UNUSED_LAYOUT_DAYS, LayoutStore
 from seglogfs.fs.mirror_node import MirrorNode
 from seglogfs.fs.node import Changes, Node, NoEntry, Refused, join, log_access
 from seglogfs.fs.permissions import PERMISSION_BITS, ROOT_ONLY, Access, Caller, chown_created
 from seglogfs.fs.view_file import ViewFile
-from seglogfs.fs.views import UNUSED_LAYOUT_DAYS, Layout, LayoutStore, MeasureStopped, Renderer, start_letting_close
+from seglogfs.fs.views import Layout, MeasureStopped, Renderer, start_letting_close
 
 logger = logging.getLogger(__name__)
 
@@ -502,7 +503,7 @@ class Tree:
                 )
 
     def keep_layouts(self) -> None:
-        """At unmount: store what is measured of every view layout (see fs.views.LayoutStore)."""
+        """At unmount: store what is measured of every view layout (see fs.layout_store.LayoutStore)."""
         for layout in list(self._layouts.values()):
             layout.keep()
 

@@ -16,7 +16,7 @@ below N, then one page; `read` is the pages it covers. Whatever the partition's 
 look-up plus a small read. A view over sealed segments never changes; the active segment's part
 only grows. A reader that reads on from where its last read ended (`cat`, `grep`) has the pages
 after it rendered ahead, on a thread of their own, many pages a call of the engine's core, which
-reads, checks and renders them with the GIL released (`_RenderAhead`): the rendering runs on
+reads, checks and renders them with the GIL released (`fs.page_cache.RenderAhead`): the rendering runs on
 another core while the event loop serves the reads.
 
 A layout is derived data. A segment is measured by rendering it once (the active segment only
@@ -78,35 +78,31 @@ in the mount's log; the layout's other segments read as they were.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import hashlib
 import itertools
 import logging
 import os
 import queue
-import re
-import struct
 import threading
 import time
-import zlib
 from array import array
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from seglogfs.engine.errors import CorruptRecordError, EngineError, UnsafeFileError
-from seglogfs.engine.files import open_regular
+from seglogfs.engine.errors import CorruptRecordError, EngineError
 from seglogfs.engine.log.handles import MIN_OPEN_SEGMENTS, OPEN_SEGMENTS
 from seglogfs.engine.log.log import PartitionLog
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.transactions import TransactionTracker
 from seglogfs.engine.record.columns import RecordColumns, record_columns
-from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES, BatchHeader
+from seglogfs.engine.record.records import BatchHeader
 from seglogfs.engine.text.renderers import RenderedBatch
+from seglogfs.fs import page_cache
+from seglogfs.fs.layout_store import LayoutStore, SegmentLayout
+from seglogfs.fs.page_cache import Page, RenderingAhead
 
 logger = logging.getLogger(__name__)
 
@@ -130,9 +126,6 @@ MARK_SEGMENT_BYTES = 1 << 20
 # A test hook: milliseconds of sleep per batch measured, to make a measure slow enough to watch.
 MEASURE_DELAY_ENV = "SEGLOGFS_TEST_MEASURE_DELAY_MS"
 _MEASURE_DELAY_S = float(os.environ.get(MEASURE_DELAY_ENV, "0") or 0) / 1000
-# A test hook: each run rendered ahead takes this much longer (readers catch up with the thread).
-AHEAD_DELAY_ENV = "SEGLOGFS_TEST_AHEAD_DELAY_MS"
-_AHEAD_DELAY_S = float(os.environ.get(AHEAD_DELAY_ENV, "0") or 0) / 1000
 _SLOW_MEASURE_S = 1.0  # a first measure longer than this is logged
 _SNAPSHOT_ATTEMPTS = 3  # looks at a log whose segments leave it while they are measured, before one fails
 # Threads measuring a partition's sealed segments at once: the cores this process may run on (at
@@ -142,22 +135,6 @@ MEASURE_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
 
 class MeasureStopped(InterruptedError):
     """A measure was asked to stop (the mount is ending): what it measured so far is kept."""
-
-
-class RenderingAhead(Exception):
-    """A read on the event loop (`read_now`) met a page that the render-ahead thread is
-    rendering at this moment. Rendering it again on the loop would throw one of the two away
-    and hold up the loop, which serves the reader; the read waits for the run instead
-    (`when_rendered`) and is tried again."""
-
-    def __init__(self, key: tuple[object, ...]) -> None:
-        super().__init__("a page is being rendered ahead")
-        self._key = key
-
-    def when_rendered(self, callback: Callable[[], None]) -> bool:
-        """Have `callback` called, from the render-ahead thread, once the page is rendered or
-        given up; False (and no call) when that happened already."""
-        return _AHEAD.when_rendered(self._key, callback)
 
 
 @dataclass(frozen=True)
@@ -176,580 +153,23 @@ class MeasureProgress:
 # handing it to a worker thread costs more than rendering it, and a sequential reader (`cat`,
 # `grep`) ran at two thirds of the speed that way.
 INLINE_RENDER_BYTES = 1280 * 1024
-_PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
-# A sequential reader's next pages are rendered ahead of it (`_RenderAhead`): this many bytes of
-# segment, and of rendering, past its last read, at most `AHEAD_PAGES` pages, a core call per
-# `AHEAD_CALL_BYTES` at most. A call takes the GIL once, so the loop serving the reads is barely
-# held up, and the rendering runs on the other core. (Half as far ahead, `cat` of a 1 GiB view ran
-# at 0.72-0.91 of the speed of `cat` of its segments through `.logdir`, against 0.84-1.0.)
+# A sequential reader's next pages are rendered ahead of it (`fs.page_cache.RenderAhead`): this
+# many bytes of segment, and of rendering, past its last read, at most `AHEAD_PAGES` pages, a core
+# call per `page_cache.AHEAD_CALL_BYTES` at most. A call takes the GIL once, so the loop serving
+# the reads is barely held up, and the rendering runs on the other core. (Half as far ahead, `cat`
+# of a 1 GiB view ran at 0.72-0.91 of the speed of `cat` of its segments through `.logdir`,
+# against 0.84-1.0.)
 AHEAD_BYTES = 16 << 20
 AHEAD_PAGES = 512
-AHEAD_CALL_BYTES = 4 << 20
 # A reader is rendered ahead of once it has read this much in reads that each went on from the
 # last: a single 1 MiB read (`head`, or `by-offset/N` read through a buffered file, which the
 # kernel splits in two requests where the buffer crosses a page) had 16 MiB rendered that were
 # never read.
 AHEAD_AFTER_BYTES = 2 << 20
-_AHEAD_CACHE_BYTES = 64 << 20  # two readers' pages asked ahead, and the runs they are reading
-_AHEAD_SEGMENTS_KEPT = 1024  # segment layouts whose asks are remembered (the latest)
 _AHEAD_WAIT_S = 5.0  # a worker thread's read waits this long for a page rendered ahead, then renders it
-_DECLINED = -1
-UNUSED_LAYOUT_DAYS = 30  # a partition's stored layouts unused this long are removed at a mount
 
 
-_SERIALS = itertools.count()
 _NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))  # an aborted batch, read_committed
-
-
-@dataclass
-class _SegmentLayout:
-    """Where a segment's rendering lies: marks (view position, file position and base offset of
-    the batch there), rendered size, and how far into the file it has been rendered. `sealed`:
-    measured to the end of a segment that no longer grows."""
-
-    segment: LogSegment
-    scanned_to: int = 0
-    size: int = 0
-    marks_view: array = field(default_factory=lambda: array("q", [0]))
-    marks_file: array = field(default_factory=lambda: array("q", [0]))
-    marks_offset: array = field(default_factory=lambda: array("q", [-1]))
-    since_mark: int = 0
-    sealed: bool = False
-    last_batch: tuple[int, int] = (-1, 0)  # (position, CRC) of the last batch measured
-    # Damaged batches the measure found, by the mark of the page each has to itself, whose one
-    # byte reads as the damage (the records before and after it are served).
-    damage: dict[int, CorruptRecordError] = field(default_factory=dict)
-    # Tells this measure's pages from those of an earlier measure of the same segment (cut back
-    # and appended to again: the same positions may hold other batches now).
-    serial: int = field(default_factory=lambda: next(_SERIALS))
-    # The offset after the last batch measured (-1: not known, a layout loaded from the store).
-    end_offset: int = -1
-    # A held layout's segment laid out from a batch inside it (`Layout._append_only`): its
-    # first offset laid out; -1 for a segment laid out from its start.
-    from_offset: int = -1
-
-    @property
-    def first_offset(self) -> int:
-        """The offset the segment's rendering starts at (for a look-up by offset)."""
-        return self.from_offset if self.from_offset >= 0 else self.segment.base_offset
-
-    def page_bounds(self, mark: int) -> tuple[int, int]:
-        """The file positions of the batches between mark `mark` and the next."""
-        end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to
-        return self.marks_file[mark], end
-
-    def check_page(self, mark: int) -> None:
-        """CorruptRecordError when the page at `mark` is a damaged batch's."""
-        error = self.damage.get(mark)
-        if error is not None:
-            raise CorruptRecordError(error.path, error.position, error.reason)
-
-    def view_bounds(self, mark: int) -> tuple[int, int]:
-        """Where the page at mark `mark` lies in the segment's rendering."""
-        end = self.marks_view[mark + 1] if mark + 1 < len(self.marks_view) else self.size
-        return self.marks_view[mark], end
-
-
-_LAYOUT_DIRECTORY = re.compile(r".+-[0-9]+\.[0-9a-f]{24}")  # see LayoutStore.directory
-_LAYOUT_FILE = re.compile(r"\.?[0-9]{20}\.layout(\.[0-9]+\.[0-9]+)?")  # see LayoutStore._path and save
-
-
-class LayoutStore:
-    """Measured layouts of segments, kept on disk between mounts (derived data: deleting the
-    directory only costs a measure).
-
-    One directory per partition and format (named by a hash of the partition dir's real path and
-    the format), one file per segment, `<base offset>.layout`, little-endian:
-
-        magic "SLVL" · version u32 · log file inode u64 · base offset u64 · mark_bytes u64
-        · measured to (file position) u64 · rendered size u64 · last batch position i64 · its
-        CRC u32 · marks u32 · marks_view, marks_file, marks_offset (i64 each) · CRC-32 of
-        everything before, u32
-
-    A layout is used only for the same file (inode) still holding, at the same position, the
-    batch it was measured up to (same CRC): a segment rewritten by compaction, or truncated by
-    recovery, is measured again. A segment that grew since (the active one) is measured from
-    where its layout ends. Files are written to a temporary name and renamed, so a crash leaves
-    either the old file or the new. A partition's directory is touched when a mount uses it; a
-    mount starting removes those unused for `UNUSED_LAYOUT_DAYS` (`prune`). Thread-safe."""
-
-    _HEADER = struct.Struct("<4sIQQQQQqII")
-    _MAGIC = b"SLVL"
-    _VERSION = 2
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._warned = False  # an unwritable cache is said once, not once per segment
-
-    def directory(self, log: PartitionLog, format_key: str) -> Path:
-        name = f"{os.path.realpath(log.directory)}\0{format_key}".encode("utf-8", "surrogateescape")
-        return self.root / f"{log.topic}-{log.partition}.{hashlib.sha256(name).hexdigest()[:24]}"
-
-    @staticmethod
-    def _inode(segment: LogSegment) -> int | None:
-        try:
-            return os.lstat(segment.log_path).st_ino
-        except OSError:
-            return None
-
-    @staticmethod
-    def _path(directory: Path, segment: LogSegment) -> Path:
-        return directory / f"{segment.base_offset:020d}.layout"
-
-    def load(self, directory: Path, segment: LogSegment, mark_bytes: int) -> _SegmentLayout | None:
-        """The stored layout of a segment, or None (none stored, or stale, or damaged). Sealed
-        when the file ends where the layout does; the caller decides whether it may grow."""
-        path = self._path(directory, segment)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return None
-        head = self._HEADER.size
-        if len(data) < head + 4 or zlib.crc32(data[:-4]) != int.from_bytes(data[-4:], "little"):
-            return None
-        magic, version, inode, base_offset, marks_every, scanned_to, rendered, last_position, last_crc, count = (
-            self._HEADER.unpack_from(data)
-        )
-        if (
-            (magic, version) != (self._MAGIC, self._VERSION)
-            or base_offset != segment.base_offset
-            or marks_every != mark_bytes
-            or len(data) != head + 24 * count + 4
-            or inode != self._inode(segment)
-            or segment.size < scanned_to
-        ):
-            return None
-        if last_position >= 0 and not self._holds_batch(segment, last_position, last_crc, scanned_to):
-            return None
-        arrays = []
-        for i in range(3):
-            column = array("q")
-            column.frombytes(data[head + 8 * count * i : head + 8 * count * (i + 1)])
-            arrays.append(column)
-        return _SegmentLayout(
-            segment,
-            scanned_to,
-            rendered,
-            arrays[0],
-            arrays[1],
-            arrays[2],
-            since_mark=rendered - arrays[0][-1],
-            sealed=segment.size == scanned_to,
-            last_batch=(last_position, last_crc),
-        )
-
-    @staticmethod
-    def _holds_batch(segment: LogSegment, position: int, crc: int, next_position: int) -> bool:
-        """Whether the segment file has a batch with this CRC at `position`, ending at
-        `next_position` (read through a descriptor of its own: the segment's stays unopened)."""
-        try:
-            fd = open_regular(segment.log_path)  # (a link or a FIFO put there since: refused, not read)
-            try:
-                data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
-            finally:
-                os.close(fd)
-            header = BatchHeader.parse(memoryview(data), 0, position)
-        except (OSError, ValueError, struct.error, UnsafeFileError):
-            return False
-        return header.crc == crc and header.next_position == next_position
-
-    def save(self, directory: Path, layout: _SegmentLayout, mark_bytes: int) -> None:
-        """Keep a segment's layout; a failure is logged and otherwise ignored."""
-        segment = layout.segment
-        inode = self._inode(segment)
-        if inode is None:
-            return
-        count = len(layout.marks_view)
-        data = bytearray(
-            self._HEADER.pack(
-                self._MAGIC,
-                self._VERSION,
-                inode,
-                segment.base_offset,
-                mark_bytes,
-                layout.scanned_to,
-                layout.size,
-                *layout.last_batch,
-                count,
-            )
-        )
-        for column in (layout.marks_view, layout.marks_file, layout.marks_offset):
-            data += column.tobytes()
-        data += zlib.crc32(data).to_bytes(4, "little")
-        path = self._path(directory, segment)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            temporary.write_bytes(data)
-            os.replace(temporary, path)
-        except OSError as error:
-            log = logger.debug if self._warned else logger.warning
-            self._warned = True
-            log(
-                "cannot keep the view layout of %s in %s: %s (views work; they are measured again next mount)",
-                segment.log_path,
-                directory,
-                error,
-            )
-            temporary.unlink(missing_ok=True)
-
-    def discard(self, directory: Path, segment: LogSegment) -> None:
-        """Forget a segment that left the log (removed by retention, replaced by compaction)."""
-        self._path(directory, segment).unlink(missing_ok=True)
-
-    @staticmethod
-    def touch(directory: Path) -> None:
-        """Note that a partition's layouts are in use (their directory's mtime: see `prune`)."""
-        with contextlib.suppress(OSError):  # not stored yet, or an unwritable cache
-            os.utime(directory)
-
-    def prune(self, now_s: float, unused_days: float = UNUSED_LAYOUT_DAYS) -> int:
-        """Remove the layouts of partitions no mount has used for `unused_days` (data dirs gone
-        or moved leave theirs behind); how many partitions' layouts went. Only what the store
-        made goes: a directory named as `directory` names them holding nothing but layout
-        files (`-o view.cache=` may name a directory that holds other things too)."""
-        removed = 0
-        try:
-            entries = list(os.scandir(self.root))
-        except OSError:
-            return 0
-        for entry in entries:
-            try:
-                if (
-                    _LAYOUT_DIRECTORY.fullmatch(entry.name)
-                    and entry.is_dir(follow_symlinks=False)
-                    and entry.stat(follow_symlinks=False).st_mtime < now_s - unused_days * 86400
-                ):
-                    removed += self._remove_layouts(Path(entry.path))
-            except OSError as error:
-                logger.debug("pruning the view cache: %s: %s", entry.path, error)
-        return removed
-
-    @staticmethod
-    def _remove_layouts(directory: Path) -> int:
-        """Remove a partition's layout directory if it holds only layout files: 1 if it went."""
-        files = list(directory.iterdir())
-        if not all(_LAYOUT_FILE.fullmatch(path.name) and path.is_file() for path in files):
-            logger.warning("view cache: %s holds files it did not make: left alone", directory)
-            return 0
-        for path in files:
-            path.unlink()
-        directory.rmdir()
-        return 1
-
-
-Page = list[tuple[BatchHeader, RenderedBatch]]
-
-
-class _PageCache:
-    """Recently rendered pages of every layout, bounded in bytes: an open, a stat and the reads of
-    one place share them. Keys hold the layout and segment objects themselves (not their ids,
-    which a later object may reuse). Thread-safe."""
-
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-        self._pages: OrderedDict[tuple[object, ...], tuple[Page, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._rendering: dict[tuple[object, ...], threading.Event] = {}
-
-    def get(self, key: tuple[object, ...]) -> Page | None:
-        with self._lock:
-            entry = self._pages.get(key)
-            if entry is None:
-                return None
-            self._pages.move_to_end(key)
-            return entry[0]
-
-    def render_once(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page:
-        """The page under `key`, rendered by `render` unless it is cached or another thread is
-        rendering it already (then that thread's result: two readers of one place render
-        it once)."""
-        with self._lock:
-            waiting = self._rendering.get(key)
-            if waiting is None:
-                self._rendering[key] = done = threading.Event()
-        if waiting is not None:
-            waiting.wait()
-            page = self.get(key)
-            return page if page is not None else render()  # its rendering failed: try ourselves
-        return self._render_claimed(key, done, render)
-
-    def render_unless_busy(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page | None:
-        """`render_once` for the event loop, which must not wait: None when another thread is
-        rendering the page."""
-        with self._lock:
-            if key in self._rendering:
-                return None
-            self._rendering[key] = done = threading.Event()
-        return self._render_claimed(key, done, render)
-
-    def _render_claimed(self, key: tuple[object, ...], done: threading.Event, render: Callable[[], Page]) -> Page:
-        """Render a page this thread has claimed, keep it, and let whoever waits for it go."""
-        try:
-            page = render()
-            self.put(key, page)
-            return page
-        finally:
-            with self._lock:
-                del self._rendering[key]
-            done.set()
-
-    def put(self, key: tuple[object, ...], page: Page) -> None:
-        weight = sum(len(rendered.data) + 16 * len(rendered.offsets) for _, rendered in page) + 200 * len(page)
-        with self._lock:
-            if key in self._pages:
-                return
-            self._pages[key] = (page, weight)
-            self._bytes += weight
-            while self._bytes > self.capacity_bytes and len(self._pages) > 1:
-                _, (_, dropped) = self._pages.popitem(last=False)
-                self._bytes -= dropped
-
-
-_PAGES = _PageCache(_PAGE_CACHE_BYTES)
-
-
-class _RenderAhead:
-    """Pages rendered ahead of sequential readers on a thread of their own, a run of pages a call
-    of the core (`Renderer.render_range`), kept by (layout, segment, serial, mark), bounded in
-    bytes. A page rendered ahead is had as the span from its start to its run's end (one piece
-    for the pages a read takes of the run, not one look-up a page). A run the core does not
-    render (compressed or damaged batches, a file cut short) is left to the readers, who render
-    it page by page and say what is wrong. Thread-safe."""
-
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-        # Per page: (its run's rendering, where the page starts in it, where it ends, where the
-        # run ends, the run's last mark).
-        self._pages: OrderedDict[tuple[object, ...], tuple[bytes, int, int, int, int]] = OrderedDict()
-        self._bytes = 0
-        self._pending: set[tuple[object, ...]] = set()  # asked for, not rendered yet
-        # Pending pages a reader caught up with and rendered itself (`take`): a run not started
-        # yet drops them and the pages before them, which its reader has passed. (Without this,
-        # a reader faster than the thread had it render pages already read: 4,332 of 14,051
-        # pages of three `cat`s of a 1 GiB view on a busy machine.)
-        self._taken: set[tuple[object, ...]] = set()
-        self._runs: deque[tuple[Layout, _SegmentLayout, list[int]]] = deque()
-        # Per segment layout (the latest few): how far its pages were asked for, so a sequential
-        # reader's next ask looks only past that; _DECLINED once the core did not render a run of
-        # it whole (compressed batches, most often): not asked again, its readers render it page
-        # by page.
-        self._asked: OrderedDict[tuple[object, ...], int] = OrderedDict()
-        self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)  # a run queued; a run done (pages rendered or given up)
-        self._thread: threading.Thread | None = None
-        self._current: tuple[tuple[object, ...], int, int] | None = None  # the run being rendered: segment key, marks
-        self._when_done: list[Callable[[], None]] = []  # called once the run being rendered is done
-
-    def get(self, key: tuple[object, ...]) -> tuple[bytes, int, int, int] | None:
-        """If the page under `key` was rendered ahead: (rendering, start, end, last mark), the
-        span of the page and of the pages after it up to `last mark`, rendered in the same run."""
-        with self._lock:
-            return self._get_locked(key)
-
-    def _get_locked(self, key: tuple[object, ...]) -> tuple[bytes, int, int, int] | None:
-        page = self._pages.get(key)
-        if page is None:
-            return None
-        self._pages.move_to_end(key)
-        return page[0], page[1], page[3], page[4]
-
-    def wait(self, key: tuple[object, ...], timeout: float) -> tuple[bytes, int, int, int] | None:
-        """`get`, once the page under `key` is rendered ahead or given up, if it was asked for
-        and is not yet; `timeout` seconds at most (then None when it is still pending)."""
-        with self._lock:
-            self._work.wait_for(lambda: key not in self._pending, timeout)
-            return self._get_locked(key)
-
-    def rendering(self, key: tuple[object, ...]) -> bool:
-        """Whether the page under `key` is in the run being rendered at this moment."""
-        with self._lock:
-            return self._rendering_locked(key)
-
-    def when_rendered(self, key: tuple[object, ...], callback: Callable[[], None]) -> bool:
-        """Have `callback` called (on the render-ahead thread) once the run being rendered is
-        done, if the page under `key` is in it; False (and no call) when it is not."""
-        with self._lock:
-            if not self._rendering_locked(key):
-                return False
-            self._when_done.append(callback)
-            return True
-
-    def _rendering_locked(self, key: tuple[object, ...]) -> bool:
-        current = self._current
-        return current is not None and key[:3] == current[0] and current[1] <= key[3] <= current[2]  # type: ignore[operator]
-
-    def pending_count(self) -> int:
-        """How many pages are asked for and not rendered yet (for tests)."""
-        with self._lock:
-            return len(self._pending)
-
-    def take(self, key: tuple[object, ...]) -> None:
-        """A reader renders the page under `key` itself (it was asked for and is not rendered
-        yet): a run that has not started leaves it out, with the pages before it."""
-        with self._lock:
-            if key in self._pending:
-                self._taken.add(key)
-
-    def keep(self, key: tuple[object, ...], mark: int, data: bytes) -> None:
-        """`take`, for a complete page a reader rendered whole by a call of the core (`data`): it
-        is kept as a run of that one page (the reader's next read may start inside it)."""
-        with self._lock:
-            if key in self._pending:
-                self._taken.add(key)
-            self._keep_locked(key, (data, 0, len(data), len(data), mark))
-            self._evict_locked()
-
-    def declined(self, layout: Layout, segment_layout: _SegmentLayout) -> bool:
-        """Whether the core did not render a run of the segment layout whole (then it is not
-        asked to again)."""
-        with self._lock:
-            return self._asked.get((layout, segment_layout.segment, segment_layout.serial)) == _DECLINED
-
-    def decline(self, layout: Layout, segment_layout: _SegmentLayout) -> None:
-        """The core did not render a page of the segment layout whole: no run of it is asked for
-        any more (its readers render it page by page)."""
-        with self._lock:
-            self._asked[(layout, segment_layout.segment, segment_layout.serial)] = _DECLINED
-
-    def _keep_locked(self, key: tuple[object, ...], page: tuple[bytes, int, int, int, int]) -> None:
-        replaced = self._pages.pop(key, None)
-        if replaced is not None:  # (a reader's page, and then its run's, or the other way round)
-            self._bytes -= replaced[2] - replaced[1]
-        self._pages[key] = page
-        self._bytes += page[2] - page[1]
-
-    def _evict_locked(self) -> None:
-        while self._bytes > self.capacity_bytes and self._pages:
-            _, (_, start, end, _, _) = self._pages.popitem(last=False)
-            self._bytes -= end - start
-
-    def ask(self, layout: Layout, segment_layout: _SegmentLayout, marks: range, *, whole: bool) -> None:
-        """Render the pages `marks` of a segment layout ahead, but those kept or asked for already
-        (every mark a complete page: its bounds never change), in runs of at most
-        `AHEAD_CALL_BYTES` of segment or of rendering; the last run only when it makes three
-        quarters of that, unless `whole` (the marks reach the last complete page)."""
-        segment_key = (layout, segment_layout.segment, segment_layout.serial)
-        with self._lock:
-            asked_to = self._asked.get(segment_key, marks.start)
-            if asked_to == _DECLINED:
-                return
-            first = asked_to if marks.start < asked_to <= marks.stop else marks.start  # (else: a reader went back)
-            if not whole and first < marks.stop:
-                # Too little to make a run yet (what a sequential reader's asks are, most of the
-                # time): told from the marks, not page by page (a short run waits for up to
-                # three quarters of a call's bytes, a hundred pages and more).
-                last = marks.stop - 1
-                segment_bytes = segment_layout.page_bounds(last)[1] - segment_layout.marks_file[first]
-                view_bytes = segment_layout.view_bounds(last)[1] - segment_layout.marks_view[first]
-                if max(segment_bytes, view_bytes) < AHEAD_CALL_BYTES * 3 // 4:
-                    self._note_asked(segment_key, first)
-                    return
-            run: list[int] = []
-            run_bytes = 0
-            for mark in range(first, marks.stop):
-                key = _page_key(layout, segment_layout, mark)
-                if key in self._pages or key in self._pending or mark in segment_layout.damage:
-                    continue  # (a damaged batch's page is never rendered: it reads as the damage)
-                cost = max(_span(segment_layout.page_bounds(mark)), _span(segment_layout.view_bounds(mark)))
-                if run and (run[-1] != mark - 1 or run_bytes + cost > AHEAD_CALL_BYTES):
-                    self._queue(layout, segment_layout, run)
-                    run, run_bytes = [], 0
-                run.append(mark)
-                run_bytes += cost
-            if run and (run_bytes >= AHEAD_CALL_BYTES * 3 // 4 or whole):
-                self._queue(layout, segment_layout, run)
-            elif run:  # (a short run waits until the reader is closer: fewer, longer calls)
-                self._note_asked(segment_key, run[0])
-            if not self._runs:
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._render_runs, name="render ahead", daemon=True)
-                self._thread.start()
-            self._work.notify()
-
-    def _queue(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> None:
-        self._pending.update(_page_key(layout, segment_layout, mark) for mark in run)
-        self._runs.append((layout, segment_layout, run))
-        self._note_asked((layout, segment_layout.segment, segment_layout.serial), run[-1] + 1)
-
-    def _note_asked(self, segment_key: tuple[object, ...], asked_to: int) -> None:
-        if self._asked.get(segment_key) == _DECLINED:
-            return
-        self._asked[segment_key] = asked_to
-        self._asked.move_to_end(segment_key)
-        while len(self._asked) > _AHEAD_SEGMENTS_KEPT:
-            self._asked.popitem(last=False)
-
-    def settle(self, timeout: float) -> bool:
-        """Wait until every page asked for is rendered or given up (for tests); False on timeout."""
-        with self._lock:
-            return self._work.wait_for(lambda: not self._pending, timeout)
-
-    def _render_runs(self) -> None:
-        while True:
-            with self._lock:
-                while not self._runs:
-                    self._work.wait()
-                layout, segment_layout, run = self._runs.popleft()
-                segment_key = (layout, segment_layout.segment, segment_layout.serial)
-                declined = self._asked.get(segment_key) == _DECLINED
-                run = self._untaken_locked(layout, segment_layout, run)
-                if not run:
-                    continue
-                self._current = (segment_key, run[0], run[-1])
-            try:
-                self._render_run(layout, segment_layout, run, declined=declined)
-            finally:  # (however it ended, the run is over for the readers waiting for it)
-                with self._lock:
-                    self._current = None
-                    done, self._when_done = self._when_done, []
-                    self._work.notify_all()
-                for callback in done:
-                    try:
-                        callback()
-                    except Exception:  # (the thread renders on for the other readers)
-                        logger.exception("rendering ahead: telling a reader a run is done")
-
-    def _render_run(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int], *, declined: bool) -> None:
-        """Render a run of pages and keep them, or decline the segment layout when the core
-        does not render them."""
-        segment_key = (layout, segment_layout.segment, segment_layout.serial)
-        pages: list[tuple[bytes, int, int]] = []
-        if _AHEAD_DELAY_S:
-            time.sleep(_AHEAD_DELAY_S)
-        try:
-            if not declined:  # (asked before an earlier run of the same segment was declined)
-                pages = layout.render_run(segment_layout, run)
-        except (EngineError, ValueError, OSError) as error:  # damaged data, a failed read: left to the readers
-            logger.debug("rendering ahead in %s: %s", segment_layout.segment.log_path, error)
-        except Exception:  # a fault of ours: said whole, and the thread renders on (the readers render it)
-            logger.exception("rendering ahead in %s", segment_layout.segment.log_path)
-        with self._lock:
-            if not pages:
-                self._asked[segment_key] = _DECLINED
-            if pages:
-                data, run_end, last = pages[0][0], pages[-1][2], run[-1]
-                for mark, (_, start, end) in zip(run, pages, strict=True):
-                    self._keep_locked(_page_key(layout, segment_layout, mark), (data, start, end, run_end, last))
-            for mark in run:
-                key = _page_key(layout, segment_layout, mark)
-                self._pending.discard(key)
-                self._taken.discard(key)
-            self._evict_locked()
-
-    def _untaken_locked(self, layout: Layout, segment_layout: _SegmentLayout, run: list[int]) -> list[int]:
-        """The marks of a run about to start, but those up to the last page a reader took: those
-        are given up (their waiters render them)."""
-        keys = [_page_key(layout, segment_layout, mark) for mark in run]
-        passed = max((i + 1 for i, key in enumerate(keys) if key in self._taken), default=0)
-        for key in keys[:passed]:
-            self._pending.discard(key)
-            self._taken.discard(key)
-        if passed:
-            self._work.notify_all()
-        return run[passed:]
 
 
 class _LetClose:
@@ -797,20 +217,9 @@ def held_segments() -> int:
     return max(MIN_OPEN_SEGMENTS, OPEN_SEGMENTS.max_open // 2)
 
 
-def _span(bounds: tuple[int, int]) -> int:
-    return bounds[1] - bounds[0]
-
-
 def _joined(pieces: list[memoryview]) -> bytes | memoryview:
     """Pieces as one buffer: the piece itself when there is one (no copy)."""
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-
-def _page_key(layout: Layout, segment_layout: _SegmentLayout, mark: int) -> tuple[object, ...]:
-    return (layout, segment_layout.segment, segment_layout.serial, mark)
-
-
-_AHEAD = _RenderAhead(_AHEAD_CACHE_BYTES)
 
 
 class Layout:
@@ -844,7 +253,7 @@ class Layout:
         # The other format's layout of the partition at the same level (Tree.layout links them),
         # and the segment layouts a first measure of that other layout made for this one.
         self.sibling: Layout | None = None
-        self._handed_over: dict[LogSegment, _SegmentLayout] = {}
+        self._handed_over: dict[LogSegment, SegmentLayout] = {}
         self._handed_over_lock = threading.Lock()
         self._render_batch = self._render_committed if read_committed else renderer.render_indexed
         self._mark_bytes = mark_bytes
@@ -853,17 +262,17 @@ class Layout:
         if store is not None and self._store_directory is not None:
             store.touch(self._store_directory)
         self._lock = threading.Lock()
-        self._order: list[_SegmentLayout] = []
+        self._order: list[SegmentLayout] = []
         self._starts: list[int] = []  # layout position where each segment's rendering begins
         # Positions are kept across retention: the first segment left starts where it started,
         # so an open view's bytes do not move under its reader when older segments go.
         self._front = 0
         self._bases: list[int] = []
-        self._published: tuple[list[_SegmentLayout], list[int]] = ([], [])  # (order, starts), swapped whole
+        self._published: tuple[list[SegmentLayout], list[int]] = ([], [])  # (order, starts), swapped whole
         self.generation = 0  # changes when a segment joins or leaves: positions may move
         # The growing segment's last page: its segment layout (a cut-back makes a new one, so a
         # page rendered before it, late, is never grown after it), start, end and batches.
-        self._tail: tuple[_SegmentLayout, int, int, Page] | None = None
+        self._tail: tuple[SegmentLayout, int, int, Page] | None = None
         self._truncations = log.truncations  # the log's cut-backs this layout has seen
         self.measured = False  # set once a snapshot has measured every segment (the first look)
         self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
@@ -884,14 +293,14 @@ class Layout:
         # the next snapshot brings it up to date in place (the changes it missed are no reader's).
         self.fresh = False
         self._kept: set[LogSegment] = set()
-        self._kept_for: list[_SegmentLayout] | None = None  # the published order they were kept for
+        self._kept_for: list[SegmentLayout] | None = None  # the published order they were kept for
         self._hold_lock = threading.Lock()
         self.detached = False
         # Segments of the log cut back under a detached layout's last (a writer's truncation):
         # what they hold past its last offset is laid out anew once they hold some (`_append_only`).
         self._cut: set[LogSegment] = set()
 
-    def snapshot(self) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+    def snapshot(self) -> tuple[list[SegmentLayout], list[int], list[int]]:
         """Bring the layout up to date with the log; (segments, their start positions, bases).
         Sealed segments cost nothing: only the last segment is looked at again (read_committed:
         and those not measured to their end yet, held back by a transaction still open). What
@@ -916,7 +325,7 @@ class Layout:
         self._failure = None
         return snapshot
 
-    def _snapshot(self, segments: list[LogSegment]) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+    def _snapshot(self, segments: list[LogSegment]) -> tuple[list[SegmentLayout], list[int], list[int]]:
         self._keep_ahead(segments)
         with self._lock:
             fresh = self.fresh
@@ -928,7 +337,7 @@ class Layout:
         self.keep_open()
         return snapshot
 
-    def _snapshot_locked(self, segments: list[LogSegment]) -> tuple[list[_SegmentLayout], list[int], list[int]]:
+    def _snapshot_locked(self, segments: list[LogSegment]) -> tuple[list[SegmentLayout], list[int], list[int]]:
         started = time.monotonic()
         if self.transactions is not None:
             self._track()
@@ -961,7 +370,7 @@ class Layout:
                 # Cut back under the measure (an append that failed after some of its
                 # batches were visible, a recovery): measure the segment again.
                 order = list(order)
-                order[slot] = layout = _SegmentLayout(layout.segment)
+                order[slot] = layout = SegmentLayout(layout.segment)
                 self._tail = None
                 self.generation += 1
                 changed = True
@@ -1183,7 +592,7 @@ class Layout:
         next segment is laid out, as removed before the readers were given them."""
         logger.debug("%s-%d (%s): %s is gone: %s", *self._name(), segment.log_path, error)
 
-    def _finish_removed(self, layout: _SegmentLayout) -> None:
+    def _finish_removed(self, layout: SegmentLayout) -> None:
         """Lay out what the last segment laid out gained before it left the log (another
         process appended to it, then removed it, between two looks), when it is kept open: read
         through its descriptor, its file as it was when removed."""
@@ -1198,7 +607,7 @@ class Layout:
         except (EngineError, OSError) as error:  # (its readers get what was laid out before)
             logger.debug("%s-%d (%s): the end of %s: %s", *self._name(), segment.log_path, error)
 
-    def _end_offset_of(self, layout: _SegmentLayout) -> int:
+    def _end_offset_of(self, layout: SegmentLayout) -> int:
         """The offset after the last batch laid out in a segment layout."""
         if layout.end_offset >= 0:
             return layout.end_offset
@@ -1209,7 +618,7 @@ class Layout:
         except OSError:  # (closed, not kept open: its size says nothing more)
             return layout.first_offset
 
-    def _layout_from(self, segment: LogSegment, offset: int, *, grows_from_end: bool = True) -> _SegmentLayout | None:
+    def _layout_from(self, segment: LogSegment, offset: int, *, grows_from_end: bool = True) -> SegmentLayout | None:
         """A new layout of `segment` from its first batch holding `offset` or above (the whole
         segment when that is its first); None when it holds none yet and is not the log's last
         (or `grows_from_end` is false: a layout from its end would take in whatever is appended)."""
@@ -1219,9 +628,9 @@ class Layout:
                 first = False
                 continue
             if first:
-                return _SegmentLayout(segment, from_offset=max(header.base_offset, segment.base_offset))
+                return SegmentLayout(segment, from_offset=max(header.base_offset, segment.base_offset))
             position = header.position
-            return _SegmentLayout(
+            return SegmentLayout(
                 segment,
                 scanned_to=position,
                 marks_file=array("q", [position]),
@@ -1229,7 +638,7 @@ class Layout:
             )
         if grows_from_end and segment is self.log.segments[-1]:
             # (nothing at or past `offset` yet: laid out from its end, it grows from there)
-            return _SegmentLayout(
+            return SegmentLayout(
                 segment,
                 scanned_to=segment.size,
                 marks_file=array("q", [segment.size]),
@@ -1237,7 +646,7 @@ class Layout:
             )
         return None
 
-    def _publish(self, order: list[_SegmentLayout], front: int) -> None:
+    def _publish(self, order: list[SegmentLayout], front: int) -> None:
         """Make `order` the layout, its first segment at position `front`: the start positions,
         bases and the (order, starts) pair readers take whole. Holds: the layout's lock."""
         starts, total = [], front
@@ -1293,7 +702,7 @@ class Layout:
             error = next((str(e) for layout in self._published[0] for e in layout.damage.values()), None)
         return MeasureProgress(total if self.measured else done, total, self.measured, error)
 
-    def _relayout(self, segments: list[LogSegment]) -> list[_SegmentLayout]:
+    def _relayout(self, segments: list[LogSegment]) -> list[SegmentLayout]:
         """Layouts for a changed segment list: kept, loaded from the store, or measured."""
         # Segment objects hash by identity: a compacted replacement is a new object.
         known = {layout.segment: (layout, start) for layout, start in zip(self._order, self._starts, strict=True)}
@@ -1309,7 +718,7 @@ class Layout:
                     loaded = self._handed_over.pop(segment, None)
                 if loaded is None and self._store is not None and self._store_directory is not None:
                     loaded = self._store.load(self._store_directory, segment, self._mark_bytes)
-                layout = loaded or _SegmentLayout(segment)
+                layout = loaded or SegmentLayout(segment)
                 if i == len(segments) - 1:
                     layout.sealed = False  # the last segment may grow
             if not layout.sealed and i < len(segments) - 1:
@@ -1324,7 +733,7 @@ class Layout:
         self.generation += 1
         return order
 
-    def _measure_sealed(self, layouts: list[_SegmentLayout]) -> None:
+    def _measure_sealed(self, layouts: list[SegmentLayout]) -> None:
         """Measure segments that no longer grow, `MEASURE_THREADS` at once: this thread and
         helpers it starts (which inherit its CPU priority: a background measure's stay low) each
         take the next segment; the core releases the GIL while it walks and checks, so the
@@ -1357,7 +766,7 @@ class Layout:
         if errors:
             raise errors[0]
 
-    def _extend(self, layout: _SegmentLayout, *, last: bool) -> None:
+    def _extend(self, layout: SegmentLayout, *, last: bool) -> None:
         """Render what the segment gained since the last look (all of it, the first time); a
         segment that is not the last one is then sealed and kept in the store. read_committed:
         only up to the last stable offset; the rest waits for its transactions to end."""
@@ -1369,7 +778,7 @@ class Layout:
                 return
             measuring = not self.measured
             sibling = self._sibling_to_measure(layout)
-            companion = _SegmentLayout(segment) if sibling is not None else None
+            companion = SegmentLayout(segment) if sibling is not None else None
             while True:
                 try:
                     if self._measure_batches(layout, end, measuring, sibling, companion):
@@ -1392,11 +801,11 @@ class Layout:
 
     def _measure_batches(
         self,
-        layout: _SegmentLayout,
+        layout: SegmentLayout,
         end: int,
         measuring: bool,
         sibling: Layout | None,
-        companion: _SegmentLayout | None,
+        companion: SegmentLayout | None,
     ) -> bool:
         """Measure the segment's batches from where its layout was measured to up to `end` (and
         the sibling's `companion` layout with them); True when it stopped at the last stable
@@ -1427,7 +836,7 @@ class Layout:
         return False
 
     @staticmethod
-    def _next_offset(layout: _SegmentLayout) -> int:
+    def _next_offset(layout: SegmentLayout) -> int:
         """The offset after the last batch measured into a segment's layout (its header read)."""
         position = layout.last_batch[0]
         if position >= 0:
@@ -1446,7 +855,7 @@ class Layout:
             return end
         return end if header is None else header.next_position
 
-    def _damaged(self, layout: _SegmentLayout, error: CorruptRecordError, after: int) -> None:
+    def _damaged(self, layout: SegmentLayout, error: CorruptRecordError, after: int) -> None:
         """A damaged batch at the measure's next position, its batches going on at `after`: a
         page of its own, one byte long, that reads as the damage, and the measure goes on at
         `after` in a page of its own (the records before and after it are served). Logged."""
@@ -1466,7 +875,7 @@ class Layout:
             error,
         )
 
-    def _note(self, layout: _SegmentLayout, header: BatchHeader, rendered: int) -> None:
+    def _note(self, layout: SegmentLayout, header: BatchHeader, rendered: int) -> None:
         """One more batch measured into a segment's layout: a mark where a page is full. The size
         grows last: a reader on the event loop (which takes a published layout as it stands)
         finds every byte below the size in the pages."""
@@ -1482,7 +891,7 @@ class Layout:
         layout.end_offset = header.next_offset
         layout.size += rendered
 
-    def _sibling_to_measure(self, layout: _SegmentLayout) -> Layout | None:
+    def _sibling_to_measure(self, layout: SegmentLayout) -> Layout | None:
         """The other format's layout, when this first measure of a segment should measure it
         too: it has not measured the partition yet, nor been handed this segment, and neither
         tracks transactions (read_committed layouts end at their own last stable offsets)."""
@@ -1494,7 +903,7 @@ class Layout:
         with sibling._handed_over_lock:
             return None if layout.segment in sibling._handed_over else sibling
 
-    def _hand_over(self, layout: _SegmentLayout, *, sealed: bool) -> None:
+    def _hand_over(self, layout: SegmentLayout, *, sealed: bool) -> None:
         """A segment layout another layout's measure made for this one: taken as if loaded from
         the store by this layout's own first measure (kept there too when sealed)."""
         if sealed:
@@ -1511,33 +920,33 @@ class Layout:
             if self._order and not self._order[-1].sealed:
                 self._store_layout(self._order[-1])
 
-    def _store_layout(self, layout: _SegmentLayout) -> None:
+    def _store_layout(self, layout: SegmentLayout) -> None:
         """Keep a segment's layout in the view cache, when there is one; never one with damage
         (measured afresh at each mount, which says where the damage is)."""
         whole = layout.marks_file[0] == 0  # (not a held layout's segment laid out from a batch inside it)
         if self._store is not None and self._store_directory is not None and not layout.damage and whole:
             self._store.save(self._store_directory, layout, self._mark_bytes)
 
-    def _page(self, layout: _SegmentLayout, mark: int) -> Page:
+    def _page(self, layout: SegmentLayout, mark: int) -> Page:
         """The batches between mark `mark` and the next, each with its rendering
         (CorruptRecordError for a damaged batch's page)."""
         layout.check_page(mark)
         start, end = layout.page_bounds(mark)
         key = self._batch_page_key(layout, mark)
-        page = _PAGES.get(key)
+        page = page_cache.PAGES.get(key)
         if page is None:
-            page = _PAGES.render_once(key, lambda: self._render_page(layout, start, end))
+            page = page_cache.PAGES.render_once(key, lambda: self._render_page(layout, start, end))
         return page
 
-    def _batch_page_key(self, layout: _SegmentLayout, mark: int) -> tuple[object, ...]:
-        """The key of the page at mark `mark` rendered batch by batch, in `_PAGES`."""
+    def _batch_page_key(self, layout: SegmentLayout, mark: int) -> tuple[object, ...]:
+        """The key of the page at mark `mark` rendered batch by batch, in `page_cache.PAGES`."""
         return (self, layout.segment, layout.serial, *layout.page_bounds(mark))
 
-    def _cached_page(self, layout: _SegmentLayout, mark: int) -> Page | None:
+    def _cached_page(self, layout: SegmentLayout, mark: int) -> Page | None:
         """The page at mark `mark` if it was rendered batch by batch and is cached."""
-        return _PAGES.get(self._batch_page_key(layout, mark))
+        return page_cache.PAGES.get(self._batch_page_key(layout, mark))
 
-    def _page_now(self, layout: _SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
+    def _page_now(self, layout: SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
         """`_page` for the event loop, and how many segment bytes it rendered: the page if it is
         rendered already, or holds at most `budget` segment bytes and they are in the OS page
         cache (then it is rendered here); else None. (By segment bytes, not rendered ones: a
@@ -1545,18 +954,20 @@ class Layout:
         transactions read_committed, spans a long stretch of the segment.)"""
         start, end = layout.page_bounds(mark)
         key = self._batch_page_key(layout, mark)
-        page = _PAGES.get(key)
+        page = page_cache.PAGES.get(key)
         cost = end - start
         if page is not None or cost > budget:
             return page, 0
         try:
-            return _PAGES.render_unless_busy(key, lambda: self._render_page(layout, start, end, nowait=True)), cost
+            return page_cache.PAGES.render_unless_busy(
+                key, lambda: self._render_page(layout, start, end, nowait=True)
+            ), cost
         except BlockingIOError:
             return None, 0
         except (EngineError, ValueError, OSError):  # damaged data: the worker thread's read reports it
             return None, 0
 
-    def _render_page(self, layout: _SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
+    def _render_page(self, layout: SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
         """Render a page; the last page of a growing segment is extended by what was appended
         (a follower asks for it after every append). `nowait`: BlockingIOError when its bytes
         are not in the OS page cache."""
@@ -1629,7 +1040,7 @@ class Layout:
         the end) after the bytes before a page that fails, unless it is the first (then its
         error is raised: the read that starts there fails). A read
         that goes on from where an earlier one ended has the pages after it rendered ahead
-        (`_RenderAhead`)."""
+        (`fs.page_cache.RenderAhead`)."""
         order, starts = self._published
         ends = list(self._read_ends)  # (a copy: reads on worker threads note theirs meanwhile)
         run = next((run for end, run in reversed(ends) if end == position), 0) + length
@@ -1639,7 +1050,7 @@ class Layout:
         wanted = length
         budget = INLINE_RENDER_BYTES
         slot = max(bisect.bisect_right(starts, position) - 1, 0)
-        last: tuple[_SegmentLayout, int] | None = None  # the page the read ends in
+        last: tuple[SegmentLayout, int] | None = None  # the page the read ends in
         piece: tuple[bytes, int, int] | None = None  # (rendering, start, end) not yet yielded
         while slot < len(order) and wanted > 0:
             layout = order[slot]
@@ -1689,7 +1100,7 @@ class Layout:
             self._ask_ahead(*last)
 
     def _page_spans(
-        self, layout: _SegmentLayout, mark: int, budget: int | None
+        self, layout: SegmentLayout, mark: int, budget: int | None
     ) -> tuple[list[tuple[bytes, int, int]], int, int] | None:
         """A page's bytes as spans (rendering, start, end) of the renderings they are kept in, the
         segment bytes rendered for them, and the mark after the pages they hold: rendered ahead
@@ -1700,20 +1111,20 @@ class Layout:
         rendered here (the run leaves it out). Without (a worker thread's read), a page asked
         for ahead is waited for, `_AHEAD_WAIT_S` at most (then rendered here)."""
         layout.check_page(mark)
-        key = _page_key(self, layout, mark)
+        key = page_cache.page_key(self, layout, mark)
         if self._renders_ahead:
-            ahead = _AHEAD.get(key) if budget is not None else _AHEAD.wait(key, _AHEAD_WAIT_S)
+            ahead = page_cache.AHEAD.get(key) if budget is not None else page_cache.AHEAD.wait(key, _AHEAD_WAIT_S)
             if ahead is not None:
                 data, start, end, last_mark = ahead
                 return [(data, start, end)], 0, last_mark + 1
-            if budget is not None and _AHEAD.rendering(key) and self._cached_page(layout, mark) is None:
+            if budget is not None and page_cache.AHEAD.rendering(key) and self._cached_page(layout, mark) is None:
                 raise RenderingAhead(key)
             try:
                 whole = self._render_whole(layout, mark, key, budget)
             except BlockingIOError:  # (on the loop, not in the OS page cache: a worker thread's read)
                 return None
             if whole is not None:
-                return [(whole, 0, len(whole))], _span(layout.page_bounds(mark)), mark + 1
+                return [(whole, 0, len(whole))], page_cache.span(layout.page_bounds(mark)), mark + 1
         page: Page | None
         if budget is None:
             page, cost = self._page(layout, mark), 0
@@ -1722,10 +1133,10 @@ class Layout:
         if page is None:
             return None
         if self._renders_ahead and cost:  # (rendered here: a run that has not started leaves it out)
-            _AHEAD.take(key)
+            page_cache.AHEAD.take(key)
         return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost, mark + 1
 
-    def _ask_ahead(self, layout: _SegmentLayout, mark: int) -> None:
+    def _ask_ahead(self, layout: SegmentLayout, mark: int) -> None:
         """Have the complete pages after `mark` rendered ahead: up to `AHEAD_BYTES` of the
         segment and of its rendering past it (JSON Lines of small records render several times
         larger than their batches: what is asked fits the cache), and `AHEAD_PAGES` pages. A
@@ -1741,10 +1152,10 @@ class Layout:
             bisect.bisect_left(layout.marks_view, layout.marks_view[first] + AHEAD_BYTES, first),
         )
         last = max(last, first + 1)
-        _AHEAD.ask(self, layout, range(first, last), whole=last == complete)
+        page_cache.AHEAD.ask(self, layout, range(first, last), whole=last == complete)
 
     def _render_whole(
-        self, layout: _SegmentLayout, mark: int, key: tuple[object, ...], budget: int | None
+        self, layout: SegmentLayout, mark: int, key: tuple[object, ...], budget: int | None
     ) -> bytes | None:
         """A complete page not rendered ahead (the reader caught up with the render-ahead
         thread, a read that is not sequential, a worker thread's read of a page the thread did
@@ -1755,8 +1166,8 @@ class Layout:
         segment: the caller renders it batch by batch, which says what is wrong). With a
         `budget`, BlockingIOError when its bytes are not all in the OS page cache."""
         complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
-        too_dear = budget is not None and _span(layout.page_bounds(mark)) > budget
-        if mark >= complete or too_dear or _AHEAD.declined(self, layout):
+        too_dear = budget is not None and page_cache.span(layout.page_bounds(mark)) > budget
+        if mark >= complete or too_dear or page_cache.AHEAD.declined(self, layout):
             return None
         if self._cached_page(layout, mark) is not None:
             return None  # (rendered batch by batch already, to find an offset: the caller takes that)
@@ -1771,14 +1182,14 @@ class Layout:
         ):  # (damage, the segment closed, a failed read: the caller's read says so)
             return None
         if not pages:
-            _AHEAD.decline(self, layout)
+            page_cache.AHEAD.decline(self, layout)
             return None
         data = pages[0][0]
-        _AHEAD.keep(key, mark, data)
+        page_cache.AHEAD.keep(key, mark, data)
         return data
 
     def render_run(
-        self, layout: _SegmentLayout, marks: list[int], *, nowait: bool = False
+        self, layout: SegmentLayout, marks: list[int], *, nowait: bool = False
     ) -> list[tuple[bytes, int, int]]:
         """Complete pages `marks` (consecutive) of a segment layout rendered by one call of the
         core: each page's span (rendering, start, end) of it; none when the core does not

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.fs.views import AHEAD_DELAY_ENV
+from seglogfs.fs.page_cache import AHEAD_DELAY_ENV
 from seglogfs.mount_tools.serving import CLOSE_DELAY_ENV
 from tests.conftest import REPO
 from tests.fs.conftest import FUSERMOUNT, REFUSED, Mount

@@ -22,8 +22,9 @@ from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.json_records import record_to_json
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
-from seglogfs.fs import views
-from seglogfs.fs.views import Layout, LayoutStore, View
+from seglogfs.fs import page_cache, views
+from seglogfs.fs.layout_store import LayoutStore
+from seglogfs.fs.views import Layout, View
 from tests.conftest import NOW_MS, drop_from_page_cache, make_log
 
 
@@ -308,7 +309,7 @@ def test_a_held_view_keeps_a_new_segment_open_from_its_measure_on(tmp_path: Path
 
         monkeypatch.setattr(Layout, "keep_open", closed_and_removed_first)
         assert view.size() == len(expected)
-        monkeypatch.setattr(views, "_PAGES", views._PageCache(32 << 20))  # (no page the measure rendered)
+        monkeypatch.setattr(page_cache, "PAGES", page_cache.PageCache(32 << 20))  # (no page the measure rendered)
         assert removed and view.read(0, len(expected)) == expected
     finally:
         layout.let_go()
@@ -411,7 +412,7 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
     monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 500_000)  # half a page (MARK_SEGMENT_BYTES)
     view = View(Layout(log, TextRenderer(text_format, 0)), 0)
     assert view.size() == len(expected)  # ~1 KB of text in two pages of 1 MB of the segment
-    monkeypatch.setattr(views, "_PAGES", views._PageCache(32 << 20))  # (finding offset 0 rendered it)
+    monkeypatch.setattr(page_cache, "PAGES", page_cache.PageCache(32 << 20))  # (finding offset 0 rendered it)
     read_on_the_loop: list[int] = []
 
     def counted(fd: int, at: int, length: int) -> bytes:
@@ -800,7 +801,7 @@ def read_on_the_loop(view: View, position: int, length: int) -> bytes | memoryvi
     while True:
         try:
             return view.read_now(position, length)
-        except views.RenderingAhead as rendering:
+        except page_cache.RenderingAhead as rendering:
             rendered = threading.Event()
             if rendering.when_rendered(rendered.set):
                 assert rendered.wait(10), "the run being rendered ahead did not end"
@@ -814,14 +815,14 @@ def read_as_the_mount_does(view: View, chunk: int) -> bytes:
     while len(out) < size:
         data = read_on_the_loop(view, len(out), min(chunk, size - len(out)))
         out += data if data is not None else view.read(len(out), chunk)
-        assert views._AHEAD.settle(10), "rendering ahead did not end"
+        assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
     return bytes(out)
 
 
 @pytest.fixture
 def small_ahead(monkeypatch) -> None:
     """Render-ahead sized for small logs: calls of 4 KiB, 16 KiB ahead of a reader that read 2 KB."""
-    monkeypatch.setattr(views, "AHEAD_CALL_BYTES", 4096)
+    monkeypatch.setattr(page_cache, "AHEAD_CALL_BYTES", 4096)
     monkeypatch.setattr(views, "AHEAD_BYTES", 16384)
     monkeypatch.setattr(views, "AHEAD_AFTER_BYTES", 2000)
 
@@ -874,13 +875,13 @@ def test_a_reader_is_rendered_ahead_of_once_it_has_read_on_for_a_while(tmp_path:
     for length in (1500, 400):  # (1,900 bytes)
         assert read_on_the_loop(view, position, length) == expected[position : position + length]
         position += length
-        assert views._AHEAD.settle(10) and renderer.spans == [], "rendered ahead of a reader that read 1,900 bytes"
+        assert page_cache.AHEAD.settle(10) and renderer.spans == [], "rendered ahead of a reader that read 1,900 bytes"
     again = View(view.layout, 0)  # (another reader, from the start)
     again.size()
     assert read_on_the_loop(again, 0, 1900) == expected[:1900]
-    assert views._AHEAD.settle(10) and renderer.spans == []
+    assert page_cache.AHEAD.settle(10) and renderer.spans == []
     assert read_on_the_loop(view, position, 200) == expected[position : position + 200]  # (2,100 bytes on)
-    assert views._AHEAD.settle(10) and renderer.spans, "not rendered ahead of a reader that read 2,100 bytes on"
+    assert page_cache.AHEAD.settle(10) and renderer.spans, "not rendered ahead of a reader that read 2,100 bytes on"
     log.close()
 
 
@@ -907,8 +908,8 @@ def test_reads_through_runs_rendered_ahead_get_the_view_s_bytes(tmp_path_factory
         assert bytes(data) == expected[position : position + length], (position, length)
         position = min(position + len(data), len(expected))
         if back % 2:
-            assert views._AHEAD.settle(10), "rendering ahead did not end"
-    assert views._AHEAD.settle(10), "rendering ahead did not end"
+            assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
+    assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
     log.close()
 
 
@@ -929,7 +930,7 @@ class HeldRenderer(RangeCountingRenderer):
 
 def end_of_the_run_being_rendered(layout: Layout) -> int:
     """The layout position where the run the render-ahead thread is rendering ends."""
-    (_, segment, serial), _, last = views._AHEAD._current
+    (_, segment, serial), _, last = page_cache.AHEAD._current
     order, starts = layout._published
     slot = next(i for i, s in enumerate(order) if s.segment is segment and s.serial == serial)
     return starts[slot] + order[slot].view_bounds(last)[1]
@@ -952,7 +953,7 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
         while len(out) < size:
             try:
                 data = view.read_now(len(out), min(1000, size - len(out)))  # (a pending page is rendered here)
-            except views.RenderingAhead:
+            except page_cache.RenderingAhead:
                 assert renderer.started.is_set()
                 skipped = end_of_the_run_being_rendered(view.layout)
                 out += expected[len(out) : skipped]  # (the held run's pages, not read)
@@ -960,11 +961,11 @@ def test_pages_a_reader_rendered_itself_are_not_rendered_ahead_after_it(tmp_path
                 continue
             assert data is not None, len(out)
             out += data
-            if views._AHEAD.pending_count() and not renderer.started.is_set():
+            if page_cache.AHEAD.pending_count() and not renderer.started.is_set():
                 assert renderer.started.wait(10), "the render-ahead thread did not start the run asked for"
     finally:
         renderer.go_on.set()
-    assert views._AHEAD.settle(10), "rendering ahead did not end"
+    assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
     assert bytes(out) == expected
     # (each page by a call of the core: the loop's rendering of a complete page)
     rendered_by_reader = sum(end - start for start, end in renderer.reader_spans)
@@ -1000,9 +1001,9 @@ def test_a_read_on_the_loop_waits_for_pages_being_rendered_ahead(tmp_path: Path)
             data = view.read_now(position, 1000)  # (raises when it meets the held run)
             assert data is not None
             position += len(data)
-            if views._AHEAD.pending_count():
+            if page_cache.AHEAD.pending_count():
                 assert renderer.started.wait(10), "the render-ahead thread did not start the run asked for"
-    except views.RenderingAhead as rendering:
+    except page_cache.RenderingAhead as rendering:
         called = threading.Event()
         assert rendering.when_rendered(called.set)
         assert not called.wait(0.1), "called back before the run was done"
@@ -1015,7 +1016,7 @@ def test_a_read_on_the_loop_waits_for_pages_being_rendered_ahead(tmp_path: Path)
     data = view.read_now(position, 1000)
     assert data is not None and bytes(data) == expected[position : position + 1000]
     assert len(renderer.reader_spans) == reader_spans, "the run's pages were rendered again"
-    assert views._AHEAD.settle(10), "rendering ahead did not end"
+    assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
     log.close()
 
 
@@ -1176,7 +1177,7 @@ def test_a_damaged_batch_ahead_of_a_reader_is_reported_by_its_read(tmp_path: Pat
         while len(out) < len(expected):
             data = view.read_now(len(out), 1000)
             out += data if data is not None else view.read(len(out), 1000)
-            assert views._AHEAD.settle(10), "rendering ahead did not end"
+            assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
     assert len(out) > 0 and bytes(out) == expected[: len(out)]
     assert False in renderer.ranges  # (the core left the damaged run)
     log.close()
@@ -1199,7 +1200,7 @@ def test_rendering_ahead_fits_the_cache_and_renders_each_page_once(tmp_path: Pat
     ahead is bounded by rendered bytes too, so it fits the cache, and no page is rendered ahead
     twice (bounded by segment bytes only, pages were evicted before they were read, and asked
     again and again)."""
-    monkeypatch.setattr(views._AHEAD, "capacity_bytes", 40_000)
+    monkeypatch.setattr(page_cache.AHEAD, "capacity_bytes", 40_000)
     log = views_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
     for _ in range(200):
         log.append_records([b"%d" % i for i in range(30)], now_ms=NOW_MS)
@@ -1215,11 +1216,11 @@ def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(t
     """Two sequential readers of two partitions, read by turns: what is asked ahead for both,
     and the runs they are in, fit the cache as the mount sizes it, so neither reader renders
     the pages asked for it again (with the cache half as large, each rendered most of them)."""
-    scale = 4096 / views.AHEAD_CALL_BYTES  # (small runs; the cache and how far ahead as the mount has them)
-    monkeypatch.setattr(views, "AHEAD_CALL_BYTES", 4096)
+    scale = 4096 / page_cache.AHEAD_CALL_BYTES  # (small runs; the cache and how far ahead as the mount has them)
+    monkeypatch.setattr(page_cache, "AHEAD_CALL_BYTES", 4096)
     monkeypatch.setattr(views, "AHEAD_BYTES", int(views.AHEAD_BYTES * scale))
     monkeypatch.setattr(views, "AHEAD_AFTER_BYTES", int(views.AHEAD_AFTER_BYTES * scale))
-    monkeypatch.setattr(views._AHEAD, "capacity_bytes", int(views._AHEAD_CACHE_BYTES * scale))
+    monkeypatch.setattr(page_cache.AHEAD, "capacity_bytes", int(page_cache.AHEAD_CACHE_BYTES * scale))
     readers = []
     for n in range(2):
         log = views_log(tmp_path / f"t-{n}", **{"segment.bytes": "40000"})
@@ -1231,7 +1232,7 @@ def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(t
             if len(out) < view.size():
                 data = read_on_the_loop(view, len(out), min(1000, view.size() - len(out)))
                 out += data if data is not None else view.read(len(out), 1000)
-                assert views._AHEAD.settle(10), "rendering ahead did not end"
+                assert page_cache.AHEAD.settle(10), "rendering ahead did not end"
     for log, renderer, _, out in readers:
         assert bytes(out) == expected_text(log, 0, TextFormat())
         rendered_by_reader = sum(end - start for start, end in renderer.reader_spans)
@@ -1250,12 +1251,12 @@ def test_a_worker_read_waits_a_bounded_time_for_a_page_rendered_ahead(tmp_path: 
     view = View(layout, 0)
     size = view.size()
     (segment_layout,) = [s for s in layout._published[0] if len(s.marks_view) > 1][:1]
-    key = views._page_key(layout, segment_layout, 0)
-    views._AHEAD._pending.add(key)  # (asked for, and its run never ends)
+    key = page_cache.page_key(layout, segment_layout, 0)
+    page_cache.AHEAD._pending.add(key)  # (asked for, and its run never ends)
     try:
         started = time.monotonic()
         assert view.read(0, size) == expected_text(log, 0, TextFormat())
         assert 0.2 <= time.monotonic() - started < 5
     finally:
-        views._AHEAD._pending.discard(key)
+        page_cache.AHEAD._pending.discard(key)
     log.close()
