@@ -24,6 +24,7 @@ from pathlib import Path
 
 from seglogfs.engine.record.records import build_batch
 from tests.cli.support import SEGLOGFS
+from tests.cli.test_dump_parity import write_snapshot
 from tests.conftest import NOW_MS, REPO, kafka_fixtures
 from tests.interop.conftest import AFTER_FILES, NEWEST, STDERR, TRAILER, Broker, Kafka, Producers, split_dump
 
@@ -166,8 +167,8 @@ MALFORMED = [
 
 
 def malformed_text(data: Path) -> Path:
-    """A segment whose keys and values are malformed UTF-8 (the list, then random bytes), and one
-    with gaps in its offsets."""
+    """A segment whose keys and values are malformed UTF-8 (the list, then random bytes), one
+    with gaps in its offsets, and a producer snapshot of an entry without a batch."""
     rng = random.Random(31)
     values = [*MALFORMED, *(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12))) for _ in range(400))]
     partition = data / "malformed-0"
@@ -182,6 +183,10 @@ def malformed_text(data: Path) -> Path:
         for base in (0, 1, 5, 9, 10, 30)
     ]
     (gapped / "00000000000000000000.log").write_bytes(b"".join(batches))
+    # And a producer snapshot whose entry has no batch left (a transactional producer's whose
+    # batches were all removed): the broker's own dir has one only when its retention was that
+    # quick.
+    write_snapshot(gapped / "00000000000000000031.snapshot", (4, 0, -1, -1, 0, NOW_MS, 2, -1))
     return data
 
 
