@@ -12,15 +12,12 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from seglogfs.engine.errors import EngineError
 from seglogfs.engine.record.records import BatchHeader
 from seglogfs.engine.text.renderers import RenderedBatch
 from seglogfs.fs.layout_store import SegmentLayout
-
-if TYPE_CHECKING:
-    from seglogfs.fs.views import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +105,15 @@ AHEAD_CALL_BYTES = 4 << 20
 AHEAD_CACHE_BYTES = 64 << 20  # two readers' pages asked ahead, and the runs they are reading
 _AHEAD_SEGMENTS_KEPT = 1024  # segment layouts whose asks are remembered (the latest)
 _DECLINED = -1
+
+
+class Layout(Protocol):
+    """What the render-ahead thread asks of a partition's layout (fs.views.Layout): a run of its
+    complete pages, rendered by one call of the core."""
+
+    def render_run(
+        self, layout: SegmentLayout, marks: list[int], *, nowait: bool = False
+    ) -> list[tuple[bytes, int, int]]: ...
 
 
 class RenderingAhead(Exception):
