@@ -215,7 +215,7 @@ def drop_from_page_cache(fd: int) -> None:
     raise AssertionError(f"the OS keeps {resident_pages(fd)} pages of descriptor {fd} in memory")
 
 
-def refused_when_uncached(fd: int, read: Callable[[], object], expected: object, attempts: int = 20) -> None:
+def refused_when_uncached(fd: int, read: Callable[[], object], expected: object, attempts: int = 200) -> None:
     """`read` (one that must not wait for the disk) of bytes dropped from the page cache raises
     BlockingIOError. A read that would not wait still starts the OS's read-ahead, and on a fast
     disk that can land before the read looks again: then the read gives the bytes, which must be

@@ -30,7 +30,7 @@
 #include "core.h"
 
 /* item i of a list or None as (pointer, length); length -1 for None. */
-static inline int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ssize_t *length, const char *what) {
+static inline __attribute__((always_inline)) int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ssize_t *length, const char *what) {
     PyObject *item = list == Py_None ? Py_None : PyList_GET_ITEM(list, i);
     if (item == Py_None) { *data = NULL; *length = -1; return 0; }
     if (PyBytes_Check(item)) { *data = PyBytes_AS_STRING(item); *length = PyBytes_GET_SIZE(item); return 0; }
@@ -39,7 +39,7 @@ static inline int blob_of(PyObject *list, Py_ssize_t i, const char **data, Py_ss
     return -1;
 }
 
-static inline int int_of(PyObject *source, Py_ssize_t i, int64_t fallback, int64_t *value) {
+static inline __attribute__((always_inline)) int int_of(PyObject *source, Py_ssize_t i, int64_t fallback, int64_t *value) {
     if (source == Py_None) { *value = fallback; return 0; }
     PyObject *item = PyList_Check(source) ? PyList_GET_ITEM(source, i) : source;
     long long v = PyLong_AsLongLong(item);
