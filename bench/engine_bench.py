@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from seglogfs.engine import BrokerConfig, DataDir, PartitionLog
-from seglogfs.engine.log.index import OffsetIndex
 from seglogfs.engine.log.loader import segment_for
+from seglogfs.engine.log.offset_index import OffsetIndex
 
 NOW_MS = 1_763_800_000_000
 RESULTS = Path(__file__).resolve().parent / "results"

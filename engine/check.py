@@ -49,13 +49,7 @@ from seglogfs.engine.log.checkpoint import (
     read_offset_checkpoint,
     read_partition_metadata,
 )
-from seglogfs.engine.log.index import (
-    OFFSET_INDEX_DTYPE,
-    TIME_INDEX_DTYPE,
-    entries_in_use,
-    max_index_file_bytes,
-    read_index_prefix,
-)
+from seglogfs.engine.log.index import entries_in_use, max_index_file_bytes, read_index_prefix
 from seglogfs.engine.log.naming import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -65,8 +59,10 @@ from seglogfs.engine.log.naming import (
     parse_segment_file_name,
     partition_dirs,
 )
+from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.set_aside import SetAsidePiece, SetAsideRun, count_batches, find_set_aside, place_for
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE
 from seglogfs.engine.log.transaction_index import AbortMarker, TransactionIndexBuilder, reconcile
 from seglogfs.engine.record.records import BatchHeader, check_batch, decode_records
 from seglogfs.engine.topic_configs import META_PROPERTIES

@@ -66,7 +66,7 @@ from seglogfs.engine.log.checkpoint import (
     format_offset_checkpoint,
 )
 from seglogfs.engine.log.file_records import read_cached
-from seglogfs.engine.log.index import OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, entries_in_use, read_index_prefix
+from seglogfs.engine.log.index import entries_in_use, read_index_prefix
 from seglogfs.engine.log.naming import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -79,7 +79,9 @@ from seglogfs.engine.log.naming import (
     parse_segment_file_name,
     partition_dir_name,
 )
+from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE
 from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE
 from seglogfs.engine.log.transaction_index import ABORTED_TXN_DTYPE
 
 _GENERATED = (

@@ -69,17 +69,12 @@ from seglogfs.engine.internal_topics.transaction_log import (
     decode_transaction_log_value,
     transaction_state_name,
 )
-from seglogfs.engine.log.index import (
-    OFFSET_INDEX_DTYPE,
-    TIME_INDEX_DTYPE,
-    OffsetIndex,
-    TimeIndex,
-    entries_in_use,
-    read_index_prefix,
-)
+from seglogfs.engine.log.index import entries_in_use, read_index_prefix
 from seglogfs.engine.log.naming import INDEX_SUFFIX, LOG_SUFFIX, SNAPSHOT_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE, OffsetIndex
 from seglogfs.engine.log.producer_snapshot import CorruptSnapshotError, read_producer_snapshot
 from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE, TimeIndex
 from seglogfs.engine.log.transaction_index import read_transaction_index
 from seglogfs.engine.record import legacy
 from seglogfs.engine.record.columns import record_columns

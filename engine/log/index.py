@@ -1,4 +1,5 @@
-"""Kafka's sparse segment indexes: `.index` (offset → position) and `.timeindex` (time → offset).
+"""What Kafka's sparse segment indexes share (its `AbstractIndex`): `.index` (offset → position,
+`engine.log.offset_index`) and `.timeindex` (time → offset, `engine.log.time_index`).
 
 Both are arrays of fixed-size big-endian entries, read with `pread` and written with `pwrite`
 (never through a mapping: a store into a preallocated, sparse page that the file system cannot
@@ -64,29 +65,23 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
+from seglogfs.engine.errors import CorruptIndexError, InvalidOffsetError, OffsetOverflowError
 from seglogfs.engine.files import open_regular
 from seglogfs.engine.record.legacy import MIN_ENTRY_BYTES
 
 log = logging.getLogger(__name__)
 
-OFFSET_INDEX_DTYPE = np.dtype([("relative_offset", ">i4"), ("position", ">i4")])
-TIME_INDEX_DTYPE = np.dtype([("timestamp", ">i8"), ("relative_offset", ">i4")])
-NO_TIMESTAMP = -1
-_INT32_MAX = 2**31 - 1
-_OFFSET_ENTRY = struct.Struct(">ii")
-_TIME_ENTRY = struct.Struct(">qi")
-_INT32 = struct.Struct(">i")
-_INT64 = struct.Struct(">q")
+INT32_MAX = 2**31 - 1
+INT32 = struct.Struct(">i")
+INT64 = struct.Struct(">q")
 # A searched field: where it lies in an entry, and how it is read.
-_FieldAt = dict[str, tuple[int, Callable[[bytes, int], tuple[int, ...]]]]
+FieldAt = dict[str, tuple[int, Callable[[bytes, int], tuple[int, ...]]]]
 # Entries per block of a look-up: one read of 1 KiB (offset index) or 1.5 KiB (time index), and a
 # fence each in memory.
 BLOCK_ENTRIES = 128
@@ -94,22 +89,6 @@ BLOCK_ENTRIES = 128
 _SCAN_ENTRIES = 512 * BLOCK_ENTRIES
 # Bytes of zeros written at a time where entries are cut.
 _ZEROS = bytes(1 << 20)
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetPosition:
-    """An offset-index entry in absolute terms."""
-
-    offset: int
-    position: int
-
-
-@dataclass(frozen=True, slots=True)
-class TimestampOffset:
-    """A time-index entry in absolute terms."""
-
-    timestamp: int
-    offset: int
 
 
 def entries_in_use(entries: npt.NDArray[np.void]) -> npt.NDArray[np.void]:
@@ -152,7 +131,7 @@ def read_index_prefix(fd: int, dtype: np.dtype, limit_bytes: int) -> npt.NDArray
     return np.frombuffer(b"".join(chunks), dtype=dtype)
 
 
-def _native(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
+def native(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
     """Big-endian values as a native, contiguous array: `np.searchsorted` on a big-endian
     field would convert the whole array on every call."""
     return values.astype(values.dtype.newbyteorder("="))
@@ -170,7 +149,7 @@ def max_index_file_bytes(max_index_bytes: int, log_size_bytes: int, entry_bytes:
     return round_down_to_entries(max_index_bytes, entry_bytes) + (log_size_bytes // MIN_ENTRY_BYTES + 1) * entry_bytes
 
 
-class _EntryIndex:
+class AbstractIndex:
     """What both index kinds share: the file (or anonymous memory), the entry count, the
     fences of the blocks and the last entry. See the module docstring."""
 
@@ -179,7 +158,7 @@ class _EntryIndex:
     # The fields searched: the key, and the relative offset a cut searches (the same for `.index`).
     FENCE_FIELDS: ClassVar[tuple[str, ...]]
     # Where each searched field lies in an entry, and how it is read.
-    FIELD_AT: ClassVar[_FieldAt]
+    FIELD_AT: ClassVar[FieldAt]
     ENTRY: ClassVar[struct.Struct]
 
     def __init__(self, path: Path | None, base_offset: int, max_index_bytes: int, *, writable: bool) -> None:
@@ -285,7 +264,7 @@ class _EntryIndex:
             if check:
                 self._check_chunk(chunk, previous, done, log_size_bytes)
             for field, found in fences.items():
-                found.append(_native(chunk[field][::BLOCK_ENTRIES]))
+                found.append(native(chunk[field][::BLOCK_ENTRIES]))
             first, second = chunk[-1].item()
             previous = (int(first), int(second))
             done += len(chunk)
@@ -297,7 +276,18 @@ class _EntryIndex:
         self._scanned = True
 
     def _no_fences(self) -> dict[str, npt.NDArray[np.integer]]:
-        return {field: _native(np.empty(0, dtype=self.DTYPE[field])) for field in self.FENCE_FIELDS}
+        return {field: native(np.empty(0, dtype=self.DTYPE[field])) for field in self.FENCE_FIELDS}
+
+    def sanity_check(self, log_size_bytes: int | None = None) -> None:
+        """Raise CorruptIndexError unless the file's length is a whole number of entries and
+        within what an index of a log of `log_size_bytes` can be, and its entries keep the order
+        of their kind (`_check_chunk`; an offset index's positions inside the log when its size
+        is given). Reads the entries once, a chunk at a time, up to the first fault (see the
+        module docstring)."""
+        with self._lock:
+            self._reopen_if_closed_locked()
+            _check_length(self, log_size_bytes)
+            self._scan_locked(check=True, log_size_bytes=log_size_bytes)
 
     def _check_chunk(
         self, chunk: npt.NDArray[np.void], previous: tuple[int, int] | None, first: int, log_size_bytes: int | None
@@ -477,7 +467,7 @@ class _EntryIndex:
         if self._entries % BLOCK_ENTRIES == 0:
             stored = np.frombuffer(data, dtype=self.DTYPE)
             self._fences = {
-                field: np.concatenate((found, _native(stored[field]))) for field, found in self._fences.items()
+                field: np.concatenate((found, native(stored[field]))) for field, found in self._fences.items()
             }
         self._entries += 1
         self._last = entry
@@ -536,7 +526,7 @@ class _EntryIndex:
 
     def _relative(self, offset: int) -> int:
         relative = offset - self.base_offset
-        if not 0 <= relative <= _INT32_MAX:
+        if not 0 <= relative <= INT32_MAX:
             raise OffsetOverflowError(
                 f"{self.name}: offset {offset} does not fit relative to base offset {self.base_offset}"
             )
@@ -559,7 +549,7 @@ class _EntryIndex:
         kind of index, so one binary search finds the cut)."""
         with self._lock:
             relative = offset - self.base_offset
-            if relative > _INT32_MAX:
+            if relative > INT32_MAX:
                 return  # every entry is below an offset past the relative range
             keep, _, _ = self._slot_locked("relative_offset", np.int32(max(relative, -1)), right=False)
             self._truncate_entries_locked(keep)
@@ -571,10 +561,10 @@ class _EntryIndex:
             self._truncate_entries_locked(0)
 
 
-def close_unless_busy(indexes: Sequence[_EntryIndex]) -> bool:
+def close_unless_busy(indexes: Sequence[AbstractIndex]) -> bool:
     """Close all of `indexes`, or none when another thread holds the lock of one of them (a
     look-up in progress): for eviction, which never waits. Returns whether they were closed."""
-    taken: list[_EntryIndex] = []
+    taken: list[AbstractIndex] = []
     try:
         for index in indexes:
             if not index._lock.acquire(blocking=False):
@@ -588,214 +578,7 @@ def close_unless_busy(indexes: Sequence[_EntryIndex]) -> bool:
             index._lock.release()
 
 
-class OffsetIndex(_EntryIndex):
-    """`.index`: maps an offset to the file position of the batch that holds it."""
-
-    DTYPE = OFFSET_INDEX_DTYPE
-    KEY_FIELD = "relative_offset"
-    FENCE_FIELDS = ("relative_offset", "position")
-    FIELD_AT: ClassVar[_FieldAt] = {"relative_offset": (0, _INT32.unpack_from), "position": (4, _INT32.unpack_from)}
-    ENTRY = _OFFSET_ENTRY
-
-    @property
-    def is_full(self) -> bool:
-        return self._entries >= self.max_entries
-
-    def entry(self, n: int) -> OffsetPosition:
-        """The n-th entry; raises IndexError outside 0..entries-1."""
-        with self._lock:
-            self._ensure_scanned_locked()
-            if not 0 <= n < self._entries:
-                raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
-            relative, position = self._entry_locked(n)
-            return OffsetPosition(self.base_offset + relative, position)
-
-    @property
-    def last_offset(self) -> int:
-        """Offset of the last entry; the base offset when empty."""
-        return self.last_entry().offset
-
-    def last_entry(self) -> OffsetPosition:
-        with self._lock:
-            self._ensure_scanned_locked()
-            if self._last is None:
-                return OffsetPosition(self.base_offset, 0)
-            relative, position = self._last
-            return OffsetPosition(self.base_offset + relative, position)
-
-    def lookup(self, target_offset: int) -> OffsetPosition:
-        """The entry with the largest offset ≤ target; below the first entry (or empty) →
-        (base offset, 0), the start of the segment."""
-        relative = target_offset - self.base_offset
-        if relative < 0:
-            return OffsetPosition(self.base_offset, 0)
-        with self._lock:
-            found = self._floor_locked(np.int32(min(relative, _INT32_MAX)))
-        if found is None:
-            return OffsetPosition(self.base_offset, 0)
-        return OffsetPosition(self.base_offset + found[0], found[1])
-
-    def first_at_or_after(self, offset: int) -> OffsetPosition | None:
-        """The first entry whose offset is `offset` or above; None when there is none (the
-        batches that hold it and all after are past the last entry)."""
-        relative = offset - self.base_offset
-        return None if relative > _INT32_MAX else self._first_reaching("relative_offset", max(relative, -1))
-
-    def first_at_or_past_position(self, position: int) -> OffsetPosition | None:
-        """The first entry whose position is `position` or past it (positions never fall along
-        an index); None when there is none."""
-        return None if position > _INT32_MAX else self._first_reaching("position", max(position, -1))
-
-    def _first_reaching(self, field: str, key: int) -> OffsetPosition | None:
-        with self._lock:
-            n, _, _ = self._slot_locked(field, np.int64(key), right=False)
-            if n >= self._entries:
-                return None
-            relative, position = self._entry_locked(n)
-        return OffsetPosition(self.base_offset + relative, position)
-
-    def append(self, offset: int, position: int) -> None:
-        """Add (offset, position). Raises IndexFullError when full, InvalidOffsetError unless the
-        offset is above the last entry's."""
-        self._check_writable()
-        relative = self._relative(offset)
-        with self._lock:
-            self._ensure_scanned_locked()
-            if self._entries >= self._length // self._entry_bytes:
-                raise IndexFullError(f"{self.name}: index is full ({self._entries} entries)")
-            if self._last is not None and relative <= self._last[0]:
-                last = self.base_offset + self._last[0]
-                raise InvalidOffsetError(f"{self.name}: offset {offset} is not above the last indexed offset {last}")
-            self._append_locked(_OFFSET_ENTRY.pack(relative, position), (relative, position))
-
-    def sanity_check(self, log_size_bytes: int | None = None) -> None:
-        """Raise CorruptIndexError unless the file length is a multiple of 8 and within what an
-        index of a log of `log_size_bytes` can be, offsets strictly increase from ≥ the base,
-        positions never decrease and (when the log size is given) stay inside the log. Reads the
-        entries once, a chunk at a time, up to the first fault (see the module docstring)."""
-        with self._lock:
-            self._reopen_if_closed_locked()
-            _check_length(self, log_size_bytes)
-            self._scan_locked(check=True, log_size_bytes=log_size_bytes)
-
-    def _check_chunk(
-        self, chunk: npt.NDArray[np.void], previous: tuple[int, int] | None, first: int, log_size_bytes: int | None
-    ) -> None:
-        # Strictly increasing offsets from ≥ 0 (Kafka: the last offset is not below the base),
-        # positions never decreasing from ≥ 0.
-        before_offset, before_position = previous if previous is not None else (-1, 0)
-        offsets = np.concatenate(([before_offset], chunk["relative_offset"].astype(np.int64)))
-        positions = np.concatenate(([before_position], chunk["position"].astype(np.int64)))
-        bad = np.flatnonzero((offsets[1:] <= offsets[:-1]) | (positions[1:] < positions[:-1]))
-        if len(bad):
-            slot = int(bad[0])
-            if previous is None and slot == 0:
-                reason = "is not at or above the base offset" if offsets[1] < 0 else "has a negative position"
-            else:
-                reason = "is not above the previous entry"
-            raise self._corrupt(first + slot, chunk[slot], reason)
-        if log_size_bytes is not None and positions[-1] >= max(log_size_bytes, 1):
-            slot = int(np.flatnonzero(positions[1:] >= max(log_size_bytes, 1))[0])
-            raise self._corrupt(first + slot, chunk[slot], f"points past the end of the log ({log_size_bytes} bytes)")
-
-
-class TimeIndex(_EntryIndex):
-    """`.timeindex`: maps a timestamp to the offset from which records reach it."""
-
-    DTYPE = TIME_INDEX_DTYPE
-    KEY_FIELD = "timestamp"
-    FENCE_FIELDS = ("timestamp", "relative_offset")
-    FIELD_AT: ClassVar[_FieldAt] = {"timestamp": (0, _INT64.unpack_from), "relative_offset": (8, _INT32.unpack_from)}
-    ENTRY = _TIME_ENTRY
-
-    @property
-    def is_full(self) -> bool:
-        # One slot stays free for the entry that closing the segment adds (Kafka does the same).
-        return self._entries >= self.max_entries - 1
-
-    def entry(self, n: int) -> TimestampOffset:
-        with self._lock:
-            self._ensure_scanned_locked()
-            if not 0 <= n < self._entries:
-                raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
-            timestamp, relative = self._entry_locked(n)
-            return TimestampOffset(timestamp, self.base_offset + relative)
-
-    def last_entry(self) -> TimestampOffset:
-        """The last entry; (-1, base offset) when empty."""
-        with self._lock:
-            self._ensure_scanned_locked()
-            if self._last is None:
-                return TimestampOffset(NO_TIMESTAMP, self.base_offset)
-            timestamp, relative = self._last
-            return TimestampOffset(timestamp, self.base_offset + relative)
-
-    def lookup(self, target_timestamp: int) -> TimestampOffset:
-        """The entry with the largest timestamp ≤ target; below the first entry (or empty) →
-        (-1, base offset)."""
-        with self._lock:
-            found = self._floor_locked(np.int64(target_timestamp))
-        if found is None:
-            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
-        return TimestampOffset(found[0], self.base_offset + found[1])
-
-    def maybe_append(self, timestamp: int, offset: int, *, skip_full_check: bool = False) -> None:
-        """Add (timestamp, offset) if the timestamp is above the last entry's (Kafka's rule).
-
-        Raises IndexFullError when full (unless skip_full_check, used for the closing entry) and
-        InvalidOffsetError when the offset or timestamp would go backwards."""
-        self._check_writable()
-        relative = self._relative(offset)
-        with self._lock:
-            self._ensure_scanned_locked()
-            last_timestamp = NO_TIMESTAMP
-            if self._last is not None:
-                last_timestamp, last_relative = self._last
-                if relative < last_relative:
-                    raise InvalidOffsetError(
-                        f"{self.name}: offset {offset} is below the last indexed offset "
-                        f"{self.base_offset + last_relative}"
-                    )
-                if timestamp < last_timestamp:
-                    raise InvalidOffsetError(
-                        f"{self.name}: timestamp {timestamp} is below the last indexed timestamp {last_timestamp}"
-                    )
-            if timestamp <= last_timestamp:
-                return
-            slots = self._length // self._entry_bytes
-            if not skip_full_check and self._entries >= slots - 1:
-                raise IndexFullError(f"{self.name}: time index is full ({self._entries} entries)")
-            if self._entries >= slots:
-                # The closing entry of a trimmed index: grow the file by that one entry.
-                self._resize_locked((self._entries + 1) * self._entry_bytes)
-            self._append_locked(_TIME_ENTRY.pack(timestamp, relative), (timestamp, relative))
-
-    def sanity_check(self, log_size_bytes: int | None = None) -> None:
-        """Raise CorruptIndexError unless the length is a multiple of 12 and within what an
-        index of a log of `log_size_bytes` can be, timestamps strictly increase and offsets
-        never decrease from ≥ the base. Reads as `OffsetIndex.sanity_check`."""
-        with self._lock:
-            self._reopen_if_closed_locked()
-            _check_length(self, log_size_bytes)
-            self._scan_locked(check=True, log_size_bytes=None)
-
-    def _check_chunk(
-        self, chunk: npt.NDArray[np.void], previous: tuple[int, int] | None, first: int, log_size_bytes: int | None
-    ) -> None:
-        timestamps = chunk["timestamp"].astype(np.int64)
-        offsets = chunk["relative_offset"].astype(np.int64)
-        before_timestamp, before_offset = previous if previous is not None else (None, -1)
-        if before_timestamp is None and offsets[0] < 0:
-            raise self._corrupt(first, chunk[0], "is not at or above the base offset")
-        bad = np.flatnonzero((timestamps[1:] <= timestamps[:-1]) | (offsets[1:] < offsets[:-1]))
-        if before_timestamp is not None and (timestamps[0] <= before_timestamp or offsets[0] < before_offset):
-            raise self._corrupt(first, chunk[0], "is not above the previous entry")
-        if len(bad):
-            slot = int(bad[0]) + 1
-            raise self._corrupt(first + slot, chunk[slot], "is not above the previous entry")
-
-
-def _check_length(index: _EntryIndex, log_size_bytes: int | None) -> None:
+def _check_length(index: AbstractIndex, log_size_bytes: int | None) -> None:
     """Kafka's length check (a whole number of entries), and the length an index of its
     segment can have (see `max_index_file_bytes`); the caller holds the lock. Nothing is read."""
     length, entry_bytes = index._length, index._entry_bytes

@@ -62,7 +62,7 @@ from seglogfs.engine.errors import CorruptIndexError, CorruptRecordError, Offset
 from seglogfs.engine.files import write_all
 from seglogfs.engine.log.file_records import ALLOCATE_AHEAD_BYTES, FileRecords, allocated_past
 from seglogfs.engine.log.handles import OPEN_SEGMENTS, opening
-from seglogfs.engine.log.index import NO_TIMESTAMP, OffsetIndex, TimeIndex, TimestampOffset, close_unless_busy
+from seglogfs.engine.log.index import INT32_MAX, close_unless_busy
 from seglogfs.engine.log.naming import (
     DELETED_SUFFIX,
     TXN_INDEX_SUFFIX,
@@ -71,19 +71,16 @@ from seglogfs.engine.log.naming import (
     offset_index_file,
     time_index_file,
 )
+from seglogfs.engine.log.offset_index import OffsetIndex
+from seglogfs.engine.log.time_index import TimeIndex, TimestampOffset
 from seglogfs.engine.log.transaction_index import TransactionIndex
 from seglogfs.engine.record.columns import record_columns
-from seglogfs.engine.record.records import (
-    BatchHeader,
-    check_batch,
-    plausible_record_count,
-)
+from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, check_batch, plausible_record_count
 
 log = logging.getLogger(__name__)
 # Given what recovery is about to cut: (the .log's path, its descriptor, the cut position, the
 # size, the offset the log ends at after the cut). See engine.log.set_aside.
 KeepTail = Callable[[Path, int, int, int, int], object]
-_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +488,7 @@ class LogSegment(FileRecords):
         )
 
     def can_convert_to_relative_offset(self, offset: int) -> bool:
-        return 0 <= offset - self.base_offset <= _INT32_MAX
+        return 0 <= offset - self.base_offset <= INT32_MAX
 
     # -- writing ------------------------------------------------------------------------------
     def append(self, data: bytes | bytearray, headers: list[BatchHeader]) -> None:

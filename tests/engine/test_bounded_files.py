@@ -19,8 +19,10 @@ import pytest
 
 from seglogfs.engine import DataDir
 from seglogfs.engine.errors import CorruptIndexError
-from seglogfs.engine.log.index import BLOCK_ENTRIES, OFFSET_INDEX_DTYPE, TIME_INDEX_DTYPE, OffsetIndex, TimeIndex
+from seglogfs.engine.log.index import BLOCK_ENTRIES
+from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE, OffsetIndex
 from seglogfs.engine.log.segment import LogSegment
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE, TimeIndex
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, Measured, broker_config, run_measured
 

@@ -16,15 +16,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine.errors import CorruptIndexError, IndexFullError, InvalidOffsetError, OffsetOverflowError
-from seglogfs.engine.log.index import (
-    NO_TIMESTAMP,
-    OFFSET_INDEX_DTYPE,
-    TIME_INDEX_DTYPE,
-    OffsetIndex,
-    OffsetPosition,
-    TimeIndex,
-    TimestampOffset,
-)
+from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE, OffsetIndex, OffsetPosition
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE, TimeIndex, TimestampOffset
+from seglogfs.engine.record.records import NO_TIMESTAMP
 
 BASE = 45  # the base offset Kafka's index tests use
 MAX_ENTRIES = 30

@@ -19,15 +19,10 @@ import pytest
 
 from seglogfs.engine.errors import CorruptIndexError, OffsetOverflowError, UnsafeFileError
 from seglogfs.engine.log.file_records import FileRecords, _ReadAheadAdvice, read_cached
-from seglogfs.engine.log.index import (
-    NO_TIMESTAMP,
-    OFFSET_INDEX_DTYPE,
-    TIME_INDEX_DTYPE,
-    OffsetPosition,
-    TimestampOffset,
-)
+from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE, OffsetPosition
 from seglogfs.engine.log.segment import FetchSlice, LogSegment
-from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records, iter_batch_headers
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE, TimestampOffset
+from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, build_batch, decode_records, iter_batch_headers
 from tests.conftest import NOW_MS, refused_when_uncached
 
 INT32_MAX = 2**31 - 1

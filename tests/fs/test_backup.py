@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.log.index import TIME_INDEX_DTYPE
+from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE
 from seglogfs.engine.mirror import Mirror, MirrorFile
 from tests.conftest import NOW_MS, REPO
 from tests.fs.conftest import Mount
