@@ -41,6 +41,7 @@ import numpy as np
 from seglogfs.engine.cleaner.cleaner_manager import LogToClean, segments_between
 from seglogfs.engine.cleaner.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.errors import CorruptRecordError, EngineError
+from seglogfs.engine.log.index import INT32_MAX
 from seglogfs.engine.log.loader import segment_for
 from seglogfs.engine.log.naming import (
     CLEANED_SUFFIX,
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
     from seglogfs.engine.log.segment import LogSegment
 
 _WRITE_CHUNK_BYTES = 1 << 20
-_INT32_MAX = 0x7FFF_FFFF
 
 
 # -- the records of a batch, column-wise ----------------------------------------------------------
@@ -148,7 +148,7 @@ def group_segments_by_size(
                 log_size + nxt.size <= max_size
                 and index_size + _file_size(nxt.offset_index_path) <= max_index_size
                 and time_index_size + _file_size(nxt.time_index_path) <= max_index_size
-                and (nxt.size == 0 or last_offset - group[0].base_offset <= _INT32_MAX)
+                and (nxt.size == 0 or last_offset - group[0].base_offset <= INT32_MAX)
             ):
                 break
             group.append(rest.pop(0))

@@ -51,6 +51,7 @@ from seglogfs.engine.log.checkpoint import (
     write_leader_epochs,
     write_partition_metadata,
 )
+from seglogfs.engine.log.index import INT32_MAX
 from seglogfs.engine.log.leader_epochs import DEFAULT_LEADER_EPOCH, LeaderEpochCache
 from seglogfs.engine.log.loader import load_partition, segment_for
 from seglogfs.engine.log.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
@@ -78,8 +79,6 @@ logger = logging.getLogger(__name__)
 
 # How many times `refresh` lists a directory whose segments go as it looks at them.
 _LOOKS_AT_A_CHANGING_DIRECTORY = 3
-
-_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,7 +480,7 @@ class PartitionLog:
                     finally:
                         view.release()
             records = sum(header.records_count for header in headers)
-            if records > _INT32_MAX:
+            if records > INT32_MAX:
                 raise RecordTooLargeError(f"{where}: {path} holds {records} records, too many for one segment")
             if os.stat(path).st_dev != os.stat(self.directory).st_dev:  # (before the roll: nothing changes)
                 raise OSError(errno.EXDEV, f"{path} is not on the filesystem of {self.directory}")
