@@ -18,7 +18,7 @@ compaction stay off).
 
 Thread safety. The partition table (`_logs`) and the overrides table are copy-on-write: a writer
 builds a new dict and publishes it in one assignment, under `_lock` (`create_topic`,
-`set_topic_overrides`), and readers (`topics`, `partitions`, `partition`, `cleanable_logs`,
+`set_topic_overrides`), and readers (`topics`, `partitions`, `partition`, the log cleaner,
 `checkpoint`, …) iterate whatever table they read, which never changes. A topic appears only once
 all its partitions exist. Cleanup and checkpoints are one caller's at a time (the scheduler).
 
@@ -43,12 +43,9 @@ import struct
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
-from seglogfs.engine.cleaner.cleaner import Cleaner, CleanResult, earliest_delete_horizon
-from seglogfs.engine.cleaner.cleaner_manager import LogToClean, filthiest, is_cleanable, log_to_clean
+from seglogfs.engine.cleaner.log_cleaner import CleanupPlan, CleanupReport, LogCleaner
 from seglogfs.engine.config import (
     METADATA_TOPIC,
     BrokerConfig,
@@ -93,7 +90,6 @@ from seglogfs.engine.log.naming import (
     validate_topic,
 )
 from seglogfs.engine.log.retention import RetentionDecision
-from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.set_aside import SetAsideError
 from seglogfs.engine.topic_configs import ConfigEntry, TopicConfigs, node_id
 
@@ -155,46 +151,6 @@ def _error_text(error: BaseException) -> str:
     return str(error)
 
 
-@dataclass
-class CleanupReport:
-    """What one cleanup pass did: retention per partition, compaction passes, and the
-    partitions the cleaner gave up on (with the reason; they are left as they were)."""
-
-    retention: list[tuple[PartitionLog, RetentionDecision]] = field(default_factory=list)
-    compaction: list[CleanResult] = field(default_factory=list)
-    failed: list[tuple[TopicPartition, str]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.retention or self.compaction or self.failed)
-
-
-@dataclass
-class CleanupPlan:
-    """What a cleanup pass would do now (`DataDir.plan_cleanup`): the segments retention would
-    delete, per partition, and the compacted logs the cleaner would pass over, filthiest first,
-    each with its dirty section as it would be after retention."""
-
-    retention: list[tuple[PartitionLog, RetentionDecision]] = field(default_factory=list)
-    compaction: list[LogToClean] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.retention or self.compaction)
-
-
-class _AfterRetention:
-    """A log as a retention decision would leave it, for `plan_cleanup`'s compaction estimate: the
-    attributes engine.cleaner.cleaner_manager and `earliest_delete_horizon` read, nothing else."""
-
-    def __init__(self, log: PartitionLog, kept: list[LogSegment]) -> None:
-        self.topic = log.topic
-        self.partition = log.partition
-        self.config = log.config
-        self.segments = kept
-        self.log_start_offset = max(log.log_start_offset, kept[0].base_offset)
-        self.log_end_offset = log.log_end_offset
-        self.high_watermark = log.high_watermark
-
-
 class DataDir:
     """The partitions of one broker's log dirs. Thread-safe: topic creation and config changes
     serialise on the data dir's lock, and readers see a partition table that never changes
@@ -216,16 +172,13 @@ class DataDir:
         self.topic_configs = TopicConfigs(config)
         self._recover_all = recover_all
         self._closed = False
-        self._cleaner = Cleaner(config.log_cleaner_dedupe_buffer_size, config.log_cleaner_io_buffer_load_factor)
-        self._cleaner_checkpoints: dict[TopicPartition, int] = {}
+        self.log_cleaner = LogCleaner(config, lambda: self._logs)
         # The entries of each root checkpoint file as read at open or last written: a file whose
         # entries would not change is not written again (absent: not known, written).
         self._checkpoints_on_disk: dict[Path, dict[TopicPartition, int]] = {}
         # Each log dir's broker epoch from the clean-shutdown file found at a writable open
         # (None: no file, or none in it), written back into the file at close.
         self._broker_epochs: dict[Path, int | None] = {}
-        self._uncleanable: dict[TopicPartition, str] = {}
-        self._delete_horizons: dict[TopicPartition, int | None] = {}
         # Held by a background pass (Scheduler.run_due) and by `delete_topic`: a mount deletes a
         # topic while its scheduler runs, and a pass must not flush, clean or checkpoint a
         # partition that is being closed and renamed under it.
@@ -320,7 +273,7 @@ class DataDir:
         if self._recover_all:
             recovery_points, clean = {}, False
         try:
-            self._cleaner_checkpoints.update(self._read_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
+            self.log_cleaner.load_checkpoints(self._read_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT))
         except CheckpointError as error:
             logger.warning("%s; compaction starts again from each log's start", error)
         if self.writable:
@@ -734,10 +687,7 @@ class DataDir:
             if topic in self.topic_configs.overrides:
                 self.topic_configs.store({t: o for t, o in self.topic_configs.overrides.items() if t != topic})
             for log in doomed:
-                key = (topic, log.partition)
-                self._cleaner_checkpoints.pop(key, None)
-                self._uncleanable.pop(key, None)
-                self._delete_horizons.pop(key, None)
+                self.log_cleaner.forget((topic, log.partition))
             self.checkpoint()
         for path in renamed:
             if os.path.islink(path):  # (an offline partition that was a link: the link goes, not its target)
@@ -776,24 +726,14 @@ class DataDir:
         as retention would leave it; what a pass would keep of it is only known by running it."""
         plan = CleanupPlan()
         candidates = []
-        for key, log in sorted(self._logs.items()):
+        for _, log in sorted(self._logs.items()):
             if log.offline_reason is not None:
                 continue  # (nothing of it is read: its files stay as the operator finds them)
-            segments = log.segments
             decision = log.retention_due(now_ms)
             if decision:
                 plan.retention.append((log, decision))
-            if not log.config.compact or key in self._uncleanable or not self.config.log_cleaner_enable:
-                continue
-            gone = {id(segment) for segment in decision.segments}
-            kept = [segment for segment in segments if id(segment) not in gone]
-            if not kept:
-                continue  # every segment goes: the pass rolls, and only an empty active one is left
-            # The cleaner's state functions read only what `_AfterRetention` has.
-            view = cast(PartitionLog, _AfterRetention(log, kept)) if decision else log
-            candidate = log_to_clean(view, self._cleaner_checkpoints.get(key), now_ms)
-            horizon = earliest_delete_horizon(view, candidate.first_dirty_offset)
-            if is_cleanable(candidate) or (horizon is not None and horizon <= now_ms):
+            candidate = self.log_cleaner.plan(log, decision, now_ms)
+            if candidate is not None:
                 candidates.append(candidate)
         plan.compaction = sorted(candidates, key=lambda c: -c.cleanable_ratio)
         return plan
@@ -814,62 +754,11 @@ class DataDir:
             self.checkpoint()
         return done
 
-    def cleanable_logs(self, now_ms: int) -> list[LogToClean]:
-        """Every compacted log's cleaning state now (uncleanable ones left out). A cleaner
-        checkpoint outside its log is reset to the log start here, as Kafka does. Safe beside
-        topic creation in another thread (it reads one partition table)."""
-        candidates = []
-        for key, log_ in self._logs.items():
-            if not log_.config.compact or key in self._uncleanable or log_.offline_reason is not None:
-                continue
-            candidate = log_to_clean(log_, self._cleaner_checkpoints.get(key), now_ms)
-            self._cleaner_checkpoints[key] = candidate.first_dirty_offset
-            candidates.append(candidate)
-        return candidates
-
-    def _delete_horizon_due(self, candidate: LogToClean, now_ms: int) -> bool:
-        """Whether tombstones stamped by an earlier pass may now go (the pass then rewrites the
-        clean section even though nothing is dirty)."""
-        key = (candidate.log.topic, candidate.log.partition)
-        if key not in self._delete_horizons:
-            self._delete_horizons[key] = earliest_delete_horizon(candidate.log, candidate.first_dirty_offset)
-        horizon = self._delete_horizons[key]
-        return horizon is not None and horizon <= now_ms
-
     def compact(self, now_ms: int) -> CleanupReport:
-        """Clean every cleanable compacted log once, filthiest first (one cleaner thread's
-        work); a log whose cleaning fails is marked uncleanable and left as it was, and the
-        others go on. Updates `cleaner-offset-checkpoint`."""
+        """Clean every cleanable compacted log once, filthiest first (engine.cleaner.log_cleaner),
+        writing `cleaner-offset-checkpoint` as it goes."""
         self._check_writable()
-        report = CleanupReport()
-        if not self.config.log_cleaner_enable:
-            return report
-        done: set[TopicPartition] = set()
-        try:
-            while True:
-                candidates = [c for c in self.cleanable_logs(now_ms) if (c.log.topic, c.log.partition) not in done]
-                chosen = filthiest(candidates)
-                if chosen is None:
-                    chosen = next((c for c in candidates if self._delete_horizon_due(c, now_ms)), None)
-                if chosen is None:
-                    break
-                key = (chosen.log.topic, chosen.log.partition)
-                done.add(key)
-                try:
-                    result = self._cleaner.clean(chosen, now_ms)
-                except (EngineError, OSError) as error:  # the cleaner's own writes: ENOSPC, EIO
-                    self._uncleanable[key] = str(error)
-                    report.failed.append((key, str(error)))
-                    logger.error("cleaning %s-%d failed, leaving it uncleanable: %s", key[0], key[1], error)
-                    continue
-                self._cleaner_checkpoints[key] = result.next_dirty_offset
-                self._delete_horizons[key] = result.stats.earliest_delete_horizon
-                report.compaction.append(result)
-                self._write_cleaner_checkpoints()
-        finally:
-            self._cleaner.release()
-            self._write_cleaner_checkpoints()  # reset ones too, even when nothing was cleaned
-        return report
+        return self.log_cleaner.clean(now_ms, self._write_cleaner_checkpoints)
 
     def _read_checkpoint(self, path: Path) -> dict[TopicPartition, int]:
         """An offset checkpoint's entries (CheckpointError when it cannot be read), noted as
@@ -894,16 +783,8 @@ class DataDir:
     def _write_cleaner_checkpoints(self) -> None:
         """Write `cleaner-offset-checkpoint` of every log dir, when it changed (the scheduler
         asks every log.cleaner.backoff.ms)."""
-        logs = self._logs
         for log_dir in self.config.log_dirs:
-            self._write_checkpoint(
-                log_dir / CLEANER_OFFSET_CHECKPOINT,
-                {
-                    key: offset
-                    for key, offset in self._cleaner_checkpoints.items()
-                    if key in logs and logs[key].directory.parent == log_dir
-                },
-            )
+            self._write_checkpoint(log_dir / CLEANER_OFFSET_CHECKPOINT, self.log_cleaner.checkpoints_in(log_dir))
 
     # -- checkpoints and closing -------------------------------------------------------------------
     def checkpoint(self) -> None:

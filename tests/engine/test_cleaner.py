@@ -381,7 +381,7 @@ def test_invalid_cleaner_checkpoint_is_reset_to_the_log_start(log_dir: Path) -> 
         data_dir.partition("c", 1).delete_records(10, NOW_MS)
     write_offset_checkpoint(log_dir / "cleaner-offset-checkpoint", {("c", 0): 500, ("c", 1): 5})
     with DataDir.open(config, now_ms=NOW_MS) as data_dir:
-        offsets = {c.log.partition: c.first_dirty_offset for c in data_dir.cleanable_logs(NOW_MS)}
+        offsets = {c.log.partition: c.first_dirty_offset for c in data_dir.log_cleaner.cleanable_logs(NOW_MS)}
         assert offsets == {0: 0, 1: 10}
         data_dir.compact(NOW_MS)
     assert read_offset_checkpoint(log_dir / "cleaner-offset-checkpoint")[("c", 0)] == 0

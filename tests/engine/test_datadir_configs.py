@@ -246,7 +246,7 @@ def test_topic_creation_beside_readers_that_iterate(log_dir: Path) -> None:
                     for topic, partitions in data_dir.topics().items():
                         if topic.startswith("t") and partitions != [0, 1, 2]:
                             partial.append(f"{topic}: {partitions}")
-                    data_dir.cleanable_logs(NOW_MS)
+                    data_dir.log_cleaner.cleanable_logs(NOW_MS)
                     list(data_dir.partitions())
             except BaseException as error:
                 errors.append(error)
