@@ -64,6 +64,12 @@ class SegmentLayout:
         """The offset the segment's rendering starts at (for a look-up by offset)."""
         return self.from_offset if self.from_offset >= 0 else self.segment.base_offset
 
+    @property
+    def complete_pages(self) -> int:
+        """How many of its pages are complete: all of a sealed segment's; a segment that still
+        grows has one incomplete page, its last."""
+        return len(self.marks_view) if self.sealed else len(self.marks_view) - 1
+
     def page_bounds(self, mark: int) -> tuple[int, int]:
         """The file positions of the batches between mark `mark` and the next."""
         end = self.marks_file[mark + 1] if mark + 1 < len(self.marks_file) else self.scanned_to

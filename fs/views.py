@@ -78,17 +78,13 @@ in the mount's log; the layout's other segments read as they were.
 from __future__ import annotations
 
 import bisect
-import itertools
 import logging
 import os
 import queue
 import threading
 import time
 from array import array
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -97,24 +93,13 @@ from seglogfs.engine.log.handles import MIN_OPEN_SEGMENTS, OPEN_SEGMENTS
 from seglogfs.engine.log.log import PartitionLog
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.transactions import TransactionTracker
-from seglogfs.engine.record.columns import RecordColumns, record_columns
+from seglogfs.engine.record.columns import record_columns
 from seglogfs.engine.record.records import BatchHeader
 from seglogfs.engine.text.renderers import RenderedBatch
-from seglogfs.fs import page_cache
+from seglogfs.fs.layout_pages import LayoutPages, Renderer, joined
 from seglogfs.fs.layout_store import LayoutStore, SegmentLayout
-from seglogfs.fs.page_cache import Page, RenderingAhead
 
 logger = logging.getLogger(__name__)
-
-
-class Renderer(Protocol):
-    """How a batch's records look in a view (engine.console's TextRenderer, JsonLinesRenderer)."""
-
-    def render_indexed(self, header: BatchHeader, batch: memoryview) -> RenderedBatch: ...
-
-    def measure(self, header: BatchHeader, batch: memoryview, columns: RecordColumns | None = None) -> int: ...
-
-    def render_range(self, fd: int, start: int, end: int, size: int, *, nowait: bool = False) -> bytes | None: ...
 
 
 MARK_BYTES = 32 * 1024
@@ -145,28 +130,6 @@ class MeasureProgress:
     total_bytes: int
     measured: bool  # the first measure is complete: sizes are known without rendering
     error: str | None = None  # why the last look at the log failed (damage, the OS), if it did
-
-
-# A read may render pages on the event loop, this many segment bytes of them at most, when their
-# bytes are in the OS page cache: a request's worth (views advertise 1 MiB as their I/O size) and
-# the pages it starts and ends in. That is 0.4-0.5 ms as text and about 1.3 ms as JSON Lines here;
-# handing it to a worker thread costs more than rendering it, and a sequential reader (`cat`,
-# `grep`) ran at two thirds of the speed that way.
-INLINE_RENDER_BYTES = 1280 * 1024
-# A sequential reader's next pages are rendered ahead of it (`fs.page_cache.RenderAhead`): this
-# many bytes of segment, and of rendering, past its last read, at most `AHEAD_PAGES` pages, a core
-# call per `page_cache.AHEAD_CALL_BYTES` at most. A call takes the GIL once, so the loop serving
-# the reads is barely held up, and the rendering runs on the other core. (Half as far ahead, `cat`
-# of a 1 GiB view ran at 0.72-0.91 of the speed of `cat` of its segments through `.logdir`,
-# against 0.84-1.0.)
-AHEAD_BYTES = 16 << 20
-AHEAD_PAGES = 512
-# A reader is rendered ahead of once it has read this much in reads that each went on from the
-# last: a single 1 MiB read (`head`, or `by-offset/N` read through a buffered file, which the
-# kernel splits in two requests where the buffer crosses a page) had 16 MiB rendered that were
-# never read.
-AHEAD_AFTER_BYTES = 2 << 20
-_AHEAD_WAIT_S = 5.0  # a worker thread's read waits this long for a page rendered ahead, then renders it
 
 
 _NO_RECORDS = RenderedBatch(b"", np.zeros(0, np.int64), np.zeros(0, np.int64))  # an aborted batch, read_committed
@@ -217,11 +180,6 @@ def held_segments() -> int:
     return max(MIN_OPEN_SEGMENTS, OPEN_SEGMENTS.max_open // 2)
 
 
-def _joined(pieces: list[memoryview]) -> bytes | memoryview:
-    """Pieces as one buffer: the piece itself when there is one (no copy)."""
-    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-
 class Layout:
     """The rendering of one partition in one format, read_uncommitted or (`read_committed`)
     read_committed. Thread-safe: one thread at a time brings it up to date (`snapshot`, under
@@ -255,7 +213,11 @@ class Layout:
         self.sibling: Layout | None = None
         self._handed_over: dict[LogSegment, SegmentLayout] = {}
         self._handed_over_lock = threading.Lock()
-        self._render_batch = self._render_committed if read_committed else renderer.render_indexed
+        self.pages = LayoutPages(
+            renderer,
+            self._render_committed if read_committed else renderer.render_indexed,
+            renders_ahead=not read_committed,
+        )
         self._mark_bytes = mark_bytes
         self._store = store
         self._store_directory = store.directory(log, format_key) if store is not None else None
@@ -270,21 +232,12 @@ class Layout:
         self._bases: list[int] = []
         self._published: tuple[list[SegmentLayout], list[int]] = ([], [])  # (order, starts), swapped whole
         self.generation = 0  # changes when a segment joins or leaves: positions may move
-        # The growing segment's last page: its segment layout (a cut-back makes a new one, so a
-        # page rendered before it, late, is never grown after it), start, end and batches.
-        self._tail: tuple[SegmentLayout, int, int, Page] | None = None
         self._truncations = log.truncations  # the log's cut-backs this layout has seen
         self.measured = False  # set once a snapshot has measured every segment (the first look)
         self.stop = threading.Event()  # set: a measure under way raises MeasureStopped
         self._progress = (0, 0)  # (segment bytes measured, segment bytes to measure), while measuring
         self._progress_lock = threading.Lock()  # (the threads of one measure add to it)
         self._failure: str | None = None  # why the last snapshot failed, if it did
-        # Rendering ahead of sequential readers (`_pieces`): read_uncommitted layouts only, whose
-        # pages are their batches' renderings whole. Where recent reads ended, and how much their
-        # readers had read in reads that each went on from the last: a read that goes on from
-        # one continues its reader's run.
-        self._renders_ahead = not read_committed
-        self._read_ends: deque[tuple[int, int]] = deque(maxlen=8)
         # Readers holding it (open handles of its views: `hold`), the segments kept open for them
         # (`keep_open`), and whether it has left the log's changes behind for them (`detached`:
         # see `_append_only`). Guarded by `_hold_lock`, which is never held while measuring.
@@ -371,7 +324,7 @@ class Layout:
                 # batches were visible, a recovery): measure the segment again.
                 order = list(order)
                 order[slot] = layout = SegmentLayout(layout.segment)
-                self._tail = None
+                self.pages.forget_tail()
                 self.generation += 1
                 changed = True
             before = layout.size
@@ -521,7 +474,8 @@ class Layout:
         order = list(self._order)
         cut_back = self.log.truncations != self._truncations
         self._truncations = self.log.truncations
-        self._tail = None if cut_back else self._tail
+        if cut_back:
+            self.pages.forget_tail()
         present = {segment: i for i, segment in enumerate(segments)}
         laid_out = {layout.segment for layout in order}
         changed = False
@@ -927,62 +881,6 @@ class Layout:
         if self._store is not None and self._store_directory is not None and not layout.damage and whole:
             self._store.save(self._store_directory, layout, self._mark_bytes)
 
-    def _page(self, layout: SegmentLayout, mark: int) -> Page:
-        """The batches between mark `mark` and the next, each with its rendering
-        (CorruptRecordError for a damaged batch's page)."""
-        layout.check_page(mark)
-        start, end = layout.page_bounds(mark)
-        key = self._batch_page_key(layout, mark)
-        page = page_cache.PAGES.get(key)
-        if page is None:
-            page = page_cache.PAGES.render_once(key, lambda: self._render_page(layout, start, end))
-        return page
-
-    def _batch_page_key(self, layout: SegmentLayout, mark: int) -> tuple[object, ...]:
-        """The key of the page at mark `mark` rendered batch by batch, in `page_cache.PAGES`."""
-        return (self, layout.segment, layout.serial, *layout.page_bounds(mark))
-
-    def _cached_page(self, layout: SegmentLayout, mark: int) -> Page | None:
-        """The page at mark `mark` if it was rendered batch by batch and is cached."""
-        return page_cache.PAGES.get(self._batch_page_key(layout, mark))
-
-    def _page_now(self, layout: SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
-        """`_page` for the event loop, and how many segment bytes it rendered: the page if it is
-        rendered already, or holds at most `budget` segment bytes and they are in the OS page
-        cache (then it is rendered here); else None. (By segment bytes, not rendered ones: a
-        page of a view that shows little of each record, `print.value=false` or aborted
-        transactions read_committed, spans a long stretch of the segment.)"""
-        start, end = layout.page_bounds(mark)
-        key = self._batch_page_key(layout, mark)
-        page = page_cache.PAGES.get(key)
-        cost = end - start
-        if page is not None or cost > budget:
-            return page, 0
-        try:
-            return page_cache.PAGES.render_unless_busy(
-                key, lambda: self._render_page(layout, start, end, nowait=True)
-            ), cost
-        except BlockingIOError:
-            return None, 0
-        except (EngineError, ValueError, OSError):  # damaged data: the worker thread's read reports it
-            return None, 0
-
-    def _render_page(self, layout: SegmentLayout, start: int, end: int, *, nowait: bool = False) -> Page:
-        """Render a page; the last page of a growing segment is extended by what was appended
-        (a follower asks for it after every append). `nowait`: BlockingIOError when its bytes
-        are not in the OS page cache."""
-        segment = layout.segment
-        render = self._render_batch
-        tail = self._tail
-        grown = tail is not None and tail[0] is layout and tail[1] == start and tail[2] < end
-        first = tail[2] if grown and tail is not None else start
-        page = [(header, render(header, batch)) for header, batch in segment.checked_batches(first, end, nowait=nowait)]
-        if grown and tail is not None:
-            page = tail[3] + page
-        if not layout.sealed and end == layout.scanned_to:
-            self._tail = (layout, start, end, page)
-        return page
-
     def position(self, offset: int) -> tuple[int, int]:
         """(layout position of the first record with offset ≥ `offset`, total size)."""
         order, starts, bases = self.snapshot()
@@ -998,7 +896,7 @@ class Layout:
                 mark -= 1  # (damaged batches one after the other: their offsets are not known, the first's)
             return starts[slot] + layout.marks_view[mark], total
         # The first batch reaching `offset` is in this page, or it is the next page's first.
-        for header, rendered in self._page(layout, mark):
+        for header, rendered in self.pages.page(layout, mark):
             if header.last_offset < offset:
                 at += len(rendered.data)
                 continue
@@ -1011,7 +909,8 @@ class Layout:
         """Up to `length` layout bytes from `position`; none from positions of segments that are
         gone (removed by retention while a reader held a view); short, up to a page that fails
         (a damaged batch). A view of a rendering, not a copy, when one holds them all."""
-        return _joined([piece for piece in self._pieces(position, length, now=False) if piece is not None])
+        pieces = self.pages.pieces(self._published, position, length, now=False)
+        return joined([piece for piece in pieces if piece is not None])
 
     def read_now(self, position: int, length: int) -> bytes | memoryview | None:
         """`length` layout bytes from `position` when they are measured and their pages rendered
@@ -1021,10 +920,10 @@ class Layout:
         rendered ahead at this moment."""
         if position + length > self.known_size():
             return None
-        pieces = list(self._pieces(position, length, now=True))
+        pieces = list(self.pages.pieces(self._published, position, length, now=True))
         if None in pieces:
             return None
-        data = _joined(pieces)  # type: ignore[arg-type]
+        data = joined(pieces)  # type: ignore[arg-type]
         # (short: a measure changed the layout under the read; a worker thread's read waits for it)
         return data if len(data) == length else None
 
@@ -1032,176 +931,6 @@ class Layout:
         """The total size as last measured (no look at the log, no lock: for the event loop)."""
         order, starts = self._published
         return starts[-1] + order[-1].size if order else 0
-
-    def _pieces(self, position: int, length: int, *, now: bool) -> Iterator[memoryview | None]:
-        """The layout bytes [position, position + length) as pieces of renderings (views, not
-        copies: pages rendered ahead together make one piece); with `now`, None (and the end)
-        at the first page `_page_now` cannot give within the read's rendering budget; None (and
-        the end) after the bytes before a page that fails, unless it is the first (then its
-        error is raised: the read that starts there fails). A read
-        that goes on from where an earlier one ended has the pages after it rendered ahead
-        (`fs.page_cache.RenderAhead`)."""
-        order, starts = self._published
-        ends = list(self._read_ends)  # (a copy: reads on worker threads note theirs meanwhile)
-        run = next((run for end, run in reversed(ends) if end == position), 0) + length
-        if (position + length, run) not in ends:  # (once: a read tried again)
-            self._read_ends.append((position + length, run))
-        sequential = self._renders_ahead and run >= AHEAD_AFTER_BYTES
-        wanted = length
-        budget = INLINE_RENDER_BYTES
-        slot = max(bisect.bisect_right(starts, position) - 1, 0)
-        last: tuple[SegmentLayout, int] | None = None  # the page the read ends in
-        piece: tuple[bytes, int, int] | None = None  # (rendering, start, end) not yet yielded
-        while slot < len(order) and wanted > 0:
-            layout = order[slot]
-            local = position + length - wanted - starts[slot]
-            if 0 <= local < layout.size:
-                mark = bisect.bisect_right(layout.marks_view, local) - 1
-                at = layout.marks_view[mark]
-                while mark < len(layout.marks_view) and wanted > 0:
-                    try:
-                        spans = self._page_spans(layout, mark, budget if now else None)
-                    except (EngineError, OSError):
-                        if piece is None and wanted == length:
-                            raise  # (the read starts at what failed)
-                        # The bytes before what failed (a damaged batch), and the end: the read
-                        # that starts there fails (a read on the loop gives them on a worker).
-                        if piece is not None:
-                            yield memoryview(piece[0])[piece[1] : piece[2]]
-                        yield None
-                        return
-                    if spans is None:
-                        yield None
-                        return
-                    pieces, cost, next_mark = spans
-                    budget -= cost
-                    for data, low, high in pieces:
-                        if at + high - low > local:
-                            begin = low + max(local - at, 0)
-                            end = min(high, begin + wanted)
-                            wanted -= end - begin
-                            if piece is not None and piece[0] is data and piece[2] == begin:
-                                piece = (data, piece[1], end)
-                            else:
-                                if piece is not None:
-                                    yield memoryview(piece[0])[piece[1] : piece[2]]
-                                piece = (data, begin, end)
-                            if wanted <= 0:
-                                if next_mark > mark + 1:  # (a span of several pages: the one it ends in)
-                                    next_mark = bisect.bisect_right(layout.marks_view, at + end - low - 1)
-                                break
-                        at += high - low
-                    last = (layout, next_mark - 1)
-                    mark = next_mark
-            slot += 1
-        if piece is not None:
-            yield memoryview(piece[0])[piece[1] : piece[2]]
-        if sequential and last is not None:
-            self._ask_ahead(*last)
-
-    def _page_spans(
-        self, layout: SegmentLayout, mark: int, budget: int | None
-    ) -> tuple[list[tuple[bytes, int, int]], int, int] | None:
-        """A page's bytes as spans (rendering, start, end) of the renderings they are kept in, the
-        segment bytes rendered for them, and the mark after the pages they hold: rendered ahead
-        (the span of the page and of the pages after it in its run), cached, or rendered now.
-        With a `budget` (a read on the event loop, which never blocks), None when `_page_now`
-        cannot give the page; RenderingAhead when the page is in the run being rendered ahead
-        (its caller waits for it), and a page asked for ahead whose run has not started is
-        rendered here (the run leaves it out). Without (a worker thread's read), a page asked
-        for ahead is waited for, `_AHEAD_WAIT_S` at most (then rendered here)."""
-        layout.check_page(mark)
-        key = page_cache.page_key(self, layout, mark)
-        if self._renders_ahead:
-            ahead = page_cache.AHEAD.get(key) if budget is not None else page_cache.AHEAD.wait(key, _AHEAD_WAIT_S)
-            if ahead is not None:
-                data, start, end, last_mark = ahead
-                return [(data, start, end)], 0, last_mark + 1
-            if budget is not None and page_cache.AHEAD.rendering(key) and self._cached_page(layout, mark) is None:
-                raise RenderingAhead(key)
-            try:
-                whole = self._render_whole(layout, mark, key, budget)
-            except BlockingIOError:  # (on the loop, not in the OS page cache: a worker thread's read)
-                return None
-            if whole is not None:
-                return [(whole, 0, len(whole))], page_cache.span(layout.page_bounds(mark)), mark + 1
-        page: Page | None
-        if budget is None:
-            page, cost = self._page(layout, mark), 0
-        else:
-            page, cost = self._page_now(layout, mark, budget)
-        if page is None:
-            return None
-        if self._renders_ahead and cost:  # (rendered here: a run that has not started leaves it out)
-            page_cache.AHEAD.take(key)
-        return [(rendered.data, 0, len(rendered.data)) for _, rendered in page], cost, mark + 1
-
-    def _ask_ahead(self, layout: SegmentLayout, mark: int) -> None:
-        """Have the complete pages after `mark` rendered ahead: up to `AHEAD_BYTES` of the
-        segment and of its rendering past it (JSON Lines of small records render several times
-        larger than their batches: what is asked fits the cache), and `AHEAD_PAGES` pages. A
-        segment that still grows has one incomplete page, its last."""
-        complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
-        first = mark + 1
-        if first >= complete:
-            return
-        last = min(
-            complete,
-            first + AHEAD_PAGES,
-            bisect.bisect_left(layout.marks_file, layout.marks_file[first] + AHEAD_BYTES, first),
-            bisect.bisect_left(layout.marks_view, layout.marks_view[first] + AHEAD_BYTES, first),
-        )
-        last = max(last, first + 1)
-        page_cache.AHEAD.ask(self, layout, range(first, last), whole=last == complete)
-
-    def _render_whole(
-        self, layout: SegmentLayout, mark: int, key: tuple[object, ...], budget: int | None
-    ) -> bytes | None:
-        """A complete page not rendered ahead (the reader caught up with the render-ahead
-        thread, a read that is not sequential, a worker thread's read of a page the thread did
-        not render) rendered by one call of the core, and kept with the pages rendered ahead:
-        batch by batch it cost several times more, most of it in Python. None when the page is
-        not complete, costs more than `budget` (a read on the event loop), is rendered batch by
-        batch already, or is one the core does not render (then neither is the rest of its
-        segment: the caller renders it batch by batch, which says what is wrong). With a
-        `budget`, BlockingIOError when its bytes are not all in the OS page cache."""
-        complete = len(layout.marks_view) if layout.sealed else len(layout.marks_view) - 1
-        too_dear = budget is not None and page_cache.span(layout.page_bounds(mark)) > budget
-        if mark >= complete or too_dear or page_cache.AHEAD.declined(self, layout):
-            return None
-        if self._cached_page(layout, mark) is not None:
-            return None  # (rendered batch by batch already, to find an offset: the caller takes that)
-        try:
-            pages = self.render_run(layout, [mark], nowait=budget is not None)
-        except BlockingIOError:
-            raise
-        except (
-            EngineError,
-            ValueError,
-            OSError,
-        ):  # (damage, the segment closed, a failed read: the caller's read says so)
-            return None
-        if not pages:
-            page_cache.AHEAD.decline(self, layout)
-            return None
-        data = pages[0][0]
-        page_cache.AHEAD.keep(key, mark, data)
-        return data
-
-    def render_run(
-        self, layout: SegmentLayout, marks: list[int], *, nowait: bool = False
-    ) -> list[tuple[bytes, int, int]]:
-        """Complete pages `marks` (consecutive) of a segment layout rendered by one call of the
-        core: each page's span (rendering, start, end) of it; none when the core does not
-        render them. `nowait`: BlockingIOError unless their bytes are in the OS page cache."""
-        start, end = layout.marks_file[marks[0]], layout.page_bounds(marks[-1])[1]
-        edges = [*layout.marks_view[marks[0] : marks[-1] + 1], layout.view_bounds(marks[-1])[1]]
-        data = layout.segment.with_descriptor(
-            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0], nowait=nowait)
-        )
-        if data is None:
-            return []
-        return [(data, a - edges[0], b - edges[0]) for a, b in itertools.pairwise(edges)]
 
 
 class View:

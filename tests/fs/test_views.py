@@ -22,7 +22,7 @@ from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.json_records import record_to_json
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
-from seglogfs.fs import page_cache, views
+from seglogfs.fs import layout_pages, page_cache, views
 from seglogfs.fs.layout_store import LayoutStore
 from seglogfs.fs.views import Layout, View
 from tests.conftest import NOW_MS, drop_from_page_cache, make_log
@@ -379,7 +379,7 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
 
     # A read rendering more than its budget on the loop: likewise; rendered pages cost nothing.
     if nowait:
-        monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 300)  # a few pages of ~64 bytes
+        monkeypatch.setattr("seglogfs.fs.layout_pages.INLINE_RENDER_BYTES", 300)  # a few pages of ~64 bytes
         view = fresh_view()
         assert view.read_now(0, len(expected)) is None
         assert view.read_now(0, 50) == expected[:50]
@@ -388,7 +388,7 @@ def test_reads_on_the_event_loop_need_neither_the_disk_nor_long_rendering(tmp_pa
         assert view.read_now(0, len(expected)) == expected
 
     # Pages too big to render on the loop: likewise.
-    monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 10)
+    monkeypatch.setattr("seglogfs.fs.layout_pages.INLINE_RENDER_BYTES", 10)
     view = fresh_view()
     assert view.read_now(100, 200) is None
     assert view.read(100, 200) == expected[100:300]
@@ -409,7 +409,7 @@ def test_the_loop_s_budget_counts_segment_bytes_not_rendered_ones(tmp_path: Path
     log.roll(NOW_MS)  # (sealed: its measure keeps no page rendered)
     text_format = TextFormat(print_offset=True, print_value=False)
     expected = expected_text(log, 0, text_format)
-    monkeypatch.setattr("seglogfs.fs.views.INLINE_RENDER_BYTES", 500_000)  # half a page (MARK_SEGMENT_BYTES)
+    monkeypatch.setattr("seglogfs.fs.layout_pages.INLINE_RENDER_BYTES", 500_000)  # half a page (MARK_SEGMENT_BYTES)
     view = View(Layout(log, TextRenderer(text_format, 0)), 0)
     assert view.size() == len(expected)  # ~1 KB of text in two pages of 1 MB of the segment
     monkeypatch.setattr(page_cache, "PAGES", page_cache.PageCache(32 << 20))  # (finding offset 0 rendered it)
@@ -719,7 +719,7 @@ def test_a_page_rendered_before_a_cut_back_is_never_grown_after_it(tmp_path: Pat
 
     def render_during_the_write() -> None:
         assert view.read(0, 1000).startswith(b"kept\nxxxx")  # the first batch of the failing write
-        stale.append(layout._tail)  # what that render leaves, late
+        stale.append(layout.pages._tail)  # what that render leaves, late
 
     seen = View.size
 
@@ -735,7 +735,7 @@ def test_a_page_rendered_before_a_cut_back_is_never_grown_after_it(tmp_path: Pat
     finally:
         View.size = seen  # type: ignore[method-assign]
     assert view.size() == len(b"kept\n")  # the cut seen: the layout measured afresh
-    layout._tail = stale[0]  # type: ignore[assignment]  # the late render finishes now
+    layout.pages._tail = stale[0]  # type: ignore[assignment]  # the late render finishes now
     log.append_records([b"y" * 150, b"z" * 150], now_ms=NOW_MS)  # past where the cut write ended
     expected = expected_text(log, 0, TextFormat())
     assert view.size() == len(expected)
@@ -823,8 +823,8 @@ def read_as_the_mount_does(view: View, chunk: int) -> bytes:
 def small_ahead(monkeypatch) -> None:
     """Render-ahead sized for small logs: calls of 4 KiB, 16 KiB ahead of a reader that read 2 KB."""
     monkeypatch.setattr(page_cache, "AHEAD_CALL_BYTES", 4096)
-    monkeypatch.setattr(views, "AHEAD_BYTES", 16384)
-    monkeypatch.setattr(views, "AHEAD_AFTER_BYTES", 2000)
+    monkeypatch.setattr(layout_pages, "AHEAD_BYTES", 16384)
+    monkeypatch.setattr(layout_pages, "AHEAD_AFTER_BYTES", 2000)
 
 
 def many_batches(log: PartitionLog) -> None:
@@ -1218,8 +1218,8 @@ def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(t
     the pages asked for it again (with the cache half as large, each rendered most of them)."""
     scale = 4096 / page_cache.AHEAD_CALL_BYTES  # (small runs; the cache and how far ahead as the mount has them)
     monkeypatch.setattr(page_cache, "AHEAD_CALL_BYTES", 4096)
-    monkeypatch.setattr(views, "AHEAD_BYTES", int(views.AHEAD_BYTES * scale))
-    monkeypatch.setattr(views, "AHEAD_AFTER_BYTES", int(views.AHEAD_AFTER_BYTES * scale))
+    monkeypatch.setattr(layout_pages, "AHEAD_BYTES", int(layout_pages.AHEAD_BYTES * scale))
+    monkeypatch.setattr(layout_pages, "AHEAD_AFTER_BYTES", int(layout_pages.AHEAD_AFTER_BYTES * scale))
     monkeypatch.setattr(page_cache.AHEAD, "capacity_bytes", int(page_cache.AHEAD_CACHE_BYTES * scale))
     readers = []
     for n in range(2):
@@ -1244,14 +1244,14 @@ def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(t
 def test_a_worker_read_waits_a_bounded_time_for_a_page_rendered_ahead(tmp_path: Path, monkeypatch) -> None:
     """A page asked for ahead that never comes (its rendering stuck) holds a worker thread's read
     `_AHEAD_WAIT_S` at most: then the read renders it itself."""
-    monkeypatch.setattr(views, "_AHEAD_WAIT_S", 0.2)
+    monkeypatch.setattr(layout_pages, "_AHEAD_WAIT_S", 0.2)
     log = views_log(tmp_path / "t-0")
     fill(log, 10)
     layout = Layout(log, TextRenderer(TextFormat(), 0), mark_bytes=64)
     view = View(layout, 0)
     size = view.size()
     (segment_layout,) = [s for s in layout._published[0] if len(s.marks_view) > 1][:1]
-    key = page_cache.page_key(layout, segment_layout, 0)
+    key = page_cache.page_key(layout.pages, segment_layout, 0)
     page_cache.AHEAD._pending.add(key)  # (asked for, and its run never ends)
     try:
         started = time.monotonic()
