@@ -206,7 +206,6 @@ class Layout:
         # whose batches are measured and rendered by the renderer itself (nothing in its way).
         self.transactions = TransactionTracker() if read_committed else None
         self.stable_offset: int | None = None
-        self._tracked_truncations = log.truncations
         self._measure_batch = self._measure_committed if read_committed else renderer.measure
         # The other format's layout of the partition at the same level (Tree.layout links them),
         # and the segment layouts a first measure of that other layout made for this one.
@@ -292,14 +291,19 @@ class Layout:
 
     def _snapshot_locked(self, segments: list[LogSegment]) -> tuple[list[SegmentLayout], list[int], list[int]]:
         started = time.monotonic()
+        # The log's cut-backs since the last look, read once: the transactions tracked, the
+        # holders' check and the measure all go by the same reading.
+        truncations = self.log.truncations
+        cut_back = truncations != self._truncations
         if self.transactions is not None:
-            self._track()
+            self._track(cut_back)
         fresh, self.fresh = self.fresh, False
-        if self.detached or (self._holders and not fresh and self._moves_under_holders(segments)):
+        if self.detached or (self._holders and not fresh and self._moves_under_holders(segments, cut_back)):
             if not self.detached:
                 self.detached = True
                 logger.debug("%s-%d (%s): held by readers, laid out on alone", *self._name())
-            self._append_only(segments)
+            self._truncations = truncations
+            self._append_only(segments, cut_back)
             return self._order, self._starts, self._bases
         if not self.measured:
             self._progress = (0, sum(segment.size for segment in segments))
@@ -308,8 +312,6 @@ class Layout:
         if not unchanged:
             order = self._relayout(segments)
         changed = not unchanged
-        truncations = self.log.truncations
-        cut_back = truncations != self._truncations
         self._truncations = truncations
         first = max(len(order) - 2, 0)
         if self.transactions is not None:  # segments held back by an open transaction
@@ -373,7 +375,8 @@ class Layout:
         if not self._lock.acquire(blocking=False):
             return
         try:
-            if not self.measured or self.detached or self._moves_under_holders(self.log.segments):
+            cut_back = self.log.truncations != self._truncations
+            if not self.measured or self.detached or self._moves_under_holders(self.log.segments, cut_back):
                 return
             self.keep_open()
             wanted = [layout.segment for layout in self._published[0][-held_segments() :]]
@@ -448,13 +451,14 @@ class Layout:
     def _name(self) -> tuple[str, int, str]:
         return self.log.topic, self.log.partition, self.format_name or "view"
 
-    def _moves_under_holders(self, segments: list[LogSegment]) -> bool:
+    def _moves_under_holders(self, segments: list[LogSegment], cut_back: bool) -> bool:
         """Whether bringing the layout up to date with `segments` would change bytes a reader
         holding it may have read: a segment it laid out left the log (retention, compaction,
         delete-records) or was cut back (a writer's truncation). Segments added after those it
-        laid out, and its last one growing, change nothing it holds."""
+        laid out, and its last one growing, change nothing it holds. `cut_back`: the log was cut
+        back since the last look."""
         order = self._order
-        if self.log.truncations != self._truncations:
+        if cut_back:
             return True
         if len(segments) < len(order):
             return True
@@ -462,7 +466,7 @@ class Layout:
             layout.segment.size < layout.scanned_to for layout in order[-2:]
         )
 
-    def _append_only(self, segments: list[LogSegment]) -> None:
+    def _append_only(self, segments: list[LogSegment], cut_back: bool) -> None:
         """Bring a detached layout up to date: one its readers hold, which the log's changes
         left behind (`_moves_under_holders`). Nothing it laid out moves or goes: the segments
         that left the log stay, kept open (`keep_open`); what the log holds past the last offset
@@ -472,8 +476,6 @@ class Layout:
         in neither (appended and removed between two looks) are said in the log: the readers
         holding the layout could not be given them."""
         order = list(self._order)
-        cut_back = self.log.truncations != self._truncations
-        self._truncations = self.log.truncations
         if cut_back:
             self.pages.forget_tail()
         present = {segment: i for i, segment in enumerate(segments)}
@@ -611,19 +613,17 @@ class Layout:
         self._bases = [layout.first_offset for layout in order]
         self._published = (order, starts)
 
-    def _track(self) -> None:
+    def _track(self, cut_back: bool) -> None:
         """read_committed: take in the transactions of the batches appended since the last look,
         and end the measure at the last stable offset of what was read (not of the log end now:
         a writer may be appending). A cut-back may have taken batches the tracker has seen: then
         the partition's transactions are read again from the log start, and the new tracker
         replaces the old one once it is complete (pages render with one or the other, whole)."""
-        log = self.log
         transactions = self.transactions
-        truncations = log.truncations
-        if transactions is None or truncations != self._tracked_truncations:
+        if transactions is None or cut_back:
             transactions = TransactionTracker()
-        stable_offset = transactions.catch_up(log, self._check_stop)
-        self.transactions, self._tracked_truncations = transactions, truncations
+        stable_offset = transactions.catch_up(self.log, self._check_stop)
+        self.transactions = transactions
         self.stable_offset = stable_offset
 
     def _check_stop(self) -> None:
