@@ -231,7 +231,7 @@ class Producer:
         """For an event loop, which must wait neither on another thread's append nor on the
         disk (a one-line `echo >> append`): `data` fed to `lines`, the lines it completes given
         to `send` (which sends them here), when every partition they may go to takes them as a
-        write to the page cache now, timestamped `now_ms` (PartitionLog.lock_for_quick_append);
+        write to the page cache now, timestamped `now_ms` (PartitionLog.quick_append);
         None, nothing fed, otherwise. The partitions are held until `send` returns."""
         records = data.count(b"\n")  # (the lines this write ends; a batch each at most)
         # A line's bytes take at most three times as many in its record (parsed headers: two
@@ -240,10 +240,8 @@ class Producer:
             BATCH_OVERHEAD_BYTES + MOST_RECORD_OVERHEAD_BYTES
         )
         with contextlib.ExitStack() as held:
-            for log in self.logs:
-                if not log.lock_for_quick_append(most_bytes, records, now_ms):
-                    return None
-                held.callback(log.lock.release)
+            if not all(held.enter_context(log.quick_append(most_bytes, records, now_ms)) for log in self.logs):
+                return None
             return lines.feed(data, send)
 
     def _parse(

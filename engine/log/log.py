@@ -413,27 +413,28 @@ class PartitionLog:
                 f"{self.topic}-{self.partition}: compacted topic refuses record {slot}, which has no key"
             )
 
-    def lock_for_quick_append(self, most_bytes: int, most_records: int, now_ms: int) -> bool:
-        """Take `lock` without waiting, when an append of at most `most_records` records in
-        `most_bytes` of batches, timestamped `now_ms`, would only write to the page cache: no
-        roll, no flush due, nothing to load from the disk first. True: the caller holds `lock`
-        and releases it. For an event loop, which must wait neither on another thread's append
-        nor on the disk (a one-line `echo >> append`)."""
-        if not self.writable or self.offline_reason is not None or self._closed:
-            return False
-        if not self.lock.acquire(blocking=False):
-            return False
-        config = self.config
-        quick = (
-            self._unflushed_records + most_records < config.flush_messages
-            and now_ms - self._last_flush_ms < config.flush_ms
-            and self.active_segment.appends_in_memory(
-                most_bytes, self._log_end_offset + most_records, now_ms, config.segment_bytes, config.max_segment_ms
+    @contextlib.contextmanager
+    def quick_append(self, most_bytes: int, most_records: int, now_ms: int) -> Iterator[bool]:
+        """For an event loop, which must wait neither on another thread's append nor on the disk
+        (a one-line `echo >> append`): whether an append of at most `most_records` records in
+        `most_bytes` of batches, timestamped `now_ms`, made inside the block would only write to
+        the page cache (no roll, no flush due, nothing to load from the disk first). True when
+        `lock` was free: it is held until the block ends, so nothing changes that between the
+        answer and the append. False at once otherwise (a closed, offline or read-only log; the
+        lock held by another thread)."""
+        held = self.writable and self.offline_reason is None and not self._closed and self.lock.acquire(blocking=False)
+        try:
+            config = self.config
+            yield held and (
+                self._unflushed_records + most_records < config.flush_messages
+                and now_ms - self._last_flush_ms < config.flush_ms
+                and self.active_segment.appends_in_memory(
+                    most_bytes, self._log_end_offset + most_records, now_ms, config.segment_bytes, config.max_segment_ms
+                )
             )
-        )
-        if not quick:
-            self.lock.release()
-        return quick
+        finally:
+            if held:
+                self.lock.release()
 
     def _topic_compression(self) -> CompressionType:
         name = self.config.compression_type

@@ -776,19 +776,22 @@ def test_sizes_are_capped_where_kafka_types_them_as_int() -> None:
         BrokerConfig.load(overrides=["log.segment.bytes=5000000000"], log_dirs=[Path("/x")])
 
 
-def test_lock_for_quick_append_only_for_a_page_cache_write(part_dir: Path) -> None:
+def quick(log: PartitionLog, most_bytes: int, most_records: int, now_ms: int) -> bool:
+    with log.quick_append(most_bytes, most_records, now_ms) as answer:
+        return answer
+
+
+def test_quick_append_only_for_a_page_cache_write(part_dir: Path) -> None:
     """An event loop may append only when the append writes to the page cache and nothing more:
     the lock free, no roll due by size or time, no flush due (the mount's test counts which
     appends were quick)."""
     log = make_log(part_dir, segment_bytes=1000, segment_ms=60_000)
     log.append_records([b"first"], now_ms=NOW_MS)
-    assert log.lock_for_quick_append(100, 1, NOW_MS)
-    try:  # the caller holds the lock: its append goes through
-        log.append_records([b"quick"], now_ms=NOW_MS)
-    finally:
-        log.lock.release()
-    assert not log.lock_for_quick_append(1000, 1, NOW_MS), "would roll by size"
-    assert not log.lock_for_quick_append(100, 1, NOW_MS + 60_001), "would roll by time"
+    with log.quick_append(100, 1, NOW_MS) as answer:
+        assert answer
+        log.append_records([b"quick"], now_ms=NOW_MS)  # the block holds the lock: its append goes through
+    assert not quick(log, 1000, 1, NOW_MS), "would roll by size"
+    assert not quick(log, 100, 1, NOW_MS + 60_001), "would roll by time"
     holder, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -800,17 +803,18 @@ def test_lock_for_quick_append_only_for_a_page_cache_write(part_dir: Path) -> No
     thread.start()
     holder.wait(10)
     try:
-        assert not log.lock_for_quick_append(100, 1, NOW_MS), "another thread holds the lock"
+        assert not quick(log, 100, 1, NOW_MS), "another thread holds the lock"
     finally:
         release.set()
         thread.join()
-    assert log.lock_for_quick_append(100, 1, NOW_MS)
+    assert quick(log, 100, 1, NOW_MS)
+    assert log.lock.acquire(blocking=False), "the lock is not released after the block"
     log.lock.release()
     assert values_of(log) == [b"first", b"quick"]
     log.close()
     flushing = make_log(part_dir.parent / "t-1", flush_messages=2)
     flushing.append_records([b"one"], now_ms=NOW_MS)
-    assert not flushing.lock_for_quick_append(100, 1, NOW_MS), "would flush (flush.messages)"
+    assert not quick(flushing, 100, 1, NOW_MS), "would flush (flush.messages)"
     flushing.close()
 
 

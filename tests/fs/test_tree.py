@@ -3,6 +3,7 @@ the FUSE adapter sees them (fs.tree; no pyfuse3, no trio)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -155,14 +156,15 @@ def test_a_quick_append_on_the_loop_appends_at_the_time_it_was_judged_at(data_di
     clock = [NOW_MS + 999]
     tree = Tree(data_dir, MountOptions(), clock=lambda: clock[0])
     handle = walk(tree, "t/0/append").open(os.O_WRONLY)
-    judge = log.lock_for_quick_append
+    judge = log.quick_append
 
-    def judged_then_a_millisecond_passes(*args: int) -> bool:
-        quick = judge(*args)
-        clock[0] += 1
-        return quick
+    @contextlib.contextmanager
+    def judged_then_a_millisecond_passes(*args: int) -> Iterator[bool]:
+        with judge(*args) as quick:
+            clock[0] += 1
+            yield quick
 
-    monkeypatch.setattr(log, "lock_for_quick_append", judged_then_a_millisecond_passes)
+    monkeypatch.setattr(log, "quick_append", judged_then_a_millisecond_passes)
     fsyncs: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
