@@ -585,7 +585,8 @@ def test_a_consume_that_fails_leaves_no_thread_reading(tmp_path: Path, fmt: str,
     segment = data / "t-0" / "00000000000000000000.log"
     whole = segment.read_bytes()
     content = bytearray(whole)
-    content[len(content) // 10] ^= 0xFF  # an early batch fails its CRC
+    early = next(h for h in iter_batch_headers(content) if h.next_position > len(content) // 10)
+    content[early.position + 70] ^= 0xFF  # a byte of an early batch's records: it fails its CRC
     segment.write_bytes(bytes(content))
     read_end, write_end = os.pipe()
     os.close(read_end)
