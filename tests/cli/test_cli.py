@@ -577,6 +577,7 @@ def test_a_consume_that_fails_leaves_no_thread_reading(tmp_path: Path, fmt: str,
     import gc
     import threading
 
+    from seglogfs.engine.record.records import iter_batch_headers
     from seglogfs.mount_tools import cli
 
     data = tmp_path / "data"
