@@ -23,6 +23,7 @@ import pytest
 
 from seglogfs.pipeline.reading import METRICS_ENV, METRICS_FILE
 from tests.conftest import REPO
+from tests.pipeline.jvm import TEST_JVM_OPTIONS
 
 # Spark gives a Python worker it starts (a source's planning, a stream's offsets) a fixed 10 s
 # to connect back, with no setting to change it; on a loaded two-core machine (three test
@@ -95,6 +96,7 @@ def _shared_session(metrics: ReadMetrics) -> object:
         SparkSession.builder.master("local[2]")
         .appName("seglogfs-pipeline-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config(f"spark.executorEnv.{METRICS_ENV}", str(metrics.directory))

@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 
+from tests.pipeline.jvm import TEST_JVM_OPTIONS
+
 
 def main(data_dir: str) -> None:
     from pyspark.sql import SparkSession
@@ -22,7 +24,9 @@ def main(data_dir: str) -> None:
     from seglogfs.pipeline import register
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    spark = (
+        SparkSession.builder.remote("local[2]").config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS).getOrCreate()
+    )
     try:
         register(spark)
         df = spark.read.format("seglog").option("path", data_dir).option("subscribe", "orders").load()

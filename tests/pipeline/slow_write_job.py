@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from tests.pipeline.jvm import TEST_JVM_OPTIONS
+
 
 def slowly(value: str) -> bytes:
     time.sleep(0.001)
@@ -30,6 +32,7 @@ def main(data_dir: str, topic: str, rows: int) -> None:
         SparkSession.builder.master("local[2]")
         .appName("seglogfs-slow-write")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
         .getOrCreate()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.pipeline.conftest import kafka_source_jars, read_table, stop_shared_session
+from tests.pipeline.jvm import TEST_JVM_OPTIONS
 from tests.pipeline.sample import T0, Sample, build_sample, expected, offsets_of, whole
 
 
@@ -29,6 +30,8 @@ def cluster() -> Iterator[object]:
         SparkSession.builder.master("local-cluster[2,1,1024]")
         .appName("seglogfs-pipeline-cluster")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
+        .config("spark.executor.extraJavaOptions", TEST_JVM_OPTIONS)
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.pyspark.python", sys.executable)
