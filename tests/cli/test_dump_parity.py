@@ -19,7 +19,7 @@ import crc32c
 import pytest
 
 from seglogfs.engine.record.records import ProducerState, build_batch, decode_records, iter_batch_headers
-from seglogfs.mount_tools.dump import java_utf8
+from seglogfs.mount_tools.dump_records import java_utf8
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures
 from tests.engine.test_metadata_log import compact_string, uvarint
