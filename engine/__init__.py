@@ -43,8 +43,9 @@ if TYPE_CHECKING:
     )
     from seglogfs.engine.log.log import AppendInfo, PartitionLog
     from seglogfs.engine.log.segment import TimestampAndOffset
+    from seglogfs.engine.record.builder import build_batch
     from seglogfs.engine.record.compression import CompressionType
-    from seglogfs.engine.record.records import BatchHeader, Record, TimestampType, build_batch, decode_records
+    from seglogfs.engine.record.records import BatchHeader, Record, TimestampType, decode_records
 
 _WHERE = {
     "AppendInfo": "log.log",

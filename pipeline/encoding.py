@@ -4,8 +4,8 @@ The records of consecutive batches are encoded in one call of the engine's compi
 (`engine._core.encode_columns`) straight from the Arrow arrays' buffers: no Python object per
 record, the GIL released while it copies. Every record carries the task's one CreateTime
 (timestamp delta 0) and no headers; offset deltas restart at each batch. The batches are the
-encoded records cut at the batch ranges, each framed by `engine.record.records.frame_batch`: byte for
-byte what `engine.record.records.encode_batches` makes of the same records (tested). Records with
+encoded records cut at the batch ranges, each framed by `engine.record.builder.frame_batch`: byte for
+byte what `engine.record.builder.encode_batches` makes of the same records (tested). Records with
 headers go through `encode_batches`.
 """
 
@@ -16,8 +16,9 @@ import pyarrow as pa
 
 from seglogfs.engine import _core
 from seglogfs.engine.errors import RecordTooLargeError
+from seglogfs.engine.record.builder import ESTIMATED_RECORD_VARINTS, batch_ranges, frame_batch
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES, ESTIMATED_RECORD_VARINTS, batch_ranges, frame_batch
+from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES
 from seglogfs.pipeline.partitioning import binary_parts
 
 _GROUP_BYTES = 64 << 20  # records encoded by one call of the core

@@ -25,12 +25,8 @@ from seglogfs.engine import (
     InvalidRecordError,
     UnknownTopicOrPartitionError,
 )
-from seglogfs.engine.record.records import (
-    BATCH_OVERHEAD_BYTES,
-    ESTIMATED_RECORD_VARINTS,
-    Header,
-    encode_batches,
-)
+from seglogfs.engine.record.builder import ESTIMATED_RECORD_VARINTS, encode_batches
+from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES, Header
 from seglogfs.pipeline.encoding import encode_columns
 from seglogfs.pipeline.partitioning import binary_parts, partitions_for_keys
 from seglogfs.pipeline.staging import Region, Staged

@@ -51,16 +51,9 @@ from seglogfs.engine.log.naming import (
     offset_index_file,
     time_index_file,
 )
+from seglogfs.engine.record.builder import ProducerState, build_batch, empty_batch, rebuild_batch
 from seglogfs.engine.record.columns import RecordColumns, record_columns
-from seglogfs.engine.record.records import (
-    BatchHeader,
-    ProducerState,
-    TimestampType,
-    build_batch,
-    decode_records,
-    empty_batch,
-    rebuild_batch,
-)
+from seglogfs.engine.record.records import BatchHeader, TimestampType, decode_records
 
 if TYPE_CHECKING:
     from seglogfs.engine.log.log import PartitionLog

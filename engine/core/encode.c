@@ -5,7 +5,7 @@
  *     offset delta, key, value and header blob (the header count and headers, encoded: b"\x00"
  *     for none). `values` is a list of bytes or None; `keys` and `header_blobs` a list or None
  *     (none); `timestamp_deltas` an int (every record) or a list; `offset_deltas` None (0..n-1)
- *     or a list. Byte for byte what engine.record.records.build_batch lays out. With `room` > 0 the
+ *     or a list. Byte for byte what engine.record.builder.build_batch lays out. With `room` > 0 the
  *     result is a bytearray whose first `room` bytes are left for the caller to fill (a batch's
  *     header: the batch is then built in place, its records never copied again).
  *
@@ -14,7 +14,7 @@
  *     every timestamp delta 0: one time for the batch), after `room` bytes: `end` is `stop`
  *     (negative: the list's end), or with `most` >= 0 as far as the records' estimated sizes
  *     (a value's bytes + ESTIMATED_RECORD_VARINTS) stay within `most` (one record at least).
- *     A producer's values split into batches as engine.record.records.encode_batches splits them,
+ *     A producer's values split into batches as engine.record.builder.encode_batches splits them,
  *     without the list sliced or measured apart.
  *
  * encode_columns(n, value_data, value_starts, value_lengths, key_data, key_starts, key_lengths,

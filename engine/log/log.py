@@ -60,19 +60,16 @@ from seglogfs.engine.log.segment import LogSegment, TimestampAndOffset
 from seglogfs.engine.log.segments import LogSegments
 from seglogfs.engine.log.set_aside import SetAsidePiece
 from seglogfs.engine.log.transaction_index import TransactionIndexBuilder
+from seglogfs.engine.record.builder import NO_PRODUCER, ProducerState, encode_batches, set_log_append_time
 from seglogfs.engine.record.compression import CompressionType
 from seglogfs.engine.record.records import (
-    NO_PRODUCER,
     BatchHeader,
     Header,
-    ProducerState,
     Record,
     TimestampType,
     check_batch,
     decode_records,
-    encode_batches,
     iter_batch_headers,
-    set_log_append_time,
 )
 
 logger = logging.getLogger(__name__)

@@ -474,7 +474,7 @@ def test_legacy_message_data_is_read_and_never_cut(tmp_path: Path) -> None:
 def test_dump_reports_undecodable_records_as_bad_data(tmp_path: Path) -> None:
     import struct
 
-    from seglogfs.engine.record.records import build_batch as build
+    from seglogfs.engine.record.builder import build_batch as build
     from seglogfs.engine.record.records import compute_crc
 
     batch = bytearray(build([b"one", b"two"], timestamps=NOW_MS))
@@ -635,8 +635,8 @@ def mixed(tmp_path: Path) -> Path:
     values, bytes that are not UTF-8, and records with headers."""
     from seglogfs.engine import PartitionLog
     from seglogfs.engine.config import apply_topic_overrides
+    from seglogfs.engine.record.builder import ProducerState, build_batch
     from seglogfs.engine.record.compression import CompressionType
-    from seglogfs.engine.record.records import ProducerState, build_batch
 
     data = tmp_path / "data"
     data.mkdir()

@@ -18,7 +18,8 @@ import cramjam
 import crc32c
 import pytest
 
-from seglogfs.engine.record.records import ProducerState, build_batch, decode_records, iter_batch_headers
+from seglogfs.engine.record.builder import ProducerState, build_batch
+from seglogfs.engine.record.records import decode_records, iter_batch_headers
 from seglogfs.mount_tools.dump_records import java_utf8
 from tests.cli.support import run
 from tests.conftest import kafka_fixtures

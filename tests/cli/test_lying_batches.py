@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import build_batch, compute_crc
+from seglogfs.engine.record.records import compute_crc
 from tests.cli.support import SEGLOGFS
 from tests.conftest import NOW_MS, REPO, run_measured
 

@@ -170,7 +170,7 @@ def test_dry_run_says_what_a_repair_would_do_and_changes_nothing(eight_segments:
 TORN_WRITER = """
 import os, sys, time
 from seglogfs.engine import BrokerConfig, DataDir
-from seglogfs.engine.record.records import encode_batches
+from seglogfs.engine.record.builder import encode_batches
 data_dir = DataDir.open(BrokerConfig.load(log_dirs=[sys.argv[1]]), now_ms=time.time_ns() // 1_000_000)
 log = data_dir.partition_for_append("crash", 0, now_ms=time.time_ns() // 1_000_000)[0]
 log.append_records([b"record-%d" % n for n in range(50)], now_ms=time.time_ns() // 1_000_000)

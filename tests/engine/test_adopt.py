@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import CorruptRecordError, InvalidRecordError, PartitionLog, RecordTooLargeError
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import TimestampType, build_batch, iter_batch_headers
+from seglogfs.engine.record.records import TimestampType, iter_batch_headers
 from tests.conftest import NOW_MS, make_log
 from tests.engine.test_log import reopen, values_of
 

@@ -20,7 +20,7 @@ from seglogfs.engine.log.checkpoint import (
     read_leader_epochs,
     write_leader_epochs,
 )
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.mount_tools.cli import main as cli_main
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, copy_fixture, make_log
 from tests.engine.test_log import reopen

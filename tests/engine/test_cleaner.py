@@ -20,8 +20,9 @@ from seglogfs.engine.cleaner.offset_map import OffsetMap, key_hashes
 from seglogfs.engine.config import apply_topic_overrides
 from seglogfs.engine.log.checkpoint import read_offset_checkpoint, write_offset_checkpoint
 from seglogfs.engine.log.loader import segment_for
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records
+from seglogfs.engine.record.records import BatchHeader, decode_records
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
 from tests.engine.test_retention import run_cli
 

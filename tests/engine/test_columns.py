@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.engine.record.columns import record_columns
-from seglogfs.engine.record.records import BatchHeader, build_batch, decode_records
+from seglogfs.engine.record.records import BatchHeader, decode_records
 
 BASE_TIMESTAMP = 1_763_800_000_000
 

@@ -8,7 +8,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seglogfs.engine.record.records import BatchHeader, CompressionType, TimestampType, build_batch, decode_records
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import BatchHeader, CompressionType, TimestampType, decode_records
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.json_records import record_from_json, record_to_json
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer

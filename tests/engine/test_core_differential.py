@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 
 from seglogfs.engine import _core
 from seglogfs.engine.record import varint
+from seglogfs.engine.record.builder import build_batch, rebuild_batch
 from seglogfs.engine.record.columns import record_columns
 from seglogfs.engine.record.compression import CompressionType
 from seglogfs.engine.record.records import (
@@ -46,10 +47,8 @@ from seglogfs.engine.record.records import (
     BatchHeader,
     Record,
     TimestampType,
-    build_batch,
     check_batch,
     decode_records,
-    rebuild_batch,
     records_section,
 )
 from seglogfs.engine.text.console_formats import TextFormat

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import _core
-from seglogfs.engine.record.records import BatchHeader, TimestampType, build_batch, decode_records
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import BatchHeader, TimestampType, decode_records
 from seglogfs.engine.text.json_records import bytes_json_text, record_to_json
 from seglogfs.engine.text.renderers import JsonLinesRenderer
 

@@ -13,7 +13,7 @@ _RENDER_AGAIN_AND_AGAIN = """
 import resource, sys
 import numpy as np
 from seglogfs.engine import _core
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 
 count = 2_000  # a 200 KB rendering: above the allocator's default mapping threshold (128 KiB)
 batch = build_batch([b"v" * 100] * count, timestamps=0)

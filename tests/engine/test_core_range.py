@@ -21,8 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import _core
+from seglogfs.engine.record.builder import ProducerState, build_batch
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import BatchHeader, ProducerState, TimestampType, build_batch
+from seglogfs.engine.record.records import BatchHeader, TimestampType
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.renderers import _SMALL_BATCH_RECORDS, JsonLinesRenderer, TextRenderer
 from tests.conftest import refused_when_uncached

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seglogfs.engine import _core
-from seglogfs.engine.record.records import BatchHeader, TimestampType, build_batch, decode_records
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import BatchHeader, TimestampType, decode_records
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.renderers import TextRenderer
 

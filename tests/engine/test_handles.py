@@ -28,7 +28,8 @@ from seglogfs.engine.log.handles import (
     set_max_open_segments,
 )
 from seglogfs.engine.log.segment import LogSegment
-from seglogfs.engine.record.records import BatchHeader, build_batch
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import BatchHeader
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config
 
 SEGMENTS = 120

@@ -23,7 +23,8 @@ from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from seglogfs.engine import DataDir
 from seglogfs.engine.check import check_log_dirs
 from seglogfs.engine.errors import CorruptRecordError, UnsupportedFormatError
-from seglogfs.engine.record.records import LegacyBatchHeader, TimestampType, build_batch
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import LegacyBatchHeader, TimestampType
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid, broker_config, kafka_fixtures
 
 MAGIC0 = kafka_fixtures() / "kafkalite-magic0"

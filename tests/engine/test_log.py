@@ -22,7 +22,7 @@ from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
 from seglogfs.engine.log import log as engine_log
 from seglogfs.engine.log.transactions import TransactionTracker
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
 
 

@@ -24,7 +24,7 @@ from seglogfs.engine.internal_topics.metadata_log import (
 )
 from seglogfs.engine.log.checkpoint import read_partition_metadata
 from seglogfs.engine.log.naming import parse_partition_dir
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.conftest import NOW_MS, kafka_fixtures
 
 KRAFT_DIRS = ["flink-on-prem-cp760", "experts-kafka-data", "ne-streaming-d95be01"]

@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 from seglogfs.engine.log.segment import LogSegment
-from seglogfs.engine.record.records import build_batch, iter_batch_headers
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import iter_batch_headers
 from tests.conftest import NOW_MS, REPO
 
 

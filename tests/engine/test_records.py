@@ -15,19 +15,16 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from seglogfs.engine import _core
 from seglogfs.engine.errors import RecordTooLargeError
 from seglogfs.engine.record import varint
+from seglogfs.engine.record.builder import ProducerState, build_batch, encode_batches, set_log_append_time
 from seglogfs.engine.record.compression import CompressionType, compress, decompress
 from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
     BatchHeader,
     ControlType,
-    ProducerState,
     TimestampType,
-    build_batch,
     check_batch,
     control_type,
     decode_records,
-    encode_batches,
-    set_log_append_time,
 )
 
 CODECS = list(CompressionType)

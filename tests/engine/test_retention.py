@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir, OffsetOutOfRangeError, PartitionLog
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.conftest import NOW_MS, REPO, assert_log_dir_valid, make_log
 
 RECORD = b"0123456789"

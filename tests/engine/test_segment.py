@@ -22,7 +22,8 @@ from seglogfs.engine.log.file_records import FileRecords, _ReadAheadAdvice, read
 from seglogfs.engine.log.offset_index import OFFSET_INDEX_DTYPE, OffsetPosition
 from seglogfs.engine.log.segment import FetchSlice, LogSegment
 from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE, TimestampOffset
-from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, build_batch, decode_records, iter_batch_headers
+from seglogfs.engine.record.builder import build_batch
+from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, decode_records, iter_batch_headers
 from tests.conftest import NOW_MS, refused_when_uncached
 
 INT32_MAX = 2**31 - 1

@@ -14,8 +14,9 @@ import pytest
 from seglogfs.engine import PartitionLog
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE
+from seglogfs.engine.record.builder import ProducerState, build_batch
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, ProducerState, build_batch, iter_batch_headers
+from seglogfs.engine.record.records import NO_TIMESTAMP, BatchHeader, iter_batch_headers
 from tests.conftest import NOW_MS
 from tests.engine.test_cleaner import clean, compacted_log
 

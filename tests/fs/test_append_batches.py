@@ -16,7 +16,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
 from seglogfs.engine.check import check_log_dirs
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.fs.append_file import BATCHES_PER_OPEN_BYTES
 from tests.conftest import NOW_MS
 from tests.fs.conftest import REFUSED, Mount

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.conftest import NOW_MS, kafka_fixtures
 from tests.engine.test_legacy import GZIP, LZ4, NONE, SNAPPY, message_set, sample, write_segment
 from tests.fs.conftest import Mount

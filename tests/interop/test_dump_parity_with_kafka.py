@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.cli.support import SEGLOGFS
 from tests.cli.test_dump_parity import write_snapshot
 from tests.conftest import NOW_MS, REPO, kafka_fixtures

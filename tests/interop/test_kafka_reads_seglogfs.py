@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.cli.support import run
 from tests.conftest import NOW_MS, REPO
 from tests.fs.conftest import Mount

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from seglogfs.engine import BrokerConfig, DataDir, build_batch
-from seglogfs.engine.record.records import ProducerState
+from seglogfs.engine.record.builder import ProducerState
 
 T0 = 1_700_000_000_000
 NOW_MS = T0 + 10_000_000

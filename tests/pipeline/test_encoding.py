@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 
 from seglogfs.engine.errors import RecordTooLargeError
+from seglogfs.engine.record.builder import encode_batches
 from seglogfs.engine.record.compression import CompressionType
-from seglogfs.engine.record.records import encode_batches
 from seglogfs.pipeline.encoding import encode_columns
 
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from seglogfs.engine import DataDir
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from tests.conftest import NOW_MS, broker_config, kafka_fixtures
 from tests.engine.test_legacy import GZIP, LZ4, NONE, SNAPPY, golden, message_set, sample, write_segment
 from tests.pipeline.conftest import read_table

@@ -26,7 +26,7 @@ from kafka.record.default_records import DefaultRecordBatch
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.partitioner import partition_for_key
-from seglogfs.engine.record.records import build_batch
+from seglogfs.engine.record.builder import build_batch
 from seglogfs.pipeline.staging import STAGING_SUFFIX, Region, _boot_id, _start_time, staged_batches_in_pieces
 from tests.conftest import assert_log_dir_valid, copy_fixture
 from tests.fs.conftest import Mount, check_mount_log
