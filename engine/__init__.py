@@ -71,7 +71,7 @@ _WHERE = {
     "TimestampType": "record.records",
     "TopicExistsError": "errors",
     "UnknownTopicOrPartitionError": "errors",
-    "build_batch": "record.records",
+    "build_batch": "record.builder",
     "decode_records": "record.records",
 }
 __all__ = [
