@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from seglogfs.engine import BrokerConfig
 from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED
@@ -139,20 +139,26 @@ class EngineSettings:
         return BrokerConfig.load(self.properties_file, self.overrides, log_dirs)
 
 
-@dataclass(frozen=True)
-class ReadOptions:
-    """A batch read's options, checked (see the module docstring)."""
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """What a batch read and a stream both take, checked (`parse_source_options`)."""
 
     location: Location
     engine: EngineSettings
     subscription: Subscription
     starting: OffsetLimit
-    ending: OffsetLimit
     starting_strategy: Literal["error", "latest"] = "error"
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     include_headers: bool = False
     read_committed: bool = False  # kafka.isolation.level=read_committed
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadOptions(SourceOptions):
+    """A batch read's options, checked (see the module docstring)."""
+
+    ending: OffsetLimit
     ignored: tuple[str, ...] = field(default=())  # given, but meaningless for a batch query
 
 
@@ -425,24 +431,27 @@ def parse_read_options(raw: Mapping[str, str]) -> ReadOptions:
         for (topic, partition), offset in sorted(ending.offsets.items()):
             if offset == EARLIEST:
                 raise OptionError(f"endingOffsets for {topic}-{partition} can't be earliest (-2) for batch queries")
+    ignored = tuple(name for name in ("maxoffsetspertrigger", "minoffsetspertrigger") if name in options)
+    return ReadOptions(**parse_source_options(options, starting), ending=ending, ignored=ignored)
+
+
+def parse_source_options(options: Mapping[str, str], starting: OffsetLimit) -> dict[str, Any]:
+    """The options of `SourceOptions` from `options` (lowered), checked, as keyword arguments;
+    `starting` is the read's own (a batch and a stream differ in what they allow there)."""
     strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise OptionError(
             f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}"
             f"{_suggestion(strategy, ('error', 'latest'))}"
         )
-    min_partitions = parse_positive(options, "minPartitions")
-    ignored = tuple(name for name in ("maxoffsetspertrigger", "minoffsetspertrigger") if name in options)
-    return ReadOptions(
-        location=parse_location(options),
-        engine=parse_engine_settings(options),
-        subscription=parse_subscription(options),
-        starting=starting,
-        ending=ending,
-        starting_strategy="latest" if strategy == "latest" else "error",
-        fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
-        min_partitions=min_partitions,
-        include_headers=parse_bool(options, "includeHeaders", False),
-        read_committed=parse_read_committed(options),
-        ignored=ignored,
-    )
+    return {
+        "location": parse_location(options),
+        "engine": parse_engine_settings(options),
+        "subscription": parse_subscription(options),
+        "starting": starting,
+        "starting_strategy": "latest" if strategy == "latest" else "error",
+        "fail_on_data_loss": parse_bool(options, "failOnDataLoss", True),
+        "min_partitions": parse_positive(options, "minPartitions"),
+        "include_headers": parse_bool(options, "includeHeaders", False),
+        "read_committed": parse_read_committed(options),
+    }

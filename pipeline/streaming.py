@@ -21,26 +21,20 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from seglogfs.engine import DataDir
 from seglogfs.pipeline.options import (
     INTERNAL_TOPICS,
-    EngineSettings,
     Latest,
-    Location,
-    OffsetLimit,
     OptionError,
+    SourceOptions,
     Subscription,
     TopicPartition,
     lowered,
-    parse_bool,
-    parse_engine_settings,
     parse_limit,
-    parse_location,
     parse_positive,
-    parse_read_committed,
-    parse_subscription,
+    parse_source_options,
 )
 from seglogfs.pipeline.planning import (
     _DATA_LOSS_HINT,
@@ -55,22 +49,13 @@ StreamOffset = dict[str, dict[str, int]]
 Offsets = Mapping[TopicPartition, int]
 
 
-@dataclass(frozen=True)
-class StreamOptions:
+@dataclass(frozen=True, kw_only=True)
+class StreamOptions(SourceOptions):
     """A streaming read's options, checked."""
 
-    location: Location
-    engine: EngineSettings
-    subscription: Subscription
-    starting: OffsetLimit
-    starting_strategy: Literal["error", "latest"] = "error"
-    fail_on_data_loss: bool = True
-    min_partitions: int | None = None
-    include_headers: bool = False
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60 * 1000  # Spark's DEFAULT_MAX_TRIGGER_DELAY, "15m"
-    read_committed: bool = False  # kafka.isolation.level=read_committed
 
 
 # Spark's JavaUtils.timeStringAsMs: a number and a unit (none: milliseconds).
@@ -95,9 +80,6 @@ def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
         if name.lower() in options:
             raise OptionError(f"{name} option not valid for streaming queries")
     starting = parse_limit(options, "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets", Latest())
-    strategy = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
-    if strategy not in ("error", "latest"):
-        raise OptionError(f"startingOffsetsByTimestampStrategy must be error or latest, not {strategy!r}")
     max_rows = parse_positive(options, "maxOffsetsPerTrigger")
     min_rows = parse_positive(options, "minOffsetsPerTrigger")
     if min_rows is not None and max_rows is not None and min_rows > max_rows:
@@ -107,20 +89,12 @@ def parse_stream_options(raw: Mapping[str, str]) -> StreamOptions:
         )
     delay = options.get("maxtriggerdelay")
     return StreamOptions(
-        location=parse_location(options),
-        engine=parse_engine_settings(options),
-        subscription=parse_subscription(options),
-        starting=starting,
-        starting_strategy="latest" if strategy == "latest" else "error",
-        fail_on_data_loss=parse_bool(options, "failOnDataLoss", True),
-        min_partitions=parse_positive(options, "minPartitions"),
-        include_headers=parse_bool(options, "includeHeaders", False),
+        **parse_source_options(options, starting),
         max_offsets_per_trigger=max_rows,
         min_offsets_per_trigger=min_rows,
         max_trigger_delay_ms=StreamOptions.max_trigger_delay_ms
         if delay is None
         else parse_duration_ms("maxTriggerDelay", delay),
-        read_committed=parse_read_committed(options),
     )
 
 
