@@ -42,7 +42,7 @@ from seglogfs.engine.record.records import (
     Header,
     decode_records,
 )
-from seglogfs.pipeline.options import EngineSettings, Location
+from seglogfs.pipeline.options import EngineSettings, Location, SourceOptions
 from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice
 
 METRICS_ENV = "SEGLOGFS_READ_METRICS_DIR"
@@ -92,6 +92,16 @@ class ReadSpec:
     @property
     def arrow_schema(self) -> pa.Schema:
         return ARROW_SCHEMA_WITH_HEADERS if self.include_headers else ARROW_SCHEMA
+
+    @classmethod
+    def of(cls, options: SourceOptions) -> ReadSpec:
+        """What the tasks of a batch read or of a stream's micro-batches need of its options."""
+        return cls(
+            options.location,
+            options.engine,
+            include_headers=options.include_headers,
+            fail_on_data_loss=options.fail_on_data_loss,
+        )
 
 
 # -- Arrow columns from record bounds -------------------------------------------------------------

@@ -156,12 +156,7 @@ class SeglogReader(DataSourceReader):
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self.spec = ReadSpec(
-            options.location,
-            options.engine,
-            include_headers=options.include_headers,
-            fail_on_data_loss=options.fail_on_data_loss,
-        )
+        self.spec = ReadSpec.of(options)
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
@@ -248,12 +243,7 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: StreamOptions) -> None:
         self.options = options
-        self.spec = ReadSpec(
-            options.location,
-            options.engine,
-            include_headers=options.include_headers,
-            fail_on_data_loss=options.fail_on_data_loss,
-        )
+        self.spec = ReadSpec.of(options)
         self.target: dict[tuple[str, int], int] | None = None
         self.admission = Admission(options)
         # The log ends the last latestOffset saw: the progress's latestOffset.

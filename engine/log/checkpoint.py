@@ -55,19 +55,31 @@ class CheckpointError(EngineError):
     """A checkpoint file that cannot be read."""
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace `path` with `text` durably: a temporary file of this writer's own
-    (`<name>.<random>.tmp`, so two writers never share one), fsync, rename, fsync of the
-    directory. A crash leaves the old file or the new (and perhaps a temporary file, which
-    nothing reads). An OSError (ENOSPC, EIO) names `path` and leaves the old file as it was."""
-    tmp = None
+def _durable_temporary(path: Path, text: str) -> str:
+    """`text` written to a temporary file of this writer's own beside `path` (`<name>.<random>.tmp`,
+    so two writers never share one), mode 0644, fsynced: its name. Nothing is left on failure."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             os.fchmod(handle.fileno(), 0o644)
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` durably: a temporary file of this writer's own, fsync, rename,
+    fsync of the directory. A crash leaves the old file or the new (and perhaps a temporary file,
+    which nothing reads). An OSError (ENOSPC, EIO) names `path` and leaves the old file as it
+    was."""
+    tmp = None
+    try:
+        tmp = _durable_temporary(path, text)
         os.replace(tmp, path)
         tmp = None
         fsync_dir(path.parent)
@@ -83,19 +95,10 @@ def try_writing(path: Path, text: str) -> None:
     """Write `text` durably to a temporary file of this caller's own beside `path`, as
     `write_atomically` would, and remove it again: an OSError (ENOSPC on a full disk) says now,
     naming `path`, what replacing `path` would meet. `path` is left as it was."""
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        os.unlink(_durable_temporary(path, text))
     except OSError as error:
         raise OSError(error.errno, f"writing {path}: {error.strerror}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
 
 
 def fsync_dir(directory: Path) -> None:
