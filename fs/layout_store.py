@@ -18,11 +18,10 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError
-from seglogfs.engine.files import open_regular
+from seglogfs.engine.errors import CorruptRecordError
+from seglogfs.engine.log.file_records import batch_header_at
 from seglogfs.engine.log.log import PartitionLog
 from seglogfs.engine.log.segment import LogSegment
-from seglogfs.engine.record.records import BATCH_OVERHEAD_BYTES, BatchHeader
 
 logger = logging.getLogger(__name__)
 
@@ -181,16 +180,8 @@ class LayoutStore:
     def _holds_batch(segment: LogSegment, position: int, crc: int, next_position: int) -> bool:
         """Whether the segment file has a batch with this CRC at `position`, ending at
         `next_position` (read through a descriptor of its own: the segment's stays unopened)."""
-        try:
-            fd = open_regular(segment.log_path)  # (a link or a FIFO put there since: refused, not read)
-            try:
-                data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
-            finally:
-                os.close(fd)
-            header = BatchHeader.parse(memoryview(data), 0, position)
-        except (OSError, ValueError, struct.error, UnsafeFileError):
-            return False
-        return header.crc == crc and header.next_position == next_position
+        header = batch_header_at(segment.log_path, position)
+        return header is not None and header.crc == crc and header.next_position == next_position
 
     def save(self, directory: Path, layout: SegmentLayout, mark_bytes: int) -> None:
         """Keep a segment's layout; a failure is logged and otherwise ignored."""

@@ -30,13 +30,14 @@ import errno
 import mmap
 import os
 import queue
+import struct
 import threading
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from seglogfs.engine import _core
-from seglogfs.engine.errors import CorruptRecordError, UnsupportedFormatError
+from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError, UnsupportedFormatError
 from seglogfs.engine.files import check_regular, open_regular
 from seglogfs.engine.log.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.record.legacy import MIN_ENTRY_BYTES, message_overhead
@@ -622,6 +623,27 @@ class FileRecords:
     def close(self) -> None:
         """`close_handlers`: the file is released and cannot be opened again."""
         self.close_handlers()
+
+
+def batch_header_at(path: Path, position: int) -> BatchHeader | None:
+    """The header of the batch at `position` of the `.log` file at `path`, read through a
+    descriptor of its own (an open segment's is not touched); a legacy message's too. None where
+    the file holds no whole header there, is not a regular file (a link or a FIFO put there: refused, not read), or
+    cannot be read."""
+    try:
+        fd = open_regular(path)
+        try:
+            data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
+        finally:
+            os.close(fd)
+    except (OSError, UnsafeFileError):
+        return None
+    if not _header_fits(data, 0):
+        return None
+    try:
+        return BatchHeader.parse(data, 0, position)
+    except (ValueError, struct.error):  # (a legacy message's header that does not hold)
+        return None
 
 
 def read_cached(fd: int, position: int, length: int) -> bytearray:
