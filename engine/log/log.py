@@ -60,6 +60,7 @@ from seglogfs.engine.log.segment import LogSegment, TimestampAndOffset
 from seglogfs.engine.log.segments import LogSegments
 from seglogfs.engine.log.set_aside import SetAsidePiece
 from seglogfs.engine.log.transaction_index import TransactionIndexBuilder
+from seglogfs.engine.log.validator import stamp_batches, validate_batches
 from seglogfs.engine.record.builder import NO_PRODUCER, ProducerState, encode_batches, set_log_append_time
 from seglogfs.engine.record.compression import CompressionType
 from seglogfs.engine.record.records import (
@@ -67,7 +68,6 @@ from seglogfs.engine.record.records import (
     Header,
     Record,
     TimestampType,
-    check_batch,
     decode_records,
     iter_batch_headers,
 )
@@ -499,55 +499,26 @@ class PartitionLog:
             return self._appended_locked(headers, size, now_ms)
 
     def _stamp(self, view: memoryview, headers: list[BatchHeader], now_ms: int, *, assign_offsets: bool) -> None:
-        """What the log writes into checked batches before they are appended: offsets from the
-        log end (for a producer's), the leader epoch, and LogAppendTime where the topic asks."""
-        log_append_time = self.config.timestamp_type is TimestampType.LOG_APPEND_TIME
-        offset = self._log_end_offset
-        epoch = self._leader_epochs_locked().leader_epoch.to_bytes(4, "big", signed=True)
-        for header in headers:
-            batch = view[header.position : header.next_position]
-            if assign_offsets:
-                batch[0:8] = offset.to_bytes(8, "big", signed=True)
-                offset += header.last_offset_delta + 1
-            batch[12:16] = epoch
-            if log_append_time and not header.is_control:
-                set_log_append_time(batch, now_ms)  # type: ignore[arg-type]
+        """What the log writes into checked batches before they are appended (`stamp_batches`)."""
+        stamp_batches(
+            view,
+            headers,
+            base_offset=self._log_end_offset if assign_offsets else None,
+            leader_epoch=self._leader_epochs_locked().leader_epoch,
+            log_append_time_ms=now_ms if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+        )
 
     def _validate_input(
         self, data: bytearray | memoryview, assign_offsets: bool, source: str | None = None
     ) -> list[BatchHeader]:
-        """The headers of `data`'s batches, each checked; errors name `source` (else the input)."""
-        headers = list(iter_batch_headers(data))
-        consumed = headers[-1].next_position if headers else 0
-        where = self._where
-        source = source or f"<input to {where}>"
-        if consumed != len(data) or not headers:
-            raise CorruptRecordError(source, consumed, "incomplete record batch")
-        expected = self._log_end_offset
-        for header in headers:
-            batch = memoryview(data)[header.position : header.next_position]
-            reason = check_batch(header, batch)
-            if reason is not None:
-                raise CorruptRecordError(source, header.position, reason)
-            if header.size_in_bytes > self.config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"{where}: batch of {header.size_in_bytes} bytes is over max.message.bytes="
-                    f"{self.config.max_message_bytes}"
-                )
-            if header.size_in_bytes > self.config.segment_bytes:
-                raise RecordTooLargeError(
-                    f"{where}: batch of {header.size_in_bytes} bytes is over segment.bytes={self.config.segment_bytes}"
-                )
-            if not assign_offsets and header.base_offset < expected:
-                raise InvalidRecordError(
-                    f"{where}: batch at offset {header.base_offset} is below the expected offset {expected}"
-                )
-            if self.config.compact and not header.is_control:
-                for slot, record in enumerate(decode_records(header, batch)):
-                    if record.key is None:
-                        raise InvalidRecordError(f"{where}: compacted topic refuses record {slot}, which has no key")
-            expected = (expected + header.last_offset_delta + 1) if assign_offsets else header.next_offset
-        return headers
+        """The headers of `data`'s batches, each checked (`validate_batches`)."""
+        return validate_batches(
+            data,
+            self.config,
+            where=self._where,
+            source=source or f"<input to {self._where}>",
+            expected_offset=None if assign_offsets else self._log_end_offset,
+        )
 
     def _append_batches_locked(
         self, data: bytes, *, assign_offsets: bool, now_ms: int, checked: bool = False
