@@ -308,6 +308,20 @@ class AbstractIndex:
                 self._entries = 0
             self._scan_locked(check=False, log_size_bytes=None)
 
+    def _stored_entry(self, n: int) -> tuple[int, int]:
+        """The n-th entry as stored; IndexError outside 0..entries-1."""
+        with self._lock:
+            self._ensure_scanned_locked()
+            if not 0 <= n < self._entries:
+                raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
+            return self._entry_locked(n)
+
+    def _stored_last(self) -> tuple[int, int] | None:
+        """The last entry as stored; None when there is none."""
+        with self._lock:
+            self._ensure_scanned_locked()
+            return self._last
+
     def _slot_locked(self, field: str, key: np.integer, right: bool) -> tuple[int, bytes, int]:
         """(n, block, first): n is the number of entries whose `field` (one of FENCE_FIELDS,
         never decreasing) is below `key` (or at or below it, `right`); block holds the entries

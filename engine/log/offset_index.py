@@ -42,12 +42,8 @@ class OffsetIndex(AbstractIndex):
 
     def entry(self, n: int) -> OffsetPosition:
         """The n-th entry; raises IndexError outside 0..entries-1."""
-        with self._lock:
-            self._ensure_scanned_locked()
-            if not 0 <= n < self._entries:
-                raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
-            relative, position = self._entry_locked(n)
-            return OffsetPosition(self.base_offset + relative, position)
+        relative, position = self._stored_entry(n)
+        return OffsetPosition(self.base_offset + relative, position)
 
     @property
     def last_offset(self) -> int:
@@ -55,12 +51,11 @@ class OffsetIndex(AbstractIndex):
         return self.last_entry().offset
 
     def last_entry(self) -> OffsetPosition:
-        with self._lock:
-            self._ensure_scanned_locked()
-            if self._last is None:
-                return OffsetPosition(self.base_offset, 0)
-            relative, position = self._last
-            return OffsetPosition(self.base_offset + relative, position)
+        """The last entry; (base offset, 0) when empty."""
+        last = self._stored_last()
+        if last is None:
+            return OffsetPosition(self.base_offset, 0)
+        return OffsetPosition(self.base_offset + last[0], last[1])
 
     def lookup(self, target_offset: int) -> OffsetPosition:
         """The entry with the largest offset ≤ target; below the first entry (or empty) →

@@ -44,21 +44,16 @@ class TimeIndex(AbstractIndex):
         return self._entries >= self.max_entries - 1
 
     def entry(self, n: int) -> TimestampOffset:
-        with self._lock:
-            self._ensure_scanned_locked()
-            if not 0 <= n < self._entries:
-                raise IndexError(f"{self.name}: entry {n} of an index holding {self._entries}")
-            timestamp, relative = self._entry_locked(n)
-            return TimestampOffset(timestamp, self.base_offset + relative)
+        """The n-th entry; raises IndexError outside 0..entries-1."""
+        timestamp, relative = self._stored_entry(n)
+        return TimestampOffset(timestamp, self.base_offset + relative)
 
     def last_entry(self) -> TimestampOffset:
         """The last entry; (-1, base offset) when empty."""
-        with self._lock:
-            self._ensure_scanned_locked()
-            if self._last is None:
-                return TimestampOffset(NO_TIMESTAMP, self.base_offset)
-            timestamp, relative = self._last
-            return TimestampOffset(timestamp, self.base_offset + relative)
+        last = self._stored_last()
+        if last is None:
+            return TimestampOffset(NO_TIMESTAMP, self.base_offset)
+        return TimestampOffset(last[0], self.base_offset + last[1])
 
     def lookup(self, target_timestamp: int) -> TimestampOffset:
         """The entry with the largest timestamp ≤ target; below the first entry (or empty) →
