@@ -240,6 +240,31 @@ class DataDir(TopicAdministration):
             _LOCKED_HERE.discard(key)
         self._lock_fds = []
 
+    def _offline(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        reason: str,
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        now_ms: int,
+    ) -> PartitionLog:
+        """A partition that cannot be opened, offline with `reason` (logged): its files are left as
+        they are, and the other partitions are served."""
+        logger.error("%s; %s-%d is offline, the others are served", reason, topic, partition)
+        return PartitionLog.unreadable(
+            directory,
+            topic,
+            partition,
+            self.topic_config(topic),
+            reason,
+            log_start_offset=log_start_offset,
+            recovery_point=recovery_point,
+            now_ms=now_ms,
+        )
+
     def _load_log_dir(self, log_dir: Path, now_ms: int) -> None:
         marker = log_dir / CLEAN_SHUTDOWN_FILE
         clean = os.path.lexists(marker)
@@ -268,14 +293,11 @@ class DataDir(TopicAdministration):
         logs = dict(self._logs)
         for name, topic, partition in linked_partition_dirs(log_dir):
             # Never followed: its partition is offline, whatever it points at.
-            reason = str(UnsafeFileError(log_dir / name, "a symbolic link", "a partition directory"))
-            logger.error("%s; %s-%d is offline, the others are served", reason, topic, partition)
-            logs[(topic, partition)] = PartitionLog.unreadable(
+            logs[(topic, partition)] = self._offline(
                 log_dir / name,
                 topic,
                 partition,
-                self.topic_config(topic),
-                reason,
+                str(UnsafeFileError(log_dir / name, "a symbolic link", "a partition directory")),
                 log_start_offset=start_offsets.get((topic, partition), 0),
                 recovery_point=recovery_points.get((topic, partition), 0),
                 now_ms=now_ms,
@@ -310,12 +332,10 @@ class DataDir(TopicAdministration):
                 # CLI's too (its reads and appends name it), the rest served.
                 if not self._serve_the_rest and not isinstance(error, UnsafeFileError):
                     raise
-                logger.error("%s; %s-%d is offline, the others are served", error, topic, partition)
-                logs[(topic, partition)] = PartitionLog.unreadable(
+                logs[(topic, partition)] = self._offline(
                     log_dir / name,
                     topic,
                     partition,
-                    self.topic_config(topic),
                     str(error),
                     log_start_offset=log_start_offset,
                     recovery_point=recovery_point,
