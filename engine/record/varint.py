@@ -37,38 +37,33 @@ def decode(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int
     """Read one varlong (a signed 64-bit value) at `position`: returns (value, position after it).
 
     Raises ValueError when the varint runs past the buffer or over ten bytes."""
-    result = 0
-    shift = 0
-    end = len(buf)
-    while True:
-        if position >= end:
-            raise ValueError("varint runs past the end of the buffer")
-        byte = buf[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            result &= _LONG_BITS
-            return (result >> 1) ^ -(result & 1), position
-        shift += 7
-        if shift >= 7 * MAX_VARLONG_BYTES:
-            raise ValueError("varint longer than ten bytes")
+    return _decode(buf, position, MAX_VARLONG_BYTES, _LONG_BITS)
 
 
 def decode_int(buf: bytes | bytearray | memoryview, position: int) -> tuple[int, int]:
     """Read one 32-bit varint (a length, a count, an offset delta) at `position`: returns (value,
     position after it). Raises ValueError when it runs past the buffer or over five bytes."""
+    return _decode(buf, position, MAX_VARINT_BYTES, _INT_BITS)
+
+
+_IN_WORDS = {MAX_VARINT_BYTES: "five", MAX_VARLONG_BYTES: "ten"}
+
+
+def _decode(buf: bytes | bytearray | memoryview, position: int, max_bytes: int, bits: int) -> tuple[int, int]:
+    """A zig-zag varint of at most `max_bytes` at `position`, its value cut to `bits` before the
+    zig-zag is undone (Kafka's ByteUtils drops what the last byte holds past them)."""
     result = 0
     end = len(buf)
-    for shift in range(0, 7 * MAX_VARINT_BYTES, 7):
+    for shift in range(0, 7 * max_bytes, 7):
         if position >= end:
             raise ValueError("varint runs past the end of the buffer")
         byte = buf[position]
         position += 1
         result |= (byte & 0x7F) << shift
         if byte < 0x80:
-            result &= _INT_BITS
+            result &= bits
             return (result >> 1) ^ -(result & 1), position
-    raise ValueError("varint longer than five bytes")
+    raise ValueError(f"varint longer than {_IN_WORDS[max_bytes]} bytes")
 
 
 def decode_int_at(buf: bytes, position: int) -> tuple[int, int]:
