@@ -108,8 +108,8 @@ _DECLINED = -1
 
 
 class Layout(Protocol):
-    """What the render-ahead thread asks of a partition's layout (fs.views.Layout): a run of its
-    complete pages, rendered by one call of the core."""
+    """What the render-ahead thread asks of a partition's layout, through its pages
+    (fs.layout_pages.LayoutPages): a run of its complete pages, rendered by one call of the core."""
 
     def render_run(
         self, layout: SegmentLayout, marks: list[int], *, nowait: bool = False

@@ -13,8 +13,8 @@ from the position of the first record with offset ≥ N:
 The batches between two marks are a page: read with one small read of the segment, rendered, and
 kept in a small cache, so `position(N)` is a bisection to the segment, then to the mark at or
 below N, then one page; `read` is the pages it covers. Whatever the partition's size, that is a
-look-up plus a small read. A view over sealed segments never changes; the active segment's part
-only grows. A reader that reads on from where its last read ended (`cat`, `grep`) has the pages
+look-up plus a small read (the pages and the reads of them are `fs.layout_pages.LayoutPages`'). A
+view over sealed segments never changes; the active segment's part only grows. A reader that reads on from where its last read ended (`cat`, `grep`) has the pages
 after it rendered ahead, on a thread of their own, many pages a call of the engine's core, which
 reads, checks and renders them with the GIL released (`fs.page_cache.RenderAhead`): the rendering runs on
 another core while the event loop serves the reads.
