@@ -14,10 +14,11 @@ The batches between two marks are a page: read with one small read of the segmen
 kept in a small cache, so `position(N)` is a bisection to the segment, then to the mark at or
 below N, then one page; `read` is the pages it covers. Whatever the partition's size, that is a
 look-up plus a small read (the pages and the reads of them are `fs.layout_pages.LayoutPages`'). A
-view over sealed segments never changes; the active segment's part only grows. A reader that reads on from where its last read ended (`cat`, `grep`) has the pages
-after it rendered ahead, on a thread of their own, many pages a call of the engine's core, which
-reads, checks and renders them with the GIL released (`fs.page_cache.RenderAhead`): the rendering runs on
-another core while the event loop serves the reads.
+view over sealed segments never changes; the active segment's part only grows. A reader that
+reads on from where its last read ended (`cat`, `grep`) has the pages after it rendered ahead, on
+a thread of their own, many pages a call of the engine's core, which reads, checks and renders
+them with the GIL released (`fs.page_cache.RenderAhead`): the rendering runs on another core while
+the event loop serves the reads.
 
 A layout is derived data. A segment is measured by rendering it once (the active segment only
 for what was appended since the last look); a segment replaced by compaction or removed by
