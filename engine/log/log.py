@@ -23,9 +23,7 @@ import logging
 import mmap
 import os
 import random
-import stat
 import threading
-import time
 import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -43,7 +41,7 @@ from seglogfs.engine.errors import (
     RecordTooLargeError,
     UnsafeFileError,
 )
-from seglogfs.engine.files import describe_mode, open_regular
+from seglogfs.engine.files import open_regular
 from seglogfs.engine.log.checkpoint import (
     LEADER_EPOCH_CHECKPOINT,
     PARTITION_METADATA,
@@ -51,10 +49,11 @@ from seglogfs.engine.log.checkpoint import (
     write_leader_epochs,
     write_partition_metadata,
 )
+from seglogfs.engine.log.follower import FollowedDirectory
 from seglogfs.engine.log.index import INT32_MAX
 from seglogfs.engine.log.leader_epochs import DEFAULT_LEADER_EPOCH, LeaderEpochCache
 from seglogfs.engine.log.loader import load_partition, segment_for
-from seglogfs.engine.log.naming import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_file_name
+from seglogfs.engine.log.naming import CLEANED_SUFFIX, SWAP_SUFFIX
 from seglogfs.engine.log.retention import RetentionDecision, segments_below_log_start, segments_to_delete
 from seglogfs.engine.log.segment import LogSegment, TimestampAndOffset
 from seglogfs.engine.log.segments import LogSegments
@@ -150,7 +149,7 @@ class PartitionLog:
         # What the open's recovery cut or removed, kept beside the log dir (engine.log.set_aside).
         self.set_aside: list[SetAsidePiece] = []
         self.truncations = 0  # how often the log was cut back: readers that measured it look again
-        self._listed_at_mtime_ns: int | None = None  # read-only: the directory's mtime at `refresh`'s last listing
+        self._directory = FollowedDirectory(directory)  # read-only: what `refresh` last saw of it
         # The producers' open transactions (Kafka's producer state), for `.txnindex` entries:
         # built by `_transactions_locked` when the first transactional batch arrives in this
         # process, then kept up to date by every transactional batch appended; None again after
@@ -762,12 +761,13 @@ class PartitionLog:
             # writer that outruns every try leaves the log as last seen until the next look.
             for _ in range(_LOOKS_AT_A_CHANGING_DIRECTORY):
                 try:
-                    looked = self._look(current, now_ms)
+                    looked = self._directory.look(current, self.config, now_ms)
                 except FileNotFoundError:
-                    self._listed_at_mtime_ns = None
+                    self._directory.forget_listing()
                     continue
-                if looked is None:
-                    return True  # (taken offline)
+                except UnsafeFileError as error:
+                    self.take_offline(str(error))
+                    return True
                 break
             else:
                 return False
@@ -783,73 +783,6 @@ class PartitionLog:
             for segment in gone:
                 segment.close_handlers()
             return True
-
-    def _look(self, current: list[LogSegment], now_ms: int) -> tuple[list[LogSegment], bool, bool] | None:
-        """One look (`refresh`) under the lock: the segments (listed again when the directory
-        changed), whether they differ from `current`, and whether the last one grew; None when a
-        listing found something unsafe and took the log offline. FileNotFoundError when a
-        segment's file went before its size was looked at."""
-        segments, changed = current, False
-        status = os.lstat(self.directory)  # (replaced by a link since the open: never followed)
-        if not stat.S_ISDIR(status.st_mode):
-            unsafe = UnsafeFileError(self.directory, describe_mode(status.st_mode), "a partition directory")
-            self.take_offline(str(unsafe))
-            return None
-        directory_changed = status.st_mtime_ns
-        if directory_changed != self._listed_at_mtime_ns:  # a roll, a delete, a swap: list it again
-            try:
-                segments, changed = self._list_segments(current, now_ms)
-            except UnsafeFileError as error:
-                self.take_offline(str(error))
-                return None
-            # A change within the same clock tick as the listing would not move the mtime:
-            # trust an mtime only once it is a second old.
-            recent = time.time_ns() - directory_changed < 1_000_000_000
-            self._listed_at_mtime_ns = None if recent else directory_changed
-            if not segments and current:
-                # A log always has a segment: a listing that found none caught the writer
-                # between its steps (a segment's files coming or going as it was opened).
-                # The log stays as last seen, and the next look lists the directory again.
-                segments, changed = current, False
-                self._listed_at_mtime_ns = None
-        grown = False
-        # The last one grows; the one that was last at the previous look may have grown too
-        # before it was sealed, however many rolls came after it (its last batches were
-        # missed when only the one before the last was looked at again). The others were
-        # sealed when first seen.
-        last = segments[-1:]
-        was_last = current[-1:] if current and last and current[-1] is not last[0] else []
-        try:
-            for segment in [s for s in was_last if s in segments] + last:
-                before = segment.size
-                grown = segment.refresh_size(sealed=segment is not last[0]) != before or grown
-        except FileNotFoundError:
-            for segment in segments:
-                if segment not in current:  # (opened by this look's listing)
-                    segment.close_handlers()
-            raise
-        return segments, changed, grown
-
-    def _list_segments(self, current: list[LogSegment], now_ms: int) -> tuple[list[LogSegment], bool]:
-        """The segments on disk now (`current`'s objects where their files are the same), and
-        whether that differs from `current`."""
-        listed = sorted(
-            parsed[0]
-            for name in os.listdir(self.directory)
-            if (parsed := parse_segment_file_name(name)) is not None and parsed[1] == LOG_SUFFIX and not parsed[2]
-        )
-        known = {segment.base_offset: segment for segment in current}
-        segments, changed = [], len(listed) != len(current)
-        for base in listed:
-            segment = known.get(base)
-            if segment is None or segment.replaced_on_disk():
-                changed = True
-                try:
-                    segment = segment_for(self.directory, base, self.config, writable=False, now_ms=now_ms)
-                except FileNotFoundError:  # deleted meanwhile
-                    continue
-            segments.append(segment)
-        return segments, changed
 
     # -- reading ---------------------------------------------------------------------------------
     def batches(

@@ -20,7 +20,8 @@ from seglogfs.engine import (
 )
 from seglogfs.engine.config import LogConfig
 from seglogfs.engine.errors import CorruptRecordError, LogOfflineError
-from seglogfs.engine.log import log as engine_log
+from seglogfs.engine.log import follower
+from seglogfs.engine.log.follower import FollowedDirectory
 from seglogfs.engine.log.transactions import TransactionTracker
 from seglogfs.engine.record.builder import build_batch
 from tests.conftest import NOW_MS, assert_log_dir_valid, broker_config, make_log
@@ -855,7 +856,7 @@ def test_a_read_only_look_that_finds_no_segment_keeps_the_log_as_it_was(part_dir
     def removed_meanwhile(*args: object, **kwargs: object) -> None:
         raise FileNotFoundError("removed by retention after the listing")
 
-    monkeypatch.setattr(engine_log, "segment_for", removed_meanwhile)
+    monkeypatch.setattr(follower, "segment_for", removed_meanwhile)
     reader.refresh(NOW_MS)
     assert reader.segments and reader.active_segment.base_offset == 0
     assert values_of(reader) == [b"first-0", b"first-1", b"first-2"]
@@ -951,10 +952,10 @@ def test_a_read_only_look_lists_again_when_a_segment_goes_before_its_size_is_loo
     writer.append_records([b"second"], now_ms=NOW_MS)
     writer.flush()
     listings = []
-    real_listing = PartitionLog._list_segments
+    real_listing = FollowedDirectory._list_segments
 
-    def then_retention(self: PartitionLog, current: list, now_ms: int) -> tuple[list, bool]:
-        listed = real_listing(self, current, now_ms)
+    def then_retention(self: FollowedDirectory, current: list, config: LogConfig, now_ms: int) -> tuple[list, bool]:
+        listed = real_listing(self, current, config, now_ms)
         if not listings:  # (once: retention runs between the first listing and the look at sizes)
             writer.delete_old_segments(NOW_MS + 10_000)
             writer.append_records([b"later"], now_ms=NOW_MS + 10_000)
@@ -963,7 +964,7 @@ def test_a_read_only_look_lists_again_when_a_segment_goes_before_its_size_is_loo
         listings.append([segment.base_offset for segment in listed[0]])
         return listed
 
-    monkeypatch.setattr(PartitionLog, "_list_segments", then_retention)
+    monkeypatch.setattr(FollowedDirectory, "_list_segments", then_retention)
     assert reader.refresh(NOW_MS)
     assert listings[0] == [0, 3] and len(listings) == 2
     assert [segment.base_offset for segment in reader.segments] == [4]
