@@ -343,11 +343,10 @@ class PartitionLog:
                 leader_epoch=self._leader_epochs_locked().leader_epoch,
             )
             if self.config.timestamp_type is TimestampType.LOG_APPEND_TIME:
-                stamped = [bytearray(batch) for batch in batches]
-                for batch in stamped:
+                for batch in batches:  # (built here, each its own: stamped in place)
                     set_log_append_time(batch, now_ms)
-                batches = stamped
-            # Batches built here are valid by construction: append them without re-checking.
+            # Batches built here are valid by construction: append them without re-checking; each
+            # header is parsed once, from the batch as it is stored.
             return self._append_valid_locked(batches, [BatchHeader.parse(batch) for batch in batches], now_ms)
 
     def encode_records(
