@@ -82,6 +82,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from seglogfs.engine import BrokerConfig, DataDir, EngineError, LogDirLockedError
@@ -99,9 +100,22 @@ from seglogfs.engine.log.checkpoint import (
 )
 from seglogfs.engine.log.naming import partition_dirs
 from seglogfs.engine.mirror import Mirror
+from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, is_object_store_uri, open_object_store
 from seglogfs.engine.topic_configs import META_PROPERTIES
 from seglogfs.mount_tools.common import discard_stdout, quiet_broken_pipe
 from seglogfs.mount_tools.copier import Copier, CopyStats, MirrorSource, Source, TreeSource
+from seglogfs.mount_tools.object_backup import (
+    CATALOGUE_DIR,
+    UPLOADS_AT_ONCE,
+    Catalogue,
+    ObjectBackup,
+    StoredSource,
+    catalogue_key,
+    catalogue_runs,
+    collect_garbage,
+    latest_catalogue,
+    read_catalogue,
+)
 from seglogfs.mount_tools.progress import Progress
 
 COMMANDS = ("backup", "restore")
@@ -318,25 +332,63 @@ def _refusals_answered(command: Callable[[argparse.Namespace], int]) -> Callable
     return run
 
 
-def _backup(args: argparse.Namespace) -> int:
-    dest = Path(args.dest)
+@dataclass
+class _Opened:
+    """The source of a backup, open: what the copy reads, its size, its log dirs, its name."""
+
+    source: Source
+    total: int
+    log_dirs: int
+    described: str
+    kind: str  # "mount" or "data dir"
+
+
+def _source_roots(args: argparse.Namespace) -> tuple[Path | None, list[Path]]:
+    """The mount's mirror (when SRC is a mount point) and SRC's directories, checked."""
     given = Path(args.src)
-    mirror_root: Path | None = None
     if "," not in args.src and _is_mount_point(given):
-        mirror_root, sources = given / MOUNT_MIRROR, [given]
-    elif "," not in args.src and given.name == MOUNT_MIRROR and os.path.ismount(given.parent):
-        mirror_root, sources = given, [given.parent]
-    else:
-        sources = [Path(part) for part in args.src.split(",") if part]
-        if not sources:
-            raise Refused("SRC names no directory", EXIT_USAGE)
-        for log_dir in sources:
-            if not log_dir.is_dir():
-                raise Refused(f"{log_dir}: SRC is no data dir or mount point (no such directory)", EXIT_USAGE)
-            if not _looks_like_log_dir(log_dir):
-                raise Refused(
-                    f"{log_dir}: SRC is no data dir or mount point (no partition dirs, no checkpoints)", EXIT_USAGE
-                )
+        return given / MOUNT_MIRROR, [given]
+    if "," not in args.src and given.name == MOUNT_MIRROR and os.path.ismount(given.parent):
+        return given, [given.parent]
+    sources = [Path(part) for part in args.src.split(",") if part]
+    if not sources:
+        raise Refused("SRC names no directory", EXIT_USAGE)
+    for log_dir in sources:
+        if not log_dir.is_dir():
+            raise Refused(f"{log_dir}: SRC is no data dir or mount point (no such directory)", EXIT_USAGE)
+        if not _looks_like_log_dir(log_dir):
+            raise Refused(
+                f"{log_dir}: SRC is no data dir or mount point (no partition dirs, no checkpoints)", EXIT_USAGE
+            )
+    return None, sources
+
+
+def _open_source(
+    args: argparse.Namespace, mirror_root: Path | None, sources: list[Path], stack: contextlib.ExitStack
+) -> _Opened:
+    """The source opened for the copy: a mount's mirror read through the filesystem, or a data
+    dir's resolved here over a read-only open (kept open by `stack`)."""
+    if mirror_root is not None:
+        tree = TreeSource(mirror_root, hidden=frozenset({MANIFEST}))
+        names = {name for name, _ in tree.names(())}
+        log_dirs = 1 if RECOVERY_POINT_CHECKPOINT in names else len(names)
+        return _Opened(tree, tree.total_bytes(), log_dirs, str(sources[0].absolute()), "mount")
+    config = BrokerConfig.load(args.config, args.override or (), log_dirs=sources)
+    data_dir = stack.enter_context(_open_read_only(config))
+    return _Opened(
+        MirrorSource(Mirror(data_dir), hidden=frozenset({MANIFEST})),
+        sum(log.size_in_bytes() for log in data_dir.partitions()),
+        len(config.log_dirs),
+        ",".join(str(s.absolute()) for s in sources),
+        "data dir",
+    )
+
+
+def _backup(args: argparse.Namespace) -> int:
+    mirror_root, sources = _source_roots(args)
+    if is_object_store_uri(args.dest):
+        return _backup_to_store(args, mirror_root, sources)
+    dest = Path(args.dest)
     for root in sources:
         _check_apart(root, "SRC", dest, "DEST")
     if dest.exists() and not dest.is_dir():
@@ -350,27 +402,16 @@ def _backup(args: argparse.Namespace) -> int:
                 f"{dest}: DEST holds files and is no seglogfs backup (no {MANIFEST}): give a new or empty directory",
                 EXIT_USAGE,
             )
-    source: Source
     with contextlib.ExitStack() as stack:
         # The source first (a data dir that cannot be read leaves DEST as it was), then DEST.
-        if mirror_root is not None:
-            tree = TreeSource(mirror_root, hidden=frozenset({MANIFEST}))
-            names = {name for name, _ in tree.names(())}
-            log_dirs = 1 if RECOVERY_POINT_CHECKPOINT in names else len(names)
-            source, total = tree, tree.total_bytes()
-        else:
-            config = BrokerConfig.load(args.config, args.override or (), log_dirs=sources)
-            data_dir = stack.enter_context(_open_read_only(config))
-            log_dirs = len(config.log_dirs)
-            source = MirrorSource(Mirror(data_dir), hidden=frozenset({MANIFEST}))
-            total = sum(log.size_in_bytes() for log in data_dir.partitions())
+        opened = _open_source(args, mirror_root, sources, stack)
         stack.enter_context(_locked(dest, "DEST, a data dir,"))
         manifest: dict[str, object] = {
             "format": "seglogfs-backup",
             "version": MANIFEST_VERSION,
-            "source": str(given.absolute()) if mirror_root else ",".join(str(s.absolute()) for s in sources),
-            "sourceKind": "mount" if mirror_root is not None else "data dir",
-            "logDirs": log_dirs,
+            "source": opened.described,
+            "sourceKind": opened.kind,
+            "logDirs": opened.log_dirs,
             "startedMs": now_ms(),
             "complete": False,
         }
@@ -378,8 +419,8 @@ def _backup(args: argparse.Namespace) -> int:
         # docstring): a run that ends in between, however, leaves DEST saying so.
         _write_manifest(dest, manifest)
         try:
-            with _terminated_as_interrupted(), Progress("backing up", total, plain=not args.json) as progress:
-                copier = Copier(source, restoring=False, progress=progress, say=_say(args))
+            with _terminated_as_interrupted(), Progress("backing up", opened.total, plain=not args.json) as progress:
+                copier = Copier(opened.source, restoring=False, progress=progress, say=_say(args))
                 copier.copy(dest, frozenset({LOCK_FILE, MANIFEST}))
                 manifest.update(complete=True, finishedMs=now_ms(), stats=copier.stats.as_json())
                 if copier.refused:
@@ -397,6 +438,67 @@ def _backup(args: argparse.Namespace) -> int:
             return EXIT_DATA
     _report(copier.stats, args)
     return _refused_answer(copier.refused)
+
+
+def _open_store(uri: str, what: str) -> ObjectStore:
+    try:
+        return open_object_store(uri)
+    except ValueError as error:
+        raise Refused(f"{what}: {error}", EXIT_USAGE) from None
+
+
+def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources: list[Path]) -> int:
+    """A backup into object storage (mount_tools.object_backup): the run's catalogue is
+    written last, so a run that does not complete changes nothing the last complete one shows."""
+    store = _open_store(args.dest, "DEST")
+    runs = catalogue_runs(store)
+    if not runs and store.list():
+        raise Refused(
+            f"{store.name()}: DEST holds objects and is no seglogfs backup (no {CATALOGUE_DIR}/): "
+            "give a new or empty prefix",
+            EXIT_USAGE,
+        )
+    previous = read_catalogue(store, runs[-1]) if runs else None
+    kept = previous.keys() if previous is not None else set()
+    if len(runs) > 1:
+        kept |= read_catalogue(store, runs[-2]).keys()
+    with contextlib.ExitStack() as stack:
+        opened = _open_source(args, mirror_root, sources, stack)
+        catalogue = Catalogue(
+            (runs[-1] + 1) if runs else 1, opened.described, opened.kind, opened.log_dirs, started_ms=now_ms()
+        )
+        unfinished = f"the backup did not complete ({store.name()} still shows the last complete backup)"
+        try:
+            with _terminated_as_interrupted(), Progress("backing up", opened.total, plain=not args.json) as progress:
+                run = ObjectBackup(
+                    opened.source,
+                    store,
+                    previous=previous,
+                    kept_keys=kept,
+                    catalogue=catalogue,
+                    progress=progress,
+                    say=_say(args),
+                    uploads=args.uploads,
+                )
+                run.run()
+                if catalogue_runs(store)[-1:] != runs[-1:]:
+                    raise ObjectStoreError(f"{store.name()}: another backup into it completed meanwhile")
+                catalogue.finished_ms = now_ms()
+                catalogue.stats = run.stats.as_json()
+                store.put(catalogue_key(catalogue.run), json.dumps(catalogue.as_json()).encode())
+                run.stats.files_deleted = collect_garbage(store, catalogue, previous)
+        except BrokenPipeError:
+            quiet_broken_pipe()
+            return EXIT_DATA
+        except (KeyboardInterrupt, _Terminated) as signalled:
+            _tell(f"{store.name()}: the backup was interrupted: {unfinished}")
+            discard_stdout()
+            return EXIT_TERMINATED if isinstance(signalled, _Terminated) else EXIT_INTERRUPTED
+        except (OSError, EngineError) as error:
+            _tell(f"{_one_line(error)}; {unfinished}")
+            return EXIT_DATA
+    _report(run.stats, args)
+    return _refused_answer(catalogue.refused)
 
 
 def _incomplete(dest: Path) -> str:
@@ -455,6 +557,8 @@ def _backup_log_dirs(backup: Path, manifest: dict[str, object] | None) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
+    if is_object_store_uri(args.backup):
+        return _restore_from_store(args)
     backup = Path(args.backup)
     if not backup.is_dir():
         raise Refused(f"{backup}: BACKUP is no directory", EXIT_USAGE)
@@ -492,8 +596,53 @@ def _restore(args: argparse.Namespace) -> int:
                 except BrokenPipeError:  # the reader of -v went away: quietly, but the restore is not whole
                     quiet_broken_pipe()
                     return EXIT_DATA
-            for field in ("bytes_sent", "files_sent", "files_appended", "files_skipped", "files_deleted"):
-                setattr(stats, field, getattr(stats, field) + getattr(copier.stats, field))
+            _add_stats(stats, copier.stats)
+            refused += copier.refused
+    _report(stats, args)
+    return _refused_answer(refused)
+
+
+def _add_stats(total: CopyStats, more: CopyStats) -> None:
+    for field in ("bytes_sent", "files_sent", "files_appended", "files_skipped", "files_deleted"):
+        setattr(total, field, getattr(total, field) + getattr(more, field))
+
+
+def _targets(args: argparse.Namespace) -> list[Path]:
+    targets = [Path(part) for part in args.datadir.split(",") if part]
+    for target in targets:
+        if target.exists() and not target.is_dir():
+            raise Refused(f"{target}: DATADIR is not a directory", EXIT_USAGE)
+        _refuse_live(target, "DATADIR")
+    return targets
+
+
+def _restore_from_store(args: argparse.Namespace) -> int:
+    """A restore of the newest complete backup run in object storage."""
+    store = _open_store(args.backup, "BACKUP")
+    targets = _targets(args)
+    catalogue = latest_catalogue(store)
+    if catalogue is None:
+        raise Refused(f"{store.name()}: BACKUP holds no complete seglogfs backup (no {CATALOGUE_DIR}/)", EXIT_DATA)
+    if len(targets) != catalogue.log_dirs:
+        raise Refused(f"the backup holds {catalogue.log_dirs} log dirs, DATADIR names {len(targets)}", EXIT_USAGE)
+    for target in targets:
+        if target.is_dir() and _data_names(target) and not args.force:
+            raise Refused(f"{target}: DATADIR is not empty (--force replaces what it holds)", EXIT_USAGE)
+    stats = CopyStats()
+    refused: list[str] = []
+    with contextlib.ExitStack() as locks:
+        for target in targets:
+            locks.enter_context(_locked(target, "DATADIR, a data dir,"))
+        for slot, target in enumerate(targets):
+            source = StoredSource(store, catalogue, () if catalogue.log_dirs == 1 else (str(slot),))
+            with Progress("restoring", source.total_bytes(), plain=not getattr(args, "json", False)) as progress:
+                copier = Copier(source, restoring=True, progress=progress, say=_say(args))
+                try:
+                    copier.copy(target, _NOT_DATA)
+                except BrokenPipeError:
+                    quiet_broken_pipe()
+                    return EXIT_DATA
+            _add_stats(stats, copier.stats)
             refused += copier.refused
     _report(stats, args)
     return _refused_answer(refused)
@@ -532,7 +681,18 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "2 bad command line, 3 DEST in use, 130 Ctrl-C, 143 SIGTERM.",
     )
     backup.add_argument("src", metavar="SRC", help="data dir (log dirs separated by commas) or seglogfs mount point")
-    backup.add_argument("dest", metavar="DEST", help="backup dir: new, empty, or an earlier backup of SRC")
+    backup.add_argument(
+        "dest",
+        metavar="DEST",
+        help="backup dir, or object storage URI (s3://bucket/prefix): new, empty, or an earlier backup of SRC",
+    )
+    backup.add_argument(
+        "--uploads",
+        type=_positive,
+        default=UPLOADS_AT_ONCE,
+        metavar="N",
+        help=f"files uploaded at once into object storage (default {UPLOADS_AT_ONCE})",
+    )
     backup.add_argument("-c", "--config", type=Path, metavar="server.properties", help="broker properties file")
     backup.add_argument("--override", action="append", metavar="KEY=VALUE", help="a config setting (repeatable)")
     _add_output(backup)
@@ -544,11 +704,23 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         description="Copy BACKUP into DATADIR, which must not be in use (its .lock held) and must be "
         "empty unless --force: then it is made to hold exactly what the backup holds.",
     )
-    restore.add_argument("backup", metavar="BACKUP", help="a dir made by seglogfs backup")
+    restore.add_argument(
+        "backup", metavar="BACKUP", help="a dir or object storage URI (s3://bucket/prefix) made by seglogfs backup"
+    )
     restore.add_argument("datadir", metavar="DATADIR", help="log dir, or several separated by commas (log.dirs)")
     restore.add_argument("--force", action="store_true", help="replace what a non-empty DATADIR holds")
     _add_output(restore)
     restore.set_defaults(handler=cmd_restore)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
 
 
 def _add_output(parser: argparse.ArgumentParser) -> None:

@@ -34,10 +34,10 @@ _TMP_SUFFIX = ".seglogfs-tmp"
 _CHUNK_BYTES = 1 << 20
 
 
-_HEAD_BYTES = 4096  # compared, with the tail, before appending to a copy
+HEAD_BYTES = 4096  # compared, with the tail, before appending to a copy
 
 
-_TAIL_BYTES = 64 * 1024
+TAIL_BYTES = 64 * 1024
 
 
 class SourceChanged(EngineError):
@@ -75,7 +75,7 @@ class CopyStats:
 
 
 @dataclass
-class _Attributes:
+class FileAttributes:
     """What the copy gives a file or directory besides its bytes."""
 
     mode: int  # permission bits
@@ -83,7 +83,7 @@ class _Attributes:
     owner: tuple[int, int] | None  # (uid, gid), applied when running as root
 
 
-class _Item:
+class SourceFile:
     """A source file open for the copy: its size and attributes as found at open, its bytes.
     `exact`: the size is the file's for as long as it is open (a mirror file resolved in this
     process); else the bytes may end before it — through a mount, a generated file's content is
@@ -93,7 +93,7 @@ class _Item:
         self,
         name: str,
         size: int,
-        attributes: _Attributes,
+        attributes: FileAttributes,
         read: Callable[[int, int], bytes],
         close: Callable[[], None],
         *,
@@ -125,9 +125,9 @@ class Source(Protocol):
         """(name, is a directory) of the directory `parts`; FileNotFoundError when gone."""
         ...
 
-    def directory(self, parts: tuple[str, ...]) -> _Attributes: ...
+    def directory(self, parts: tuple[str, ...]) -> FileAttributes: ...
 
-    def open(self, parts: tuple[str, ...]) -> _Item:
+    def open(self, parts: tuple[str, ...]) -> SourceFile:
         """The file `parts`, open; FileNotFoundError when gone."""
         ...
 
@@ -150,9 +150,9 @@ class MirrorSource:
                 continue
         return out
 
-    def directory(self, parts: tuple[str, ...]) -> _Attributes:
+    def directory(self, parts: tuple[str, ...]) -> FileAttributes:
         entry = self.mirror.entry(parts)
-        return _Attributes(entry.mode, entry.mtime_ns, self._owner(parts, None))
+        return FileAttributes(entry.mode, entry.mtime_ns, self._owner(parts, None))
 
     def _owner(self, parts: tuple[str, ...], path: Path | None) -> tuple[int, int] | None:
         """The owner of the file on disk; of a generated checkpoint, its log dir's; of the
@@ -169,7 +169,7 @@ class MirrorSource:
                 return status.st_uid, status.st_gid
         return None
 
-    def open(self, parts: tuple[str, ...]) -> _Item:
+    def open(self, parts: tuple[str, ...]) -> SourceFile:
         entry = self.mirror.entry(parts)
         if entry.link is not None:  # (never its target: refused, as a FIFO or a device is)
             raise UnsafeFileError(entry.path or "/".join(parts), "a symbolic link")
@@ -178,8 +178,8 @@ class MirrorSource:
         if entry.is_dir:
             file.close()
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), "/".join(parts))
-        attributes = _Attributes(entry.mode, entry.mtime_ns, self._owner(parts, entry.path))
-        return _Item("/".join(parts), entry.size, attributes, file.read, file.close, exact=True)
+        attributes = FileAttributes(entry.mode, entry.mtime_ns, self._owner(parts, entry.path))
+        return SourceFile("/".join(parts), entry.size, attributes, file.read, file.close, exact=True)
 
 
 class TreeSource:
@@ -200,16 +200,16 @@ class TreeSource:
                 out.append((entry.name, entry.is_dir(follow_symlinks=False)))
         return sorted(out)
 
-    def directory(self, parts: tuple[str, ...]) -> _Attributes:
+    def directory(self, parts: tuple[str, ...]) -> FileAttributes:
         status = os.stat(self.root.joinpath(*parts))
-        return _Attributes(stat.S_IMODE(status.st_mode), status.st_mtime_ns, (status.st_uid, status.st_gid))
+        return FileAttributes(stat.S_IMODE(status.st_mode), status.st_mtime_ns, (status.st_uid, status.st_gid))
 
-    def open(self, parts: tuple[str, ...]) -> _Item:
+    def open(self, parts: tuple[str, ...]) -> SourceFile:
         fd = open_regular(self.root.joinpath(*parts))  # (UnsafeFileError for a link, a FIFO, …)
         status = os.fstat(fd)
-        attributes = _Attributes(stat.S_IMODE(status.st_mode), status.st_mtime_ns, (status.st_uid, status.st_gid))
+        attributes = FileAttributes(stat.S_IMODE(status.st_mode), status.st_mtime_ns, (status.st_uid, status.st_gid))
         path = str(self.root.joinpath(*parts))
-        return _Item(
+        return SourceFile(
             path,
             status.st_size,
             attributes,
@@ -222,14 +222,14 @@ class TreeSource:
         return sum(path.lstat().st_size for path in self.root.rglob("*") if is_regular(path))
 
 
-def _segment_kind(name: str) -> str | None:
+def segment_kind(name: str) -> str | None:
     parsed = parse_segment_file_name(name)
     if parsed is None or parsed[2] or parsed[1] not in (LOG_SUFFIX, *INDEX_SUFFIXES):
         return None
     return parsed[1]
 
 
-def _orphan_index(name: str, present: set[str]) -> bool:
+def orphan_index(name: str, present: set[str]) -> bool:
     """Whether `name` is an index file whose segment's `.log` is not among `present`."""
     parsed = parse_segment_file_name(name)
     if parsed is None or parsed[2] or parsed[1] not in INDEX_SUFFIXES:
@@ -295,7 +295,7 @@ class Copier:
         elif not os.access(target, os.W_OK | os.X_OK):  # made read-only by an earlier copy
             os.chmod(target, stat.S_IMODE(status.st_mode) | 0o700)
         files = [name for name, is_dir in listed if not is_dir]
-        logs = [name for name in files if _segment_kind(name) == LOG_SUFFIX]
+        logs = [name for name in files if segment_kind(name) == LOG_SUFFIX]
         present = set(keep)
         # Read first, put in place last (module docstring): indexes, checkpoints, metadata.
         staged: list[tuple[Path, str]] = []
@@ -318,7 +318,7 @@ class Copier:
                 tmp.unlink(missing_ok=True)
             raise
         for tmp, name in staged:
-            if _orphan_index(name, present):  # its segment went (retention) while the logs were copied
+            if orphan_index(name, present):  # its segment went (retention) while the logs were copied
                 tmp.unlink()
                 present.discard(name)
             else:
@@ -343,7 +343,7 @@ class Copier:
         where = "/".join((*parts, name))
         try:
             current = _regular_stat(target)
-            kind = _segment_kind(name)
+            kind = segment_kind(name)
             if kind is not None:
                 if current is not None and (current.st_size, current.st_mtime_ns) == (
                     item.size,
@@ -380,28 +380,28 @@ class Copier:
         os.replace(tmp, target)
         return True, None
 
-    def _same_prefix(self, target: Path, item: _Item, have: int) -> bool:
+    def _same_prefix(self, target: Path, item: SourceFile, have: int) -> bool:
         """Whether the copy's `have` bytes are the source's first (head and tail compared)."""
-        tail = min(_TAIL_BYTES, have)
+        tail = min(TAIL_BYTES, have)
         with os.fdopen(open_regular(target), "rb", buffering=0) as file:
-            for position, length in ((0, min(_HEAD_BYTES, have)), (have - tail, tail)):
+            for position, length in ((0, min(HEAD_BYTES, have)), (have - tail, tail)):
                 if os.pread(file.fileno(), length, position) != item.read(position, length):
                     return False
         return True
 
-    def _mode(self, attributes: _Attributes, *, is_dir: bool) -> int:
+    def _mode(self, attributes: FileAttributes, *, is_dir: bool) -> int:
         if self.restoring:
             return attributes.mode | (0o700 if is_dir else 0o600)
         return attributes.mode
 
-    def _apply(self, fd: int, attributes: _Attributes) -> None:
+    def _apply(self, fd: int, attributes: FileAttributes) -> None:
         """Mode, owner (as root) and mtime of a file written, through its descriptor."""
         os.fchmod(fd, self._mode(attributes, is_dir=False))
         if self._as_root and attributes.owner is not None:
             os.fchown(fd, *attributes.owner)
         os.utime(fd, ns=(attributes.mtime_ns, attributes.mtime_ns))
 
-    def _set_attributes(self, path: Path, attributes: _Attributes, *, is_dir: bool) -> None:
+    def _set_attributes(self, path: Path, attributes: FileAttributes, *, is_dir: bool) -> None:
         status = os.lstat(path)
         mode = self._mode(attributes, is_dir=is_dir)
         if stat.S_IMODE(status.st_mode) != mode:
@@ -411,11 +411,11 @@ class Copier:
         if status.st_mtime_ns != attributes.mtime_ns:
             os.utime(path, ns=(attributes.mtime_ns, attributes.mtime_ns), follow_symlinks=False)
 
-    def _skip(self, target: Path, item: _Item) -> None:
+    def _skip(self, target: Path, item: SourceFile) -> None:
         self.stats.files_skipped += 1
         self._set_attributes(target, item.attributes, is_dir=False)
 
-    def _write_whole(self, target: Path, chunks: Iterator[bytes], item: _Item, where: str) -> Path:
+    def _write_whole(self, target: Path, chunks: Iterator[bytes], item: SourceFile, where: str) -> Path:
         """The file written whole beside `target` under a temporary name (fsynced, attributes
         set), for the caller to rename into place."""
         tmp = target.with_name(f".{target.name}.{os.getpid()}{_TMP_SUFFIX}")
@@ -442,7 +442,7 @@ class Copier:
             raise
         return tmp
 
-    def _append(self, target: Path, item: _Item, have: int, where: str) -> None:
+    def _append(self, target: Path, item: SourceFile, have: int, where: str) -> None:
         if not os.access(target, os.W_OK):
             os.chmod(target, stat.S_IMODE(os.lstat(target).st_mode) | 0o200)
         fd = open_regular(target, os.O_WRONLY)

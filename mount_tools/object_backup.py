@@ -1,0 +1,556 @@
+"""Backups in object storage: `seglogfs backup SRC s3://bucket/prefix` and `seglogfs restore
+s3://bucket/prefix DATADIR`, with what `backup` promises locally (mount_tools.backup): the
+copy is the data dir's mirror, incremental, consistent while a writer goes on, and a run cut
+short never replaces what the last complete run shows.
+
+The layout in the bucket, below the prefix, is the data dir's (a broker's tools and a person
+browsing the bucket find Kafka's names):
+
+    <prefix>/meta.properties, recovery-point-offset-checkpoint, …
+    <prefix>/<topic>-<partition>/00000000000000000000.log, .index, .timeindex, …
+    <prefix>/0/…, <prefix>/1/…          (a backup of several log dirs, as `.logdir` shows them)
+    <prefix>/.seglogfs-backup/00000000000000000007.json      the catalogue of each complete run
+
+An object is never changed once a catalogue names it. A file that changed since the last run
+(a checkpoint rewritten, a segment compacted) is uploaded to a new key, its name with the run's
+number after a `~` (`00000000000000000000.log~8`); a `.log` that only grew (the active segment,
+its first 4 KiB and last 64 KiB of the part already stored unchanged) has only its new bytes
+uploaded, as another object (up to MAX_PIECES pieces; then it is uploaded whole again). The
+catalogue lists each file of the copy with its pieces (key and size, in order), its size and
+CRC-32, mode, owner and mtime.
+
+The catalogue is written last, as one object, after every upload of the run completed: readers
+(restore, and everything that reads a backup from the store) go by the newest catalogue, so a run
+that did not complete — an error, a signal, `kill -9`, a stalled server — changes nothing they
+see; the next run uploads again what it had not finished. Once a run's catalogue is written,
+objects named by neither it nor the catalogue before it are deleted, and older catalogues
+(a reader that began before the last run keeps what it reads; one that outlasts two runs may find
+an object gone, and says so). Two backups into one prefix at the same time are not supported: a
+run finding that another completed meanwhile fails without writing its catalogue.
+
+A run that failed may leave objects no catalogue names (uploads it finished, multipart uploads it
+began): the next complete run deletes the objects; a multipart upload cut short by `kill -9` is
+for the store's lifecycle rule (`AbortIncompleteMultipartUpload`) to remove.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import sys
+import threading
+import zlib
+from collections.abc import Callable
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from seglogfs.engine.errors import EngineError, UnsafeFileError
+from seglogfs.engine.log.naming import LOG_SUFFIX
+from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
+from seglogfs.mount_tools.copier import (
+    HEAD_BYTES,
+    TAIL_BYTES,
+    CopyStats,
+    FileAttributes,
+    Source,
+    SourceFile,
+    orphan_index,
+    segment_kind,
+)
+from seglogfs.mount_tools.progress import Progress
+
+CATALOGUE_DIR = ".seglogfs-backup"
+
+CATALOGUE_FORMAT = "seglogfs-backup-catalogue"
+
+CATALOGUE_VERSION = 1
+
+MAX_PIECES = 16  # pieces of one grown `.log` before it is uploaded whole again
+
+UPLOADS_AT_ONCE = 4
+
+_CATALOGUE_MAX_BYTES = 256 << 20
+
+_CATALOGUE_NAME = re.compile(r"^(\d{20})\.json$")
+
+READ_BLOCK_BYTES = 8 << 20  # what a read in order fetches at once (one request)
+
+_SMALL_FILE_MAX_BYTES = 64 << 20  # a file other than a segment's is read whole (checkpoints, snapshots, …)
+
+
+@dataclass
+class StoredFile:
+    """A file of the copy: its bytes are its pieces' objects, in order."""
+
+    pieces: list[tuple[str, int]]  # (key, size)
+    size: int
+    crc32: int
+    attributes: FileAttributes
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "pieces": [[key, size] for key, size in self.pieces],
+            "size": self.size,
+            "crc32": self.crc32,
+            **_attributes_json(self.attributes),
+        }
+
+    @classmethod
+    def of_json(cls, document: dict[str, object]) -> StoredFile:
+        pieces = [(str(key), int(size)) for key, size in document["pieces"]]  # type: ignore[attr-defined]
+        size = int(document["size"])  # type: ignore[call-overload]
+        if sum(piece_size for _, piece_size in pieces) != size or any(s < 0 for _, s in pieces):
+            raise ValueError("its pieces' sizes do not add up to its size")
+        return cls(pieces, size, int(document["crc32"]), _attributes_of(document))  # type: ignore[call-overload]
+
+
+def _attributes_json(attributes: FileAttributes) -> dict[str, object]:
+    return {"mode": attributes.mode, "mtimeNs": attributes.mtime_ns, "owner": attributes.owner}
+
+
+def _attributes_of(document: dict[str, object]) -> FileAttributes:
+    owner = document.get("owner")
+    return FileAttributes(
+        int(document["mode"]) & 0o7777,  # type: ignore[call-overload]
+        int(document["mtimeNs"]),  # type: ignore[call-overload]
+        (int(owner[0]), int(owner[1])) if isinstance(owner, list) and len(owner) == 2 else None,
+    )
+
+
+@dataclass
+class Catalogue:
+    """What one complete run stored: every file and directory of the copy (paths relative to the
+    prefix, `/`-separated; the root directory is "")."""
+
+    run: int
+    source: str
+    source_kind: str
+    log_dirs: int
+    started_ms: int
+    finished_ms: int = 0
+    files: dict[str, StoredFile] = field(default_factory=dict)
+    directories: dict[str, FileAttributes] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+
+    def keys(self) -> set[str]:
+        return {key for stored in self.files.values() for key, _ in stored.pieces}
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "format": CATALOGUE_FORMAT,
+            "version": CATALOGUE_VERSION,
+            "run": self.run,
+            "source": self.source,
+            "sourceKind": self.source_kind,
+            "logDirs": self.log_dirs,
+            "startedMs": self.started_ms,
+            "finishedMs": self.finished_ms,
+            "directories": {path: _attributes_json(a) for path, a in sorted(self.directories.items())},
+            "files": {path: stored.as_json() for path, stored in sorted(self.files.items())},
+            "stats": self.stats,
+            "refused": self.refused,
+        }
+
+    @classmethod
+    def of_json(cls, document: object) -> Catalogue:
+        if not isinstance(document, dict) or document.get("format") != CATALOGUE_FORMAT:
+            raise ValueError("not a seglogfs backup catalogue")
+        if document.get("version") != CATALOGUE_VERSION:
+            raise ValueError(f"catalogue version {document.get('version')!r} (this seglogfs reads {CATALOGUE_VERSION})")
+        catalogue = cls(
+            int(document["run"]),
+            str(document["source"]),
+            str(document["sourceKind"]),
+            int(document["logDirs"]),
+            int(document["startedMs"]),
+            int(document["finishedMs"]),
+            stats=dict(document.get("stats") or {}),
+            refused=[str(name) for name in document.get("refused") or []],
+        )
+        for path, entry in document["files"].items():
+            _check_path(path)
+            catalogue.files[path] = StoredFile.of_json(entry)
+        for path, entry in document["directories"].items():
+            if path:
+                _check_path(path)
+            catalogue.directories[path] = _attributes_of(entry)
+        if catalogue.log_dirs < 1:
+            raise ValueError(f"bad logDirs {catalogue.log_dirs}")
+        return catalogue
+
+
+def _check_path(path: str) -> None:
+    """A path of the copy must stay below the target (a catalogue is read from a store others
+    may write)."""
+    parts = path.split("/")
+    if not path or any(part in ("", ".", "..") or "\0" in part for part in parts):
+        raise ValueError(f"bad path {path!r}")
+
+
+def catalogue_key(run: int) -> str:
+    return f"{CATALOGUE_DIR}/{run:020d}.json"
+
+
+def catalogue_runs(store: ObjectStore) -> list[int]:
+    """The runs whose catalogue the store holds, oldest first."""
+    runs = []
+    for info in store.list(CATALOGUE_DIR):
+        match = _CATALOGUE_NAME.match(info.key.removeprefix(CATALOGUE_DIR + "/"))
+        if match:
+            runs.append(int(match.group(1)))
+    return sorted(runs)
+
+
+def read_catalogue(store: ObjectStore, run: int) -> Catalogue:
+    key = catalogue_key(run)
+    try:
+        catalogue = Catalogue.of_json(json.loads(store.read_whole(key, _CATALOGUE_MAX_BYTES)))
+    except FileNotFoundError:
+        raise ObjectStoreError(f"{store.name(key)}: gone (a newer backup run removed it)") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ObjectStoreError(f"{store.name(key)}: unreadable backup catalogue: {error}") from None
+    if catalogue.run != run:
+        raise ObjectStoreError(f"{store.name(key)}: names run {catalogue.run}")
+    return catalogue
+
+
+def latest_catalogue(store: ObjectStore) -> Catalogue | None:
+    """The newest complete run's catalogue, None when no run completed."""
+    runs = catalogue_runs(store)
+    return read_catalogue(store, runs[-1]) if runs else None
+
+
+class ObjectBackup:
+    """One run of a backup into a store: walks the source as the local copy does (in each
+    directory, the files but the logs opened first, then the subdirectories, then the logs: an
+    index or checkpoint is read before the log it describes), uploads what changed, several
+    files at once, and writes the run's catalogue once every upload completed."""
+
+    def __init__(
+        self,
+        source: Source,
+        store: ObjectStore,
+        *,
+        previous: Catalogue | None,
+        kept_keys: set[str],
+        catalogue: Catalogue,
+        progress: Progress,
+        say: Callable[[str], None] | None,
+        uploads: int = UPLOADS_AT_ONCE,
+    ) -> None:
+        self.source = source
+        self.store = store
+        self.previous = previous
+        self.catalogue = catalogue
+        self.progress = progress
+        self.say = say
+        self.stats = CopyStats()
+        self._taken = kept_keys  # keys a catalogue still names: never written again
+        self._pool = ThreadPoolExecutor(max_workers=uploads, thread_name_prefix="upload")
+        self._slots = threading.BoundedSemaphore(uploads * 2)  # files open for upload at once
+        self._pending: list[Future[None]] = []
+        self._lock = threading.Lock()  # the stats, the progress line, -v's lines
+
+    def run(self) -> None:
+        try:
+            self._directory(())
+            self._wait(everything=True)
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- the walk -----------------------------------------------------------------------------------
+    def _directory(self, parts: tuple[str, ...]) -> bool:
+        try:
+            listed = self.source.names(parts)
+            self.catalogue.directories["/".join(parts)] = self.source.directory(parts)
+        except FileNotFoundError:
+            return False
+        files = [name for name, is_dir in listed if not is_dir]
+        logs = [name for name in files if segment_kind(name) == LOG_SUFFIX]
+        present: set[str] = set()
+        for name in files:
+            if name not in logs and self._file(parts, name):
+                present.add(name)
+        for name, is_dir in listed:
+            if is_dir:
+                self._directory((*parts, name))
+        for name in logs:
+            if self._file(parts, name):
+                present.add(name)
+        for name in list(present):
+            if orphan_index(name, present):  # its segment went (retention) while the logs were read
+                self.catalogue.files.pop("/".join((*parts, name)), None)
+        return True
+
+    def _file(self, parts: tuple[str, ...], name: str) -> bool:
+        """Open one file and store it (now, or by an upload begun): whether the source had it."""
+        self._wait(everything=False)  # (an upload that failed ends the run now)
+        path = "/".join((*parts, name))
+        try:
+            item = self.source.open((*parts, name))
+        except (FileNotFoundError, IsADirectoryError):
+            return False
+        except UnsafeFileError as error:
+            self.catalogue.refused.append(error.path)
+            _tell(f"{error} (not copied)")
+            return False
+        previous = self.previous.files.get(path) if self.previous is not None else None
+        try:
+            kind = segment_kind(name)
+            if kind is None:
+                self._small_file(path, item, previous)
+            elif previous is not None and (previous.size, previous.attributes.mtime_ns) == (
+                item.size,
+                item.attributes.mtime_ns,
+            ):
+                self._keep(path, previous, item)
+            elif kind == LOG_SUFFIX and previous is not None and self._grew(previous, item):
+                if previous.size == item.size:
+                    self._keep(path, previous, item)
+                else:
+                    self._upload(path, item, previous)
+                    return True  # (the upload closes it)
+            else:
+                self._upload(path, item, None)
+                return True
+        except BaseException:
+            item.close()
+            raise
+        item.close()
+        return True
+
+    def _small_file(self, path: str, item: SourceFile, previous: StoredFile | None) -> None:
+        data = b"".join(item.chunks())
+        if len(data) > _SMALL_FILE_MAX_BYTES:
+            raise EngineError(f"{item.name}: {len(data)} bytes, more than a backup reads of such a file")
+        crc = zlib.crc32(data)
+        if previous is not None and (previous.size, previous.crc32) == (len(data), crc):
+            self._keep(path, previous, item)
+            return
+        key = self._new_key(path)
+        self.store.put(key, data)
+        self.catalogue.files[path] = StoredFile([(key, len(data))], len(data), crc, item.attributes)
+        self._sent(path, len(data), appended=False)
+        self._advance(item.size)
+
+    def _keep(self, path: str, previous: StoredFile, item: SourceFile) -> None:
+        self.catalogue.files[path] = StoredFile(previous.pieces, previous.size, previous.crc32, item.attributes)
+        with self._lock:
+            self.stats.files_skipped += 1
+        self._advance(item.size)
+
+    def _grew(self, previous: StoredFile, item: SourceFile) -> bool:
+        """Whether the stored copy is the start of the file (first and last bytes compared, as
+        the local copy does), and may be added to rather than uploaded whole."""
+        if not 0 < previous.size <= item.size or len(previous.pieces) >= MAX_PIECES:
+            return False
+        tail = min(TAIL_BYTES, previous.size)
+        for position, length in ((0, min(HEAD_BYTES, previous.size)), (previous.size - tail, tail)):
+            if self._read_stored(previous, position, length) != item.read(position, length):
+                return False
+        return True
+
+    def _read_stored(self, stored: StoredFile, position: int, length: int) -> bytes:
+        reader = StoredFileReader(self.store, "", stored)
+        try:
+            return reader.read(position, length)
+        finally:
+            reader.close()
+
+    def _new_key(self, path: str) -> str:
+        key = path if path not in self._taken else f"{path}~{self.catalogue.run}"
+        with self._lock:
+            self._taken.add(key)
+        return key
+
+    def _upload(self, path: str, item: SourceFile, grown: StoredFile | None) -> None:
+        """Upload the file (or, `grown`, its bytes past the stored copy) on the pool."""
+        self._slots.acquire()
+        try:
+            key = self._new_key(path)
+            start = grown.size if grown is not None else 0
+            future = self._pool.submit(self._send, path, key, item, start, grown)
+        except BaseException:
+            self._slots.release()
+            raise
+        self._pending.append(future)
+
+    def _send(self, path: str, key: str, item: SourceFile, start: int, grown: StoredFile | None) -> None:
+        try:
+            crc = grown.crc32 if grown is not None else 0
+            sent = 0
+            with self.store.writer(key) as writer:
+                for chunk in item.chunks(start):
+                    writer.write(chunk)
+                    crc = zlib.crc32(chunk, crc)
+                    sent += len(chunk)
+                    self._advance(len(chunk))
+            self._advance(start + (item.size - start - sent))  # (what was not sent counts as done)
+            pieces = [*(grown.pieces if grown is not None else ()), (key, sent)]
+            stored = StoredFile(pieces, start + sent, crc, item.attributes)
+            with self._lock:
+                self.catalogue.files[path] = stored
+            self._sent(path, sent, appended=grown is not None)
+        finally:
+            item.close()
+            self._slots.release()
+
+    def _wait(self, *, everything: bool) -> None:
+        """Raise the first failed upload's error (`everything`: after all have ended)."""
+        if not self._pending:
+            return
+        if everything:
+            wait(self._pending, return_when=FIRST_EXCEPTION)
+        done = [future for future in self._pending if future.done()]
+        self._pending = [future for future in self._pending if not future.done()]
+        for future in done:
+            future.result()
+        if everything and self._pending:
+            self._wait(everything=True)
+
+    def _advance(self, amount: int) -> None:
+        with self._lock:
+            self.progress.advance(amount)
+
+    def _sent(self, path: str, sent: int, *, appended: bool) -> None:
+        with self._lock:
+            self.stats.files_sent += 1
+            self.stats.bytes_sent += sent
+            if appended:
+                self.stats.files_appended += 1
+            if self.say is not None:
+                self.say(f"appended {path} (+{sent} bytes)" if appended else f"sent {path} ({sent} bytes)")
+
+
+class StoredFileReader:
+    """A stored file's bytes, read from the pieces that hold them: each piece opened once, and
+    reads in order fetched READ_BLOCK_BYTES at a time (one ranged GET each). When the reads have
+    run in order from the start to the end, the file's CRC-32 is compared with the catalogue's
+    (ObjectStoreError on a difference)."""
+
+    def __init__(self, store: ObjectStore, path: str, stored: StoredFile) -> None:
+        self.store = store
+        self.path = path
+        self.stored = stored
+        self._readers: dict[int, ObjectReader] = {}
+        self._block = b""
+        self._block_at = 0
+        self._crc = 0
+        self._checked_to = 0  # how far reads in order have gone (-1: not in order)
+
+    def read(self, position: int, length: int) -> bytes:
+        end = min(position + length, self.stored.size)
+        if position >= end:
+            return b""
+        if not (self._block_at <= position and end <= self._block_at + len(self._block)):
+            fetch = max(end - position, READ_BLOCK_BYTES) if position == self._checked_to else end - position
+            self._block = self._fetch(position, min(fetch, self.stored.size - position))
+            self._block_at = position
+        data = self._block[position - self._block_at : end - self._block_at]
+        self._check(position, data)
+        return data
+
+    def _fetch(self, position: int, length: int) -> bytes:
+        out = []
+        start = 0
+        end = position + length
+        for index, (key, size) in enumerate(self.stored.pieces):
+            low, high = max(position, start), min(end, start + size)
+            if low < high:
+                reader = self._readers.get(index)
+                if reader is None:
+                    reader = self._readers[index] = self.store.open(key)
+                    if reader.size != size:
+                        raise ObjectStoreError(
+                            f"{self.store.name(key)}: {reader.size} bytes, the backup's catalogue says {size}"
+                        )
+                out.append(reader.read(low - start, high - low))
+            start += size
+            if start >= end:
+                break
+        return b"".join(out)
+
+    def _check(self, position: int, data: bytes) -> None:
+        if position != self._checked_to:
+            if self._checked_to != self.stored.size:
+                self._checked_to = -1
+            return
+        self._crc = zlib.crc32(data, self._crc)
+        self._checked_to += len(data)
+        if self._checked_to == self.stored.size and self._crc != self.stored.crc32:
+            raise ObjectStoreError(
+                f"{self.store.name(self.path)}: its bytes in the store differ from what the backup stored "
+                f"(CRC-32 {self._crc:#010x}, the catalogue says {self.stored.crc32:#010x})"
+            )
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+
+def collect_garbage(store: ObjectStore, catalogue: Catalogue, previous: Catalogue | None) -> int:
+    """After a run's catalogue is written: delete the objects neither it nor the one before it
+    names, and the catalogues before that one. Returns how many objects were deleted."""
+    kept = catalogue.keys() | (previous.keys() if previous is not None else set())
+    kept_catalogues = {catalogue_key(catalogue.run)} | ({catalogue_key(previous.run)} if previous else set())
+    deleted = 0
+    for info in store.list():
+        if info.key.startswith(CATALOGUE_DIR + "/"):
+            if info.key in kept_catalogues or not _CATALOGUE_NAME.match(info.key[len(CATALOGUE_DIR) + 1 :]):
+                continue
+        elif info.key in kept:
+            continue
+        store.delete(info.key)
+        deleted += 1
+    return deleted
+
+
+class StoredSource:
+    """A complete run's copy read from the store, as the local copy reads a source (a `Source`):
+    restore copies it into a data dir. Reads of a file from its start to its end check its
+    CRC-32 against the catalogue's."""
+
+    def __init__(self, store: ObjectStore, catalogue: Catalogue, root: tuple[str, ...] = ()) -> None:
+        self.store = store
+        self.catalogue = catalogue
+        self.root = root  # (one log dir of a backup of several: ("0",), …)
+        self._children: dict[tuple[str, ...], list[tuple[str, bool]]] = {}
+        for path in catalogue.directories:
+            if path:
+                parts = tuple(path.split("/"))
+                self._children.setdefault(parts[:-1], []).append((parts[-1], True))
+        for path in catalogue.files:
+            parts = tuple(path.split("/"))
+            self._children.setdefault(parts[:-1], []).append((parts[-1], False))
+
+    def names(self, parts: tuple[str, ...]) -> list[tuple[str, bool]]:
+        key = (*self.root, *parts)
+        if "/".join(key) not in self.catalogue.directories:
+            raise FileNotFoundError("/".join(key))
+        return sorted(self._children.get(key, []))
+
+    def directory(self, parts: tuple[str, ...]) -> FileAttributes:
+        try:
+            return self.catalogue.directories["/".join((*self.root, *parts))]
+        except KeyError:
+            raise FileNotFoundError("/".join((*self.root, *parts))) from None
+
+    def open(self, parts: tuple[str, ...]) -> SourceFile:
+        path = "/".join((*self.root, *parts))
+        stored = self.catalogue.files.get(path)
+        if stored is None:
+            raise FileNotFoundError(path)
+        reader = StoredFileReader(self.store, path, stored)
+        return SourceFile(self.store.name(path), stored.size, stored.attributes, reader.read, reader.close, exact=True)
+
+    def total_bytes(self) -> int:
+        prefix = "/".join(self.root) + "/" if self.root else ""
+        return sum(stored.size for path, stored in self.catalogue.files.items() if path.startswith(prefix))
+
+
+def _tell(line: str) -> None:
+    with contextlib.suppress(OSError):
+        print(f"seglogfs: {line}", file=sys.stderr, flush=True)
