@@ -115,6 +115,8 @@ from seglogfs.mount_tools.object_backup import (
     collect_garbage,
     latest_catalogue,
     read_catalogue,
+    read_started,
+    write_started,
 )
 from seglogfs.mount_tools.progress import Progress
 
@@ -452,7 +454,7 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
     written last, so a run that does not complete changes nothing the last complete one shows."""
     store = _open_store(args.dest, "DEST")
     runs = catalogue_runs(store)
-    if not runs and store.list():
+    if not runs and read_started(store) is None and store.list():
         raise Refused(
             f"{store.name()}: DEST holds objects and is no seglogfs backup (no {CATALOGUE_DIR}/): "
             "give a new or empty prefix",
@@ -469,6 +471,7 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
         )
         unfinished = f"the backup did not complete ({store.name()} still shows the last complete backup)"
         try:
+            write_started(store, catalogue)
             with _terminated_as_interrupted(), Progress("backing up", opened.total, plain=not args.json) as progress:
                 run = ObjectBackup(
                     opened.source,
@@ -622,7 +625,13 @@ def _restore_from_store(args: argparse.Namespace) -> int:
     targets = _targets(args)
     catalogue = latest_catalogue(store)
     if catalogue is None:
-        raise Refused(f"{store.name()}: BACKUP holds no complete seglogfs backup (no {CATALOGUE_DIR}/)", EXIT_DATA)
+        started = read_started(store)
+        said = (
+            "a backup into it began but did not complete: run it again"
+            if started is not None
+            else f"no {CATALOGUE_DIR}/"
+        )
+        raise Refused(f"{store.name()}: BACKUP holds no complete seglogfs backup ({said})", EXIT_DATA)
     if len(targets) != catalogue.log_dirs:
         raise Refused(f"the backup holds {catalogue.log_dirs} log dirs, DATADIR names {len(targets)}", EXIT_USAGE)
     for target in targets:

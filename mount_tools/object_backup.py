@@ -10,6 +10,7 @@ browsing the bucket find Kafka's names):
     <prefix>/<topic>-<partition>/00000000000000000000.log, .index, .timeindex, …
     <prefix>/0/…, <prefix>/1/…          (a backup of several log dirs, as `.logdir` shows them)
     <prefix>/.seglogfs-backup/00000000000000000007.json      the catalogue of each complete run
+    <prefix>/.seglogfs-backup/started.json    the run that started last (written before it uploads)
 
 An object is never changed once a catalogue names it. A file that changed since the last run
 (a checkpoint rewritten, a segment compacted) is uploaded to a new key, its name with the run's
@@ -61,6 +62,8 @@ from seglogfs.mount_tools.copier import (
 from seglogfs.mount_tools.progress import Progress
 
 CATALOGUE_DIR = ".seglogfs-backup"
+
+STARTED_KEY = f"{CATALOGUE_DIR}/started.json"  # the run that started last (complete or not)
 
 CATALOGUE_FORMAT = "seglogfs-backup-catalogue"
 
@@ -214,6 +217,23 @@ def read_catalogue(store: ObjectStore, run: int) -> Catalogue:
     if catalogue.run != run:
         raise ObjectStoreError(f"{store.name(key)}: names run {catalogue.run}")
     return catalogue
+
+
+def read_started(store: ObjectStore) -> dict[str, object] | None:
+    """What the last run to start wrote as it began (`STARTED_KEY`): None when no run did."""
+    try:
+        document = json.loads(store.read_whole(STARTED_KEY, _CATALOGUE_MAX_BYTES))
+    except FileNotFoundError:
+        return None
+    except ValueError as error:
+        raise ObjectStoreError(f"{store.name(STARTED_KEY)}: unreadable: {error}") from None
+    return document if isinstance(document, dict) else {}
+
+
+def write_started(store: ObjectStore, catalogue: Catalogue) -> None:
+    """Said before a run uploads anything: the prefix is a backup's, even before a run completes."""
+    document = {"run": catalogue.run, "startedMs": catalogue.started_ms, "source": catalogue.source}
+    store.put(STARTED_KEY, json.dumps(document).encode())
 
 
 def latest_catalogue(store: ObjectStore) -> Catalogue | None:

@@ -40,7 +40,8 @@ LONG_FIRST = (
 
 
 # Tests that share what is costly to start run in one worker process each: a Kafka broker and the
-# interop modules' topics and compiled producers; a Spark JVM and the pipeline modules' data; the
+# interop modules' topics and compiled producers; a Spark JVM and the pipeline modules' data; an S3
+# server (s3proxy) for the object-storage tests; the
 # modules whose fixtures are built once a process (the broker fixtures decoded by kafka-python,
 # the hostile and damaged data dirs, ...). Spread over every worker, each built them again.
 # scripts/dev runs the workers with `--dist loadscope`, whose scopes `pytest_xdist_make_scheduler`
@@ -48,6 +49,7 @@ LONG_FIRST = (
 SHARED_WORKER = {
     "tests/interop/": "kafka",
     "tests/pipeline/": "spark",
+    "tests/objectstore/": "s3",
     "tests/engine/test_fixtures.py": "fixtures",
     "tests/cli/test_hostile_data_dir.py": "hostile",
     "tests/cli/test_repair_set_aside.py": "repair",

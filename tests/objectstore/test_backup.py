@@ -1,0 +1,288 @@
+"""`seglogfs backup SRC s3://…` and `seglogfs restore s3://… DATADIR` against a real S3 server
+(s3proxy on loopback): a restore from the bucket is what a local backup of the same moment is,
+file for file (bytes, modes, mtimes); later runs upload only what changed; a run cut short
+(kill -9, a stalled server) leaves the last complete run readable, and the next completes; no
+secret is ever printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli.support import SEGLOGFS, one_error_line
+from tests.conftest import REPO, copy_fixture, kafka_fixtures
+from tests.fs.test_backup_restore import SMALL_SEGMENTS, Writer, records, stats
+from tests.objectstore.conftest import CREDENTIAL, S3
+
+CATALOGUES = ".seglogfs-backup/"
+
+
+def run(*args: object, code: int = 0, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [SEGLOGFS, *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == code, f"seglogfs {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr}"
+    assert CREDENTIAL not in done.stdout + done.stderr
+    return done
+
+
+def produce(data: Path, topic: str, lines: list[str], *args: str) -> None:
+    done = subprocess.run(
+        [SEGLOGFS, "produce", str(data), "--topic", topic, *args],
+        input="".join(line + "\n" for line in lines).encode(),
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def tree(directory: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file below `directory`: its bytes, mode and mtime (the backup's own files aside)."""
+    out = {}
+    for path in sorted(directory.rglob("*")):
+        name = str(path.relative_to(directory))
+        if path.is_file() and name not in (".lock", ".seglogfs-backup.json"):
+            status = path.stat()
+            out[name] = (path.read_bytes(), stat.S_IMODE(status.st_mode), status.st_mtime_ns)
+    return out
+
+
+def catalogues(s3: S3, prefix: str = "backup") -> list[str]:
+    """The keys of the backup's catalogues (one a complete run kept), oldest first."""
+    return sorted(key for key in s3.objects(f"{prefix}/{CATALOGUES}") if re.search(r"/\d{20}\.json$", key))
+
+
+def catalogue(s3: S3, prefix: str = "backup") -> dict[str, object]:
+    """The newest catalogue of the backup, as the server keeps it."""
+    names = catalogues(s3, prefix)
+    assert names, "no catalogue in the bucket"
+    return json.loads((s3.server.data / s3.bucket / names[-1]).read_text())
+
+
+def test_a_restore_from_the_bucket_is_the_local_backup_of_a_broker_dir(s3: S3, tmp_path: Path) -> None:
+    """A broker's data dir: the objects keep Kafka's layout, a restore holds what a local backup
+    holds (bytes, modes, mtimes) and passes `check`, and a second run sends nothing."""
+    source = kafka_fixtures() / "flink-on-prem-cp760"
+    first = run("backup", source, s3.uri(), "--stats")
+    assert stats(first)["files skipped"] == 0
+    objects = s3.objects("backup/")
+    assert "backup/meta.properties" in objects
+    assert "backup/orders-0/00000000000000000000.log" in objects
+    assert "backup/__cluster_metadata-0/00000000000000000000.log" in objects
+    assert catalogues(s3) == [f"backup/{CATALOGUES}00000000000000000001.json"]
+    again = stats(run("backup", source, s3.uri(), "--stats"))
+    assert (
+        again["files sent"] == 0 and again["bytes sent"] == 0 and again["files skipped"] == stats(first)["files sent"]
+    )
+    run("backup", source, tmp_path / "local")
+    run("restore", s3.uri(), tmp_path / "restored")
+    assert tree(tmp_path / "restored") == tree(tmp_path / "local")
+    assert run("check", tmp_path / "restored").stdout.rstrip().endswith(": clean")
+    # The objects a run no longer names go once the run after it completes (retention's
+    # deletions carried over); a reader of the run before keeps what it reads meanwhile.
+    assert len(catalogues(s3)) == 2
+
+
+def test_backups_of_a_data_dir_being_written_upload_what_grew(s3: S3, tmp_path: Path) -> None:
+    """While `produce` writes (small segments: rolls and growth between runs), each run's restore
+    holds whole batches, as many records as were visible at some moment of the run, in order;
+    a grown active segment is sent as its new bytes only (a piece), and the segments retention
+    removed leave the bucket."""
+    writer = Writer(tmp_path / "data")
+    try:
+        writer.send(200)
+        writer.wait_visible()
+        restored_counts = []
+        appended = 0
+        for round_ in range(3):
+            with writer.writing():
+                done = run("backup", writer.data, s3.uri(), "--stats", "-v")
+            appended += sum(line.startswith("appended ") for line in done.stdout.splitlines())
+            target = tmp_path / f"restored-{round_}"
+            run("restore", s3.uri(), target)
+            got = records(target)[("t", 0)]
+            assert [r.value for r in got] == [b"record-%06d %s" % (n, b"x" * (n % 50)) for n in range(len(got))], (
+                "a restore holds the records in order, none missing"
+            )
+            restored_counts.append(len(got))
+            writer.send(7)  # (the active segment grows past what the run stored)
+            writer.wait_visible()
+        assert restored_counts == sorted(restored_counts) and restored_counts[0] >= 200
+        assert appended, "no grown segment was sent as its new bytes only"
+    finally:
+        writer.close()
+    # Retention removes the oldest segments; the second run after it no longer keeps them.
+    run("topics", writer.data, "alter", "--topic", "t", "--config", "retention.bytes=20000")
+    run("clean", writer.data)
+    left = {path.name for path in (writer.data / "t-0").glob("*.log")}
+    for _ in range(2):
+        run("backup", writer.data, s3.uri())
+    stored_logs = {key.rsplit("/", 1)[1].split("~")[0] for key in s3.objects("backup/t-0/") if ".log" in key}
+    assert stored_logs == left
+    run("restore", s3.uri(), tmp_path / "final")
+    assert records(tmp_path / "final") == records(writer.data)
+
+
+def test_a_compacted_segment_goes_to_a_new_key_and_the_old_run_stays_readable(s3: S3, tmp_path: Path) -> None:
+    """Compaction rewrites a segment under its name: the run after uploads it to a new key (the
+    object the last run's catalogue names is never changed), and both runs restore."""
+    data = tmp_path / "data"
+    run(
+        "topics", data, "create", "--topic", "c", "--config", "cleanup.policy=compact", "--config", "segment.bytes=2000"
+    )
+    keyed = ("--property", "parse.key=true", "--property", "key.separator=:")
+    for start in range(0, 400, 100):  # (one batch a run: several segments)
+        produce(data, "c", [f"k{i % 5}:v{i}" for i in range(start, start + 100)], *keyed)
+    assert len(list((data / "c-0").glob("*.log"))) > 1
+    run("backup", data, s3.uri())
+    before = catalogue(s3)
+    run("backup", data, tmp_path / "local-before")
+    run("clean", data)
+    run("backup", data, s3.uri())
+    after = catalogue(s3)
+    changed = [
+        path
+        for path, entry in after["files"].items()  # type: ignore[attr-defined]
+        if path.endswith(".log") and path in before["files"] and entry != before["files"][path]  # type: ignore[index]
+    ]
+    assert changed, "compaction changed no stored segment"
+    for path in changed:
+        old_keys = {key for key, _ in before["files"][path]["pieces"]}  # type: ignore[index]
+        new_keys = {key for key, _ in after["files"][path]["pieces"]}  # type: ignore[index]
+        assert not old_keys & new_keys, f"{path}: the new copy was written over the old run's object"
+        assert all("~2" in key for key in new_keys)
+    # The run before is whole in the bucket still: its catalogue's objects, byte for byte.
+    for path, entry in before["files"].items():  # type: ignore[attr-defined]
+        stored = b"".join((s3.server.data / s3.bucket / "backup" / key).read_bytes() for key, _ in entry["pieces"])
+        assert stored == (tmp_path / "local-before" / path).read_bytes(), path
+    run("restore", s3.uri(), tmp_path / "restored")
+    assert records(tmp_path / "restored") == records(data)
+
+
+def test_a_backup_killed_mid_upload_leaves_the_last_complete_one_and_the_next_completes(s3: S3, tmp_path: Path) -> None:
+    """kill -9 while files are being uploaded: restore still gives the last complete run, and the
+    next run completes the backup and removes what the killed one left."""
+    data = tmp_path / "data"
+    produce(data, "t", [f"record-{n}" for n in range(300)], *SMALL_SEGMENTS)
+    run("backup", data, s3.uri())
+    run("backup", data, tmp_path / "local-first")
+    # More data, much of it (the upload takes a while), then a run killed once it has sent a file.
+    big = os.urandom(1 << 20).hex()
+    for topic in ("big-a", "big-b"):
+        run("topics", data, "create", "--topic", topic, "--config", "max.message.bytes=4000000")
+        produce(data, topic, [big[i : i + 900_000] for i in range(0, len(big), 900_000)] * 8)
+    process = subprocess.Popen(
+        [SEGLOGFS, "backup", str(data), s3.uri(), "-v", "--uploads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.startswith(b"sent "), first
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+    assert len(catalogues(s3)) == 1
+    run("restore", s3.uri(), tmp_path / "restored-first")
+    assert tree(tmp_path / "restored-first") == tree(tmp_path / "local-first")
+    done = run("backup", data, s3.uri(), "--stats")
+    assert stats(done)["files sent"] > 0
+    run("restore", s3.uri(), tmp_path / "restored")
+    assert records(tmp_path / "restored") == records(data)
+    named = {key for entry in catalogue(s3)["files"].values() for key, _ in entry["pieces"]}  # type: ignore[attr-defined]
+    first_run = {
+        key
+        for entry in json.loads(
+            (s3.server.data / s3.bucket / "backup" / CATALOGUES / "00000000000000000001.json").read_text()
+        )["files"].values()
+        for key, _ in entry["pieces"]
+    }
+    stray = (
+        {key.removeprefix("backup/") for key in s3.objects("backup/") if not key.startswith("backup/" + CATALOGUES)}
+        - named
+        - first_run
+    )
+    assert not stray, f"objects no catalogue names were left: {sorted(stray)[:5]}"
+
+
+def test_a_stalled_server_fails_the_run_naming_the_object_and_the_next_run_completes(s3: S3, tmp_path: Path) -> None:
+    """The server stops answering mid-run (SIGSTOP): the run gives up after the URI's request
+    timeout with one line naming the object, the last complete run stays, and once the server
+    answers again the next run completes."""
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    uri = s3.uri() + "?request_timeout=1&connect_timeout=1&retries=0"
+    process = subprocess.Popen(
+        [SEGLOGFS, "backup", str(data), uri, "-v", "--uploads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline().startswith("sent ")
+        s3.server.pause()
+        started = time.monotonic()
+        code = process.wait(timeout=60)
+        waited = time.monotonic() - started
+        said = process.stderr.read()
+        process.stdout.read()
+    finally:
+        s3.server.resume()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert code == 1, said
+    line = said.strip().splitlines()[-1]
+    assert line.startswith(f"seglogfs: {s3.uri()}/"), line
+    assert "still shows the last complete backup" in line and CREDENTIAL not in said
+    assert waited < 30
+    assert not catalogues(s3)
+    restore_refused = run("restore", s3.uri(), tmp_path / "nothing", code=1)
+    assert "holds no complete seglogfs backup" in one_error_line(restore_refused)
+    run("backup", data, s3.uri())
+    run("restore", s3.uri(), tmp_path / "restored")
+    assert records(tmp_path / "restored") == records(data)
+
+
+def test_refusals_are_one_line_and_never_print_a_secret(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    assert "unknown option 'bogus'" in one_error_line(run("backup", data, s3.uri() + "?bogus=1", code=2))
+    # A prefix holding other objects is not taken for a backup.
+    (s3.server.data / s3.bucket / "other").mkdir()
+    (s3.server.data / s3.bucket / "other" / "file").write_text("not ours")
+    assert "is no seglogfs backup" in one_error_line(run("backup", data, s3.uri("other"), code=2))
+    assert "holds no complete seglogfs backup" in one_error_line(run("restore", s3.uri("none"), tmp_path / "r", code=1))
+    # Wrong keys: the store's refusal, naming the place, never the keys.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-" + CREDENTIAL)
+    refused = run("backup", data, s3.uri(), code=1)
+    assert one_error_line(refused).startswith(f"seglogfs: {s3.uri()}")
+    assert "wrong-" not in refused.stderr
+    # Keys in the URI are taken, and not shown either.
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    identity = s3.server.env()["AWS_ACCESS_KEY_ID"]
+    run("backup", data, f"s3://{identity}:{CREDENTIAL}@{s3.bucket}/keyed")
+    run("backup", data, tmp_path / "local")
+    done = run("restore", f"s3://{identity}:{CREDENTIAL}@{s3.bucket}/keyed", tmp_path / "restored", "-v")
+    assert tree(tmp_path / "restored") == tree(tmp_path / "local")
+    assert CREDENTIAL not in done.stdout
