@@ -481,7 +481,12 @@ class StoredFileReader:
             if low < high:
                 reader = self._readers.get(index)
                 if reader is None:
-                    reader = self._readers[index] = self.store.open(key)
+                    try:
+                        reader = self._readers[index] = self.store.open(key)
+                    except FileNotFoundError:
+                        raise ObjectStoreError(
+                            f"{self.store.name(key)}: no such object (the backup's catalogue names it)"
+                        ) from None
                     if reader.size != size:
                         raise ObjectStoreError(
                             f"{self.store.name(key)}: {reader.size} bytes, the backup's catalogue says {size}"

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.fs.conftest import mount  # noqa: F401 (a fixture: a mount point as the source of a backup)
 
 CLASSPATH = REPO / "build" / "interop" / "s3proxy-4.1.0.classpath"
 IDENTITY = "seglogfs-test-identity"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import time
@@ -33,7 +34,7 @@ def run(*args: object, code: int = 0, timeout: float = 120) -> subprocess.Comple
     return done
 
 
-def produce(data: Path, topic: str, lines: list[str], *args: str) -> None:
+def produce(data: Path | str, topic: str, lines: list[str], *args: str) -> None:
     done = subprocess.run(
         [SEGLOGFS, "produce", str(data), "--topic", topic, *args],
         input="".join(line + "\n" for line in lines).encode(),
@@ -286,3 +287,115 @@ def test_refusals_are_one_line_and_never_print_a_secret(
     done = run("restore", f"s3://{identity}:{CREDENTIAL}@{s3.bucket}/keyed", tmp_path / "restored", "-v")
     assert tree(tmp_path / "restored") == tree(tmp_path / "local")
     assert CREDENTIAL not in done.stdout
+
+
+def test_several_log_dirs_and_a_mount_point_back_up_and_restore(s3: S3, mount, tmp_path: Path) -> None:
+    """Log dirs `A,B` are stored as `0/` and `1/` and restore to as many dirs; a mount point as
+    SRC is backed up through its `.logdir`, and holds what a local backup of it holds."""
+    first, second = tmp_path / "d0", tmp_path / "d1"
+    run("topics", "create", f"{first},{second}", "--topic", "t", "--partitions", "2")
+    for partition in (0, 1):
+        produce(f"{first},{second}", "t", [f"p{partition}-{n}" for n in range(50)], "--partition", str(partition))
+    run("backup", f"{first},{second}", s3.uri("two"))
+    assert {key.split("/")[1] for key in s3.objects("two/") if not key.startswith("two/.")} == {"0", "1"}
+    refused = run("restore", s3.uri("two"), tmp_path / "one", code=2)
+    assert "the backup holds 2 log dirs, DATADIR names 1" in one_error_line(refused)
+    run("restore", s3.uri("two"), f"{tmp_path / 'r0'},{tmp_path / 'r1'}")
+    assert run("check", f"{tmp_path / 'r0'},{tmp_path / 'r1'}").stdout.rstrip().endswith(": clean")
+    both = f"{tmp_path / 'r0'},{tmp_path / 'r1'}"
+    got = run("consume", both, "--topic", "t", "--from-beginning", "--property", "print.partition=true").stdout
+    assert sorted(got.splitlines()) == sorted(f"Partition:{p}\tp{p}-{n}" for p in (0, 1) for n in range(50))
+
+    # (A read-only mount shows no write bits: a local backup through it is read-only, and a
+    # restore gives the owner write again. Compared: the restores of both.)
+    m = mount(first, "-o", "ro")
+    run("backup", m.path, s3.uri("mounted"), "--stats")
+    run("backup", m.path, tmp_path / "local")
+    run("restore", tmp_path / "local", tmp_path / "restored-local")
+    run("restore", s3.uri("mounted"), tmp_path / "restored")
+    assert tree(tmp_path / "restored") == tree(tmp_path / "restored-local")
+
+
+@pytest.mark.parametrize(("how", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_backup_stopped_by_a_signal_says_so_and_shows_the_last_complete_one(
+    s3: S3, tmp_path: Path, how: signal.Signals, code: int
+) -> None:
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    run("backup", data, s3.uri())
+    for topic in ("new-a", "new-b"):  # (new: sent)
+        produce(data, topic, [f"{topic}-{n}" for n in range(1000)])
+    process = subprocess.Popen(
+        [SEGLOGFS, "backup", str(data), s3.uri(), "-v", "--uploads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline().startswith("sent ")
+        process.send_signal(how)
+        assert process.wait(timeout=60) == code
+        said = process.stderr.read()
+        process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+    assert said == (
+        f"seglogfs: {s3.uri()}: the backup was interrupted: the backup did not complete "
+        f"({s3.uri()} still shows the last complete backup)\n"
+    )
+    assert len(catalogues(s3)) == 1
+
+
+def test_a_backup_whose_reader_went_away_exits_non_zero_and_writes_no_catalogue(s3: S3, tmp_path: Path) -> None:
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    done = subprocess.run(
+        f"{SEGLOGFS} backup {data} {s3.uri()} -v --uploads 1 | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+        executable="/bin/bash",
+    )
+    assert done.stdout.startswith("sent ") and done.stderr == ""
+    assert not catalogues(s3)
+    run("backup", data, s3.uri())
+    assert len(catalogues(s3)) == 1
+
+
+def test_a_restore_checks_each_file_against_the_catalogue(s3: S3, tmp_path: Path) -> None:
+    """An object changed in the store (bit rot, a hand that wrote to the bucket) fails the restore
+    with one line naming it; a missing object too."""
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    run("backup", data, s3.uri())
+    stored = s3.server.data / s3.bucket / "backup" / "orders-0" / "00000000000000000000.log"
+    content = bytearray(stored.read_bytes())
+    content[100] ^= 0xFF
+    stored.write_bytes(bytes(content))
+    refused = run("restore", s3.uri(), tmp_path / "restored", code=1)
+    line = one_error_line(refused)
+    assert line.startswith(f"seglogfs: {s3.uri()}/orders-0/00000000000000000000.log: ") and "CRC-32" in line, line
+    stored.unlink()
+    refused = run("restore", s3.uri(), tmp_path / "restored", "--force", code=1)
+    assert f"{s3.uri()}/orders-0/00000000000000000000.log" in one_error_line(refused)
+
+
+def test_a_hostile_link_in_the_data_dir_is_refused_not_followed(s3: S3, tmp_path: Path) -> None:
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    secret = tmp_path / "secret"
+    secret.write_text("root's secret\n")
+    (data / "orders-0" / "00000000000000000099.snapshot").symlink_to(secret)
+    done = run("backup", data, s3.uri(), code=1)
+    assert "00000000000000000099.snapshot" in done.stderr and "not copied" in done.stderr
+    assert not any("00000000000000000099" in key for key in s3.objects())
+    assert "root's secret" not in "".join(
+        path.read_text(errors="replace") for path in (s3.server.data / s3.bucket).rglob("*") if path.is_file()
+    )
+    assert catalogue(s3)["refused"]
