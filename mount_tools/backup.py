@@ -428,16 +428,8 @@ def _backup(args: argparse.Namespace) -> int:
                 if copier.refused:
                     manifest["refused"] = copier.refused
                 _write_manifest(dest, manifest)
-        except BrokenPipeError:  # the reader of -v went away (`| head`): quietly, but not as a success
-            quiet_broken_pipe()
-            return EXIT_DATA
-        except (KeyboardInterrupt, _Terminated) as signalled:
-            _tell(f"{dest}: the backup was interrupted: {_incomplete(dest)}")
-            discard_stdout()  # (its -v lines: a reader that stopped reading must not hold the exit)
-            return EXIT_TERMINATED if isinstance(signalled, _Terminated) else EXIT_INTERRUPTED
-        except (OSError, EngineError) as error:
-            _tell(f"{_one_line(error)}; {_incomplete(dest)}")
-            return EXIT_DATA
+        except (OSError, EngineError, KeyboardInterrupt, _Terminated) as error:
+            return _ended_early(error, str(dest), _incomplete(dest))
     _report(copier.stats, args)
     return _refused_answer(copier.refused)
 
@@ -490,18 +482,24 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
                 catalogue.stats = run.stats.as_json()
                 store.put(catalogue_key(catalogue.run), json.dumps(catalogue.as_json()).encode())
                 run.stats.files_deleted = collect_garbage(store, catalogue, previous)
-        except BrokenPipeError:
-            quiet_broken_pipe()
-            return EXIT_DATA
-        except (KeyboardInterrupt, _Terminated) as signalled:
-            _tell(f"{store.name()}: the backup was interrupted: {unfinished}")
-            discard_stdout()
-            return EXIT_TERMINATED if isinstance(signalled, _Terminated) else EXIT_INTERRUPTED
-        except (OSError, EngineError) as error:
-            _tell(f"{_one_line(error)}; {unfinished}")
-            return EXIT_DATA
+        except (OSError, EngineError, KeyboardInterrupt, _Terminated) as error:
+            return _ended_early(error, store.name(), unfinished)
     _report(run.stats, args)
     return _refused_answer(catalogue.refused)
+
+
+def _ended_early(error: BaseException, place: str, unfinished: str) -> int:
+    """The exit status of a backup that did not complete, and its one line: a reader of -v that
+    went away (`| head`) quietly, but not as a success; a signal, naming it; a failure."""
+    if isinstance(error, BrokenPipeError):
+        quiet_broken_pipe()
+        return EXIT_DATA
+    if isinstance(error, (KeyboardInterrupt, _Terminated)):
+        _tell(f"{place}: the backup was interrupted: {unfinished}")
+        discard_stdout()  # (its -v lines: a reader that stopped reading must not hold the exit)
+        return EXIT_TERMINATED if isinstance(error, _Terminated) else EXIT_INTERRUPTED
+    _tell(f"{_one_line(error)}; {unfinished}")
+    return EXIT_DATA
 
 
 def _incomplete(dest: Path) -> str:

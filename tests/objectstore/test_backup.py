@@ -6,6 +6,7 @@ secret is ever printed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,32 @@ def catalogue(s3: S3, prefix: str = "backup") -> dict[str, object]:
     names = catalogues(s3, prefix)
     assert names, "no catalogue in the bucket"
     return json.loads((s3.server.data / s3.bucket / names[-1]).read_text())
+
+
+@contextlib.contextmanager
+def backup_under_way(data: Path, uri: str) -> Iterator[subprocess.Popen[str]]:
+    """`seglogfs backup DATA URI -v`, one upload at a time, from the moment it has sent a file
+    (its first line read): the test ends it as it will; after the block it is killed if it still
+    runs, and its pipes are closed."""
+    process = subprocess.Popen(
+        [SEGLOGFS, "backup", str(data), uri, "-v", "--uploads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        first = process.stdout.readline()
+        assert first.startswith("sent "), first or process.stderr.read()
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
 
 
 def test_a_restore_from_the_bucket_is_the_local_backup_of_a_broker_dir(s3: S3, tmp_path: Path) -> None:
@@ -181,25 +209,9 @@ def test_a_backup_killed_mid_upload_leaves_the_last_complete_one_and_the_next_co
     for topic in ("big-a", "big-b"):
         run("topics", data, "create", "--topic", topic, "--config", "max.message.bytes=4000000")
         produce(data, topic, [big[i : i + 900_000] for i in range(0, len(big), 900_000)] * 8)
-    process = subprocess.Popen(
-        [SEGLOGFS, "backup", str(data), s3.uri(), "-v", "--uploads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-    )
-    try:
-        assert process.stdout is not None
-        first = process.stdout.readline()
-        assert first.startswith(b"sent "), first
+    with backup_under_way(data, s3.uri()) as process:
         process.kill()
         process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
     assert len(catalogues(s3)) == 1
     run("restore", s3.uri(), tmp_path / "restored-first")
     assert tree(tmp_path / "restored-first") == tree(tmp_path / "local-first")
@@ -229,27 +241,15 @@ def test_a_stalled_server_fails_the_run_naming_the_object_and_the_next_run_compl
     answers again the next run completes."""
     data = copy_fixture("flink-on-prem-cp760", tmp_path)
     uri = s3.uri() + "?request_timeout=1&connect_timeout=1&retries=0"
-    process = subprocess.Popen(
-        [SEGLOGFS, "backup", str(data), uri, "-v", "--uploads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-        text=True,
-    )
     try:
-        assert process.stdout is not None and process.stderr is not None
-        assert process.stdout.readline().startswith("sent ")
-        s3.server.pause()
-        started = time.monotonic()
-        code = process.wait(timeout=60)
-        waited = time.monotonic() - started
-        said = process.stderr.read()
-        process.stdout.read()
+        with backup_under_way(data, uri) as process:
+            s3.server.pause()
+            started = time.monotonic()
+            code = process.wait(timeout=60)
+            waited = time.monotonic() - started
+            said = process.stderr.read()  # type: ignore[union-attr]
     finally:
         s3.server.resume()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
     assert code == 1, said
     line = said.strip().splitlines()[-1]
     assert line.startswith(f"seglogfs: {s3.uri()}/"), line
@@ -324,27 +324,10 @@ def test_a_backup_stopped_by_a_signal_says_so_and_shows_the_last_complete_one(
     run("backup", data, s3.uri())
     for topic in ("new-a", "new-b"):  # (new: sent)
         produce(data, topic, [f"{topic}-{n}" for n in range(1000)])
-    process = subprocess.Popen(
-        [SEGLOGFS, "backup", str(data), s3.uri(), "-v", "--uploads", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None and process.stderr is not None
-        assert process.stdout.readline().startswith("sent ")
+    with backup_under_way(data, s3.uri()) as process:
         process.send_signal(how)
         assert process.wait(timeout=60) == code
-        said = process.stderr.read()
-        process.stdout.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+        said = process.stderr.read()  # type: ignore[union-attr]
     assert said == (
         f"seglogfs: {s3.uri()}: the backup was interrupted: the backup did not complete "
         f"({s3.uri()} still shows the last complete backup)\n"
