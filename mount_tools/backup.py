@@ -566,11 +566,7 @@ def _restore(args: argparse.Namespace) -> int:
     targets = [Path(part) for part in args.datadir.split(",") if part]
     for target in targets:
         _check_apart(backup, "BACKUP", target, "DATADIR")
-        if target.exists() and not target.is_dir():
-            raise Refused(f"{target}: DATADIR is not a directory", EXIT_USAGE)
-        _refuse_live(target, "DATADIR")
-    stats = CopyStats()
-    refused: list[str] = []
+    _check_targets(targets)
     with contextlib.ExitStack() as locks:
         locks.enter_context(_locked(backup, "BACKUP", optional=True))  # no backup into it meanwhile
         manifest = _read_manifest(backup)
@@ -587,20 +583,9 @@ def _restore(args: argparse.Namespace) -> int:
                 raise Refused(f"{target}: DATADIR is not empty (--force replaces what it holds)", EXIT_USAGE)
         for target in targets:
             locks.enter_context(_locked(target, "DATADIR, a data dir,"))
-        for slot, target in enumerate(targets):
-            root = backup if count == 1 else backup / str(slot)
-            tree = TreeSource(root, hidden=frozenset({MANIFEST, LOCK_FILE}))
-            with Progress("restoring", tree.total_bytes(), plain=not getattr(args, "json", False)) as progress:
-                copier = Copier(tree, restoring=True, progress=progress, say=_say(args))
-                try:
-                    copier.copy(target, _NOT_DATA)
-                except BrokenPipeError:  # the reader of -v went away: quietly, but the restore is not whole
-                    quiet_broken_pipe()
-                    return EXIT_DATA
-            _add_stats(stats, copier.stats)
-            refused += copier.refused
-    _report(stats, args)
-    return _refused_answer(refused)
+        hidden = frozenset({MANIFEST, LOCK_FILE})
+        trees = [TreeSource(backup if count == 1 else backup / str(slot), hidden) for slot in range(count)]
+        return _copy_back(args, list(zip(trees, targets, strict=True)))
 
 
 def _add_stats(total: CopyStats, more: CopyStats) -> None:
@@ -608,19 +593,19 @@ def _add_stats(total: CopyStats, more: CopyStats) -> None:
         setattr(total, field, getattr(total, field) + getattr(more, field))
 
 
-def _targets(args: argparse.Namespace) -> list[Path]:
-    targets = [Path(part) for part in args.datadir.split(",") if part]
+def _check_targets(targets: list[Path]) -> None:
+    """Each DATADIR of a restore is a directory, or not yet there, and not in use."""
     for target in targets:
         if target.exists() and not target.is_dir():
             raise Refused(f"{target}: DATADIR is not a directory", EXIT_USAGE)
         _refuse_live(target, "DATADIR")
-    return targets
 
 
 def _restore_from_store(args: argparse.Namespace) -> int:
     """A restore of the newest complete backup run in object storage."""
     store = _open_store(args.backup, "BACKUP")
-    targets = _targets(args)
+    targets = [Path(part) for part in args.datadir.split(",") if part]
+    _check_targets(targets)
     catalogue = latest_catalogue(store)
     if catalogue is None:
         started = read_started(store)
@@ -635,22 +620,28 @@ def _restore_from_store(args: argparse.Namespace) -> int:
     for target in targets:
         if target.is_dir() and _data_names(target) and not args.force:
             raise Refused(f"{target}: DATADIR is not empty (--force replaces what it holds)", EXIT_USAGE)
-    stats = CopyStats()
-    refused: list[str] = []
     with contextlib.ExitStack() as locks:
         for target in targets:
             locks.enter_context(_locked(target, "DATADIR, a data dir,"))
-        for slot, target in enumerate(targets):
-            source = StoredSource(store, catalogue, () if catalogue.log_dirs == 1 else (str(slot),))
-            with Progress("restoring", source.total_bytes(), plain=not getattr(args, "json", False)) as progress:
-                copier = Copier(source, restoring=True, progress=progress, say=_say(args))
-                try:
-                    copier.copy(target, _NOT_DATA)
-                except BrokenPipeError:
-                    quiet_broken_pipe()
-                    return EXIT_DATA
-            _add_stats(stats, copier.stats)
-            refused += copier.refused
+        slots = [() if catalogue.log_dirs == 1 else (str(slot),) for slot in range(catalogue.log_dirs)]
+        stored = [StoredSource(store, catalogue, slot) for slot in slots]
+        return _copy_back(args, list(zip(stored, targets, strict=True)))
+
+
+def _copy_back(args: argparse.Namespace, copies: list[tuple[TreeSource | StoredSource, Path]]) -> int:
+    """Restore's copies (a backup's log dir, the DATADIR it goes to), and the exit status."""
+    stats = CopyStats()
+    refused: list[str] = []
+    for source, target in copies:
+        with Progress("restoring", source.total_bytes(), plain=not getattr(args, "json", False)) as progress:
+            copier = Copier(source, restoring=True, progress=progress, say=_say(args))
+            try:
+                copier.copy(target, _NOT_DATA)
+            except BrokenPipeError:  # the reader of -v went away: quietly, but the restore is not whole
+                quiet_broken_pipe()
+                return EXIT_DATA
+        _add_stats(stats, copier.stats)
+        refused += copier.refused
     _report(stats, args)
     return _refused_answer(refused)
 
