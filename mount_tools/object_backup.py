@@ -46,7 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
-from seglogfs.engine.errors import EngineError, UnsafeFileError
+from seglogfs.engine.errors import UnsafeFileError
 from seglogfs.engine.log.naming import LOG_SUFFIX
 from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
 from seglogfs.mount_tools.copier import (
@@ -79,7 +79,7 @@ _CATALOGUE_NAME = re.compile(r"^(\d{20})\.json$")
 
 READ_BLOCK_BYTES = 8 << 20  # what a read in order fetches at once (one request)
 
-_SMALL_FILE_MAX_BYTES = 64 << 20  # a file other than a segment's is read whole (checkpoints, snapshots, …)
+_SMALL_FILE_BYTES = 1 << 20  # a file other than a segment's up to this size is compared byte for byte
 
 
 @dataclass
@@ -102,6 +102,8 @@ class StoredFile:
     @classmethod
     def of_json(cls, document: dict[str, object]) -> StoredFile:
         pieces = [(str(key), int(size)) for key, size in document["pieces"]]  # type: ignore[attr-defined]
+        for key, _ in pieces:  # (an object outside the prefix is never read for it)
+            _check_path(key)
         size = int(document["size"])  # type: ignore[call-overload]
         if sum(piece_size for _, piece_size in pieces) != size or any(s < 0 for _, s in pieces):
             raise ValueError("its pieces' sizes do not add up to its size")
@@ -272,6 +274,7 @@ class ObjectBackup:
         self._slots = threading.BoundedSemaphore(uploads * 2)  # files open for upload at once
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()  # the stats, the progress line, -v's lines
+        self._orphans: list[str] = []  # index files whose segment went while the logs were read
 
     def run(self) -> None:
         try:
@@ -279,6 +282,8 @@ class ObjectBackup:
             self._wait(everything=True)
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        for path in self._orphans:  # (after their uploads: none adds one back)
+            self.catalogue.files.pop(path, None)
 
     # -- the walk -----------------------------------------------------------------------------------
     def _directory(self, parts: tuple[str, ...]) -> bool:
@@ -299,9 +304,7 @@ class ObjectBackup:
         for name in logs:
             if self._file(parts, name):
                 present.add(name)
-        for name in list(present):
-            if orphan_index(name, present):  # its segment went (retention) while the logs were read
-                self.catalogue.files.pop("/".join((*parts, name)), None)
+        self._orphans += ["/".join((*parts, name)) for name in present if orphan_index(name, present)]
         return True
 
     def _file(self, parts: tuple[str, ...], name: str) -> bool:
@@ -319,7 +322,7 @@ class ObjectBackup:
         previous = self.previous.files.get(path) if self.previous is not None else None
         try:
             kind = segment_kind(name)
-            if kind is None:
+            if kind is None and item.size <= _SMALL_FILE_BYTES:
                 self._small_file(path, item, previous)
             elif previous is not None and (previous.size, previous.attributes.mtime_ns) == (
                 item.size,
@@ -342,9 +345,9 @@ class ObjectBackup:
         return True
 
     def _small_file(self, path: str, item: SourceFile, previous: StoredFile | None) -> None:
+        """A checkpoint, a snapshot, metadata: generated ones change without their mtime, so
+        the bytes are compared (a larger one, a KRaft snapshot, goes by size and mtime)."""
         data = b"".join(item.chunks())
-        if len(data) > _SMALL_FILE_MAX_BYTES:
-            raise EngineError(f"{item.name}: {len(data)} bytes, more than a backup reads of such a file")
         crc = zlib.crc32(data)
         if previous is not None and (previous.size, previous.crc32) == (len(data), crc):
             self._keep(path, previous, item)

@@ -382,3 +382,37 @@ def test_a_hostile_link_in_the_data_dir_is_refused_not_followed(s3: S3, tmp_path
         path.read_text(errors="replace") for path in (s3.server.data / s3.bucket).rglob("*") if path.is_file()
     )
     assert catalogue(s3)["refused"]
+
+
+def test_a_large_file_beside_the_segments_is_streamed_and_kept_when_unchanged(s3: S3, tmp_path: Path) -> None:
+    """A KRaft snapshot of megabytes (a file other than a segment's, over the size compared byte
+    for byte) is uploaded as a stream, kept by the next run while unchanged, and restores whole."""
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    snapshot = data / "__cluster_metadata-0" / "00000000000000099999-0000000001.checkpoint"
+    snapshot.write_bytes(os.urandom(3 << 20))
+    first = run("backup", data, s3.uri(), "-v")
+    assert f"sent __cluster_metadata-0/{snapshot.name} ({3 << 20} bytes)" in first.stdout
+    again = run("backup", data, s3.uri(), "-v")
+    assert snapshot.name not in again.stdout
+    run("restore", s3.uri(), tmp_path / "restored")
+    assert (tmp_path / "restored" / "__cluster_metadata-0" / snapshot.name).read_bytes() == snapshot.read_bytes()
+
+
+def test_a_catalogue_naming_objects_outside_its_prefix_is_refused(s3: S3, tmp_path: Path) -> None:
+    """A catalogue is read from a store others may write: one whose pieces or paths leave the
+    prefix (`..`) is refused in one line, and nothing is read or written for it."""
+    data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    run("backup", data, s3.uri())
+    path = s3.server.data / s3.bucket / "backup" / CATALOGUES / "00000000000000000001.json"
+    document = json.loads(path.read_text())
+    entry = document["files"]["meta.properties"]
+    entry["pieces"] = [["../../elsewhere/secret", entry["size"]]]
+    path.write_text(json.dumps(document))
+    refused = run("restore", s3.uri(), tmp_path / "restored", code=1)
+    assert "unreadable backup catalogue: bad path '../../elsewhere/secret'" in one_error_line(refused)
+    entry["pieces"] = [["meta.properties", entry["size"]]]
+    document["files"]["../../escaped"] = entry
+    path.write_text(json.dumps(document))
+    refused = run("restore", s3.uri(), tmp_path / "restored", code=1)
+    assert "bad path '../../escaped'" in one_error_line(refused)
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "restored").exists()
