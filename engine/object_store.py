@@ -87,10 +87,13 @@ class ObjectLocation:
     def display(self) -> str:
         return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
 
+    def __repr__(self) -> str:  # (never the options: they may hold a key)
+        return f"ObjectLocation({self.display!r})"
+
 
 def parse_location(uri: str) -> ObjectLocation:
-    """`scheme://bucket/prefix?options`; ValueError (without the query, which may hold a key)
-    when it is not one."""
+    """`scheme://bucket/prefix?options`; ValueError (naming the place without its query, which
+    may hold a key) when it is not one."""
     parts = urlsplit(uri)
     scheme = parts.scheme.lower()
     shown = f"{parts.scheme}://{parts.hostname or ''}{parts.path}"
@@ -112,7 +115,13 @@ def parse_location(uri: str) -> ObjectLocation:
             raise ValueError(
                 f"{shown}: unknown option {unknown[0]!r} in the URI (options: {', '.join(_S3_OPTIONS)}, retries)"
             )
-    return ObjectLocation(scheme, bucket, "/".join(segments), options)
+    location = ObjectLocation(scheme, bucket, "/".join(segments), options)
+    for name, value in options.items():  # (numbers checked here: a bad one is the command line's fault)
+        if name == "retries":
+            _number(location, name, value, int)
+        elif _S3_OPTIONS.get(name) is float:
+            _number(location, name, value, float)
+    return location
 
 
 def _arrow_fs() -> ModuleType:
@@ -131,8 +140,11 @@ def _s3_file_system(location: ObjectLocation) -> pafs.FileSystem:
         "connect_timeout": CONNECT_TIMEOUT_S,
         "request_timeout": REQUEST_TIMEOUT_S,
     }
-    # (pyarrow's constructor reads the keys and the region from the environment itself, but not
-    # the endpoint: that only `from_uri` does, without the timeouts.)
+    # (pyarrow's constructor takes the keys from the environment itself, but not the endpoint,
+    # which only `from_uri` reads, without the timeouts; the region is given as the AWS tools take it.)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        settings["region"] = region
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
         split = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
@@ -153,7 +165,8 @@ def _s3_file_system(location: ObjectLocation) -> pafs.FileSystem:
     if "endpoint_override" in location.options and "://" in settings["endpoint_override"]:
         split = urlsplit(settings["endpoint_override"])
         settings["endpoint_override"] = split.netloc
-        settings.setdefault("scheme", split.scheme)
+        if "scheme" not in location.options:  # (the URI's endpoint says its scheme, over the environment's)
+            settings["scheme"] = split.scheme
     settings["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=attempts)
     return pafs.S3FileSystem(**settings)
 
@@ -163,7 +176,7 @@ def _number(location: ObjectLocation, name: str, value: str, kind: type) -> Any:
         number = kind(value)
     except ValueError:
         raise ValueError(f"{location.display}: option {name}={value!r} is not a number") from None
-    if number < 0:
+    if not number >= 0:  # (negative, or NaN)
         raise ValueError(f"{location.display}: option {name}={value!r} is negative")
     return number
 

@@ -437,8 +437,8 @@ def _backup(args: argparse.Namespace) -> int:
 def _open_store(uri: str, what: str) -> ObjectStore:
     try:
         return open_object_store(uri)
-    except ValueError as error:
-        raise Refused(f"{what}: {error}", EXIT_USAGE) from None
+    except ValueError as error:  # (it names the place)
+        raise Refused(f"{error} ({what})", EXIT_USAGE) from None
 
 
 def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources: list[Path]) -> int:

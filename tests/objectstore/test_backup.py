@@ -268,6 +268,9 @@ def test_refusals_are_one_line_and_never_print_a_secret(
 ) -> None:
     data = copy_fixture("flink-on-prem-cp760", tmp_path)
     assert "unknown option 'bogus'" in one_error_line(run("backup", data, s3.uri() + "?bogus=1", code=2))
+    assert "retries='x' is not a number" in one_error_line(
+        run("restore", s3.uri() + "?retries=x", tmp_path / "r", code=2)
+    )
     # A prefix holding other objects is not taken for a backup.
     (s3.server.data / s3.bucket / "other").mkdir()
     (s3.server.data / s3.bucket / "other" / "file").write_text("not ours")
