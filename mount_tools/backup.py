@@ -115,6 +115,7 @@ from seglogfs.mount_tools.object_backup import (
     collect_garbage,
     latest_catalogue,
     read_catalogue,
+    read_journal,
     read_started,
     write_started,
 )
@@ -456,6 +457,11 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
     kept = previous.keys() if previous is not None else set()
     if len(runs) > 1:
         kept |= read_catalogue(store, runs[-2]).keys()
+    unnamed = {  # (what a run that did not complete uploaded: kept if it holds what is to be sent)
+        info.key: info.size
+        for info in (store.list() if read_started(store) is not None else ())
+        if info.key not in kept and not info.key.startswith(CATALOGUE_DIR + "/")
+    }
     with contextlib.ExitStack() as stack:
         opened = _open_source(args, mirror_root, sources, stack)
         catalogue = Catalogue(
@@ -470,6 +476,8 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
                     store,
                     previous=previous,
                     kept_keys=kept,
+                    unnamed=unnamed,
+                    journal=read_journal(store, catalogue.run) if unnamed else None,
                     catalogue=catalogue,
                     progress=progress,
                     say=_say(args),

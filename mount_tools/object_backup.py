@@ -11,6 +11,7 @@ browsing the bucket find Kafka's names):
     <prefix>/0/…, <prefix>/1/…          (a backup of several log dirs, as `.logdir` shows them)
     <prefix>/.seglogfs-backup/00000000000000000007.json      the catalogue of each complete run
     <prefix>/.seglogfs-backup/started.json    the run that started last (written before it uploads)
+    <prefix>/.seglogfs-backup/journal.json    the uploads of the run under way, or cut short
 
 An object is never changed once a catalogue names it. A file that changed since the last run
 (a checkpoint rewritten, a segment compacted) is uploaded to a new key, its name with the run's
@@ -29,22 +30,27 @@ objects named by neither it nor the catalogue before it are deleted, and older c
 an object gone, and says so). Two backups into one prefix at the same time are not supported: a
 run finding that another completed meanwhile fails without writing its catalogue.
 
-A run that failed may leave objects no catalogue names (uploads it finished, multipart uploads it
-began): the next complete run deletes the objects; a multipart upload cut short by `kill -9` is
-for the store's lifecycle rule (`AbortIncompleteMultipartUpload`) to remove.
+A run journals the uploads it completed (`.seglogfs-backup/journal.json`: after each large one,
+and every few seconds): the next run, if the one before was cut short, keeps an object the journal
+names when it holds what is to be sent (the same part of a file of that size and mtime) and is
+there whole, instead of sending it again. Objects no catalogue names that are not kept so are
+deleted by the next complete run; a multipart upload cut short by `kill -9` is for the store's
+lifecycle rule (`AbortIncompleteMultipartUpload`) to remove.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from seglogfs.engine.errors import UnsafeFileError
 from seglogfs.engine.log.naming import LOG_SUFFIX
@@ -78,6 +84,39 @@ _CATALOGUE_MAX_BYTES = 256 << 20
 _CATALOGUE_NAME = re.compile(r"^(\d{20})\.json$")
 
 READ_BLOCK_BYTES = 8 << 20  # what a read in order fetches at once (one request)
+
+JOURNAL_KEY = f"{CATALOGUE_DIR}/journal.json"  # the uploads of the run under way (or cut short)
+
+JOURNAL_INTERVAL_S = 5.0  # the journal is written at most this long after an upload completed,
+
+JOURNAL_AFTER_BYTES = 8 << 20  # and at once after an upload of this many bytes
+
+
+@dataclass(frozen=True)
+class Upload:
+    """An object a run uploaded: `size` bytes of a file from `start`, the file's mtime then, and
+    the file's CRC-32 from its start to the object's end (`crc32`), continued from `after`."""
+
+    size: int
+    mtime_ns: int
+    start: int
+    after: int
+    crc32: int
+
+
+def read_journal(store: ObjectStore, run: int) -> dict[str, Upload]:
+    """The uploads a run of number `run` journaled before it was cut short (none when the
+    journal is of another run, or unreadable: its uploads are sent again)."""
+    try:
+        document = json.loads(store.read_whole(JOURNAL_KEY, _CATALOGUE_MAX_BYTES))
+        if document.get("run") != run:
+            return {}
+        return {str(key): Upload(**{k: int(v) for k, v in entry.items()}) for key, entry in document["uploads"].items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}
+
 
 _SMALL_FILE_BYTES = 1 << 20  # a file other than a segment's up to this size is compared byte for byte
 
@@ -257,6 +296,8 @@ class ObjectBackup:
         *,
         previous: Catalogue | None,
         kept_keys: set[str],
+        unnamed: dict[str, int] | None = None,
+        journal: dict[str, Upload] | None = None,
         catalogue: Catalogue,
         progress: Progress,
         say: Callable[[str], None] | None,
@@ -270,6 +311,10 @@ class ObjectBackup:
         self.say = say
         self.stats = CopyStats()
         self._taken = kept_keys  # keys a catalogue still names: never written again
+        self._unnamed = unnamed or {}  # objects no catalogue names (a cut-short run's), by key: their sizes
+        self._journal = journal or {}  # what a cut-short run of this number uploaded
+        self._done: dict[str, Upload] = dict(self._journal)  # this run's uploads (and those kept)
+        self._journal_due = time.monotonic() + JOURNAL_INTERVAL_S
         self._pool = ThreadPoolExecutor(max_workers=uploads, thread_name_prefix="upload")
         self._slots = threading.BoundedSemaphore(uploads * 2)  # files open for upload at once
         self._pending: list[Future[None]] = []
@@ -280,8 +325,12 @@ class ObjectBackup:
         try:
             self._directory(())
             self._wait(everything=True)
-        finally:
+        except BaseException:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            with contextlib.suppress(Exception):  # (what completed is kept for the next run, if the store answers)
+                self.write_journal()
+            raise
+        self._pool.shutdown(wait=True)
         for path in self._orphans:  # (after their uploads: none adds one back)
             self.catalogue.files.pop(path, None)
 
@@ -402,23 +451,75 @@ class ObjectBackup:
 
     def _send(self, path: str, key: str, item: SourceFile, start: int, grown: StoredFile | None) -> None:
         try:
-            crc = grown.crc32 if grown is not None else 0
-            sent = 0
-            with self.store.writer(key) as writer:
-                for chunk in item.chunks(start):
-                    writer.write(chunk)
-                    crc = zlib.crc32(chunk, crc)
-                    sent += len(chunk)
-                    self._advance(len(chunk))
-            self._advance(start + (item.size - start - sent))  # (what was not sent counts as done)
+            after = grown.crc32 if grown is not None else 0
+            upload = Upload(
+                size=item.size - start, mtime_ns=item.attributes.mtime_ns, start=start, after=after, crc32=0
+            )
+            done = self._left_by_a_cut_run(key, upload)
+            if done is not None:  # (its bytes are the file's: stored as they are)
+                crc, sent = done.crc32, done.size
+                self._advance(item.size)
+            else:
+                crc, sent = after, 0
+                with self.store.writer(key) as writer:
+                    for chunk in item.chunks(start):
+                        writer.write(chunk)
+                        crc = zlib.crc32(chunk, crc)
+                        sent += len(chunk)
+                        self._advance(len(chunk))
+                self._advance(start + (item.size - start - sent))  # (what was not sent counts as done)
+                self._uploaded(key, replace(upload, size=sent, crc32=crc))
             pieces = [*(grown.pieces if grown is not None else ()), (key, sent)]
             stored = StoredFile(pieces, start + sent, crc, item.attributes)
             with self._lock:
                 self.catalogue.files[path] = stored
-            self._sent(path, sent, appended=grown is not None)
+            if done is not None:
+                self._kept_upload(path, sent)
+            else:
+                self._sent(path, sent, appended=grown is not None)
         finally:
             item.close()
             self._slots.release()
+
+    def _left_by_a_cut_run(self, key: str, upload: Upload) -> Upload | None:
+        """What a run that did not complete uploaded to `key`, when it holds what is to be sent:
+        its journal says so (the same part of a file of that size and mtime) and the object is
+        there, of that size."""
+        done = self._journal.get(key)
+        if done is None or self._unnamed.get(key) != upload.size:
+            return None
+        same = (done.size, done.mtime_ns, done.start, done.after) == (
+            upload.size,
+            upload.mtime_ns,
+            upload.start,
+            upload.after,
+        )
+        return done if same else None
+
+    def _uploaded(self, key: str, upload: Upload) -> None:
+        """An upload is in the run's journal, written out after a large upload and now and then:
+        a run cut short leaves what it completed for the next (`_left_by_a_cut_run`)."""
+        with self._lock:
+            self._done[key] = upload
+            due = upload.size >= JOURNAL_AFTER_BYTES or time.monotonic() >= self._journal_due
+            if due:
+                self._journal_due = time.monotonic() + JOURNAL_INTERVAL_S
+        if due:
+            self.write_journal()
+
+    def write_journal(self) -> None:
+        with self._lock:
+            document = {
+                "run": self.catalogue.run,
+                "uploads": {key: dataclasses.asdict(upload) for key, upload in self._done.items()},
+            }
+        self.store.put(JOURNAL_KEY, json.dumps(document).encode())
+
+    def _kept_upload(self, path: str, size: int) -> None:
+        with self._lock:
+            self.stats.files_skipped += 1
+            if self.say is not None:
+                self.say(f"kept {path} ({size} bytes, uploaded by a run that did not complete)")
 
     def _wait(self, *, everything: bool) -> None:
         """Raise the first failed upload's error (`everything`: after all have ended)."""

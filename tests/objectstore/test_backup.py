@@ -419,3 +419,35 @@ def test_a_catalogue_naming_objects_outside_its_prefix_is_refused(s3: S3, tmp_pa
     refused = run("restore", s3.uri(), tmp_path / "restored", code=1)
     assert "bad path '../../escaped'" in one_error_line(refused)
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "restored").exists()
+
+
+def test_what_a_killed_run_uploaded_is_not_sent_again(s3: S3, tmp_path: Path) -> None:
+    """kill -9 once a large segment is uploaded: the next run keeps that object (the killed run's
+    journal names it, and it is there whole) and sends the rest; the restore is the data dir."""
+    data = tmp_path / "data"
+    run("topics", data, "create", "--topic", "big", "--partitions", "2", "--config", "max.message.bytes=4000000")
+    value = os.urandom(1 << 19).hex()
+    for partition in (0, 1):
+        produce(data, "big", [value] * 20, "--partition", str(partition))
+    with backup_under_way(data, s3.uri()) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith("sent big-0/00000000000000000000.log "):
+                break
+        else:
+            raise AssertionError("the backup ended before it sent big-0's segment")
+        process.kill()
+        process.wait(timeout=30)
+    assert not catalogues(s3)
+    done = run("backup", data, s3.uri(), "-v", "--stats")
+    assert (
+        "kept big-0/00000000000000000000.log (20973000 bytes, uploaded by a run that did not complete)" in done.stdout
+    )
+    assert "sent big-1/00000000000000000000.log (20973000 bytes)" in done.stdout
+    assert stats(done)["bytes sent"] < 21_000_000
+    run("restore", s3.uri(), tmp_path / "restored")
+    assert records(tmp_path / "restored") == records(data)
+    assert (
+        tree(tmp_path / "restored")["big-0/00000000000000000000.log"][0]
+        == (data / "big-0" / "00000000000000000000.log").read_bytes()
+    )
