@@ -325,10 +325,11 @@ class ObjectBackup:
         try:
             self._directory(())
             self._wait(everything=True)
-        except BaseException:
+        except BaseException as error:
             self._pool.shutdown(wait=True, cancel_futures=True)
-            with contextlib.suppress(Exception):  # (what completed is kept for the next run, if the store answers)
-                self.write_journal()
+            if not isinstance(error, ObjectStoreError):  # (a store that failed is not asked again)
+                with contextlib.suppress(Exception):  # (what completed is kept for the next run)
+                    self.write_journal()
             raise
         self._pool.shutdown(wait=True)
         for path in self._orphans:  # (after their uploads: none adds one back)
