@@ -320,6 +320,7 @@ class ObjectBackup:
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()  # the stats, the progress line, -v's lines
         self._orphans: list[str] = []  # index files whose segment went while the logs were read
+        self._said: list[str] = []  # -v's lines not yet written (`_say_now`)
 
     def run(self) -> None:
         try:
@@ -332,6 +333,7 @@ class ObjectBackup:
                     self.write_journal()
             raise
         self._pool.shutdown(wait=True)
+        self._say_now()
         for path in self._orphans:  # (after their uploads: none adds one back)
             self.catalogue.files.pop(path, None)
 
@@ -360,6 +362,7 @@ class ObjectBackup:
     def _file(self, parts: tuple[str, ...], name: str) -> bool:
         """Open one file and store it (now, or by an upload begun): whether the source had it."""
         self._wait(everything=False)  # (an upload that failed ends the run now)
+        self._say_now()
         path = "/".join((*parts, name))
         try:
             item = self.source.open((*parts, name))
@@ -519,8 +522,7 @@ class ObjectBackup:
     def _kept_upload(self, path: str, size: int) -> None:
         with self._lock:
             self.stats.files_skipped += 1
-            if self.say is not None:
-                self.say(f"kept {path} ({size} bytes, uploaded by a run that did not complete)")
+            self._said.append(f"kept {path} ({size} bytes, uploaded by a run that did not complete)")
 
     def _wait(self, *, everything: bool) -> None:
         """Raise the first failed upload's error (`everything`: after all have ended)."""
@@ -545,8 +547,16 @@ class ObjectBackup:
             self.stats.bytes_sent += sent
             if appended:
                 self.stats.files_appended += 1
-            if self.say is not None:
-                self.say(f"appended {path} (+{sent} bytes)" if appended else f"sent {path} ({sent} bytes)")
+            self._said.append(f"appended {path} (+{sent} bytes)" if appended else f"sent {path} ({sent} bytes)")
+
+    def _say_now(self) -> None:
+        """-v's lines of what was stored, written by the walking thread only: a reader that stops
+        reading holds it, never an upload (which a Ctrl-C then waits for)."""
+        with self._lock:
+            lines, self._said = self._said, []
+        if self.say is not None:
+            for line in lines:
+                self.say(line)
 
 
 class StoredFileReader:
