@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.support import SEGLOGFS, one_error_line
-from tests.conftest import REPO, copy_fixture, kafka_fixtures
+from tests.conftest import AS_FOREGROUND, REPO, copy_fixture, kafka_fixtures
 from tests.fs.test_backup_restore import SMALL_SEGMENTS, Writer, records, stats
 from tests.objectstore.conftest import CREDENTIAL, S3
 
@@ -74,7 +74,8 @@ def catalogue(s3: S3, prefix: str = "backup") -> dict[str, object]:
 
 @contextlib.contextmanager
 def backup_under_way(data: Path, uri: str, *, held: bool = False) -> Iterator[subprocess.Popen[str]]:
-    """`seglogfs backup DATA URI -v`, one upload at a time, from the moment it has sent a file
+    """`seglogfs backup DATA URI -v`, one upload at a time (SIGINT at its default, as in a shell's
+    foreground, whatever the suite was started from), from the moment it has sent a file
     (its first line read): the test ends it as it will; after the block it is killed if it still
     runs, and its pipes are closed. `held`: its lines go into a pipe of one page, read no further
     than that first line, so that a run with more to say is held mid-way until it is ended."""
@@ -82,7 +83,7 @@ def backup_under_way(data: Path, uri: str, *, held: bool = False) -> Iterator[su
     if held:
         fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
     process = subprocess.Popen(
-        [SEGLOGFS, "backup", str(data), uri, "-v", "--uploads", "1"],
+        [*AS_FOREGROUND, SEGLOGFS, "backup", str(data), uri, "-v", "--uploads", "1"],
         stdout=write_end,
         stderr=subprocess.PIPE,
         cwd=REPO,
@@ -248,6 +249,8 @@ def test_a_stalled_server_fails_the_run_naming_the_object_and_the_next_run_compl
     timeout with one line naming the object, the last complete run stays, and once the server
     answers again the next run completes."""
     data = copy_fixture("flink-on-prem-cp760", tmp_path)
+    # (and 500 files more: the run has seconds of uploads left when the server stops)
+    run("topics", data, "create", "--topic", "many", "--partitions", "100")
     uri = s3.uri() + "?request_timeout=1&connect_timeout=1&retries=0"
     try:
         with backup_under_way(data, uri) as process:
