@@ -447,7 +447,8 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
     written last, so a run that does not complete changes nothing the last complete one shows."""
     store = _open_store(args.dest, "DEST")
     runs = catalogue_runs(store)
-    if not runs and read_started(store) is None and store.list():
+    started = read_started(store)
+    if not runs and started is None and store.list():
         raise Refused(
             f"{store.name()}: DEST holds objects and is no seglogfs backup (no {CATALOGUE_DIR}/): "
             "give a new or empty prefix",
@@ -459,7 +460,7 @@ def _backup_to_store(args: argparse.Namespace, mirror_root: Path | None, sources
         kept |= read_catalogue(store, runs[-2]).keys()
     unnamed = {  # (what a run that did not complete uploaded: kept if it holds what is to be sent)
         info.key: info.size
-        for info in (store.list() if read_started(store) is not None else ())
+        for info in (store.list() if started is not None else ())
         if info.key not in kept and not info.key.startswith(CATALOGUE_DIR + "/")
     }
     with contextlib.ExitStack() as stack:

@@ -423,17 +423,14 @@ class ObjectBackup:
         if not 0 < previous.size <= item.size or len(previous.pieces) >= MAX_PIECES:
             return False
         tail = min(TAIL_BYTES, previous.size)
-        for position, length in ((0, min(HEAD_BYTES, previous.size)), (previous.size - tail, tail)):
-            if self._read_stored(previous, position, length) != item.read(position, length):
-                return False
-        return True
-
-    def _read_stored(self, stored: StoredFile, position: int, length: int) -> bytes:
-        reader = StoredFileReader(self.store, "", stored)
+        stored = StoredFileReader(self.store, "", previous, read_ahead=False)  # (each piece opened once)
         try:
-            return reader.read(position, length)
+            for position, length in ((0, min(HEAD_BYTES, previous.size)), (previous.size - tail, tail)):
+                if stored.read(position, length) != item.read(position, length):
+                    return False
         finally:
-            reader.close()
+            stored.close()
+        return True
 
     def _new_key(self, path: str) -> str:
         key = path if path not in self._taken else f"{path}~{self.catalogue.run}"
@@ -565,10 +562,11 @@ class StoredFileReader:
     run in order from the start to the end, the file's CRC-32 is compared with the catalogue's
     (ObjectStoreError on a difference)."""
 
-    def __init__(self, store: ObjectStore, path: str, stored: StoredFile) -> None:
+    def __init__(self, store: ObjectStore, path: str, stored: StoredFile, *, read_ahead: bool = True) -> None:
         self.store = store
         self.path = path
         self.stored = stored
+        self.read_ahead = read_ahead  # (off: each read fetches what it asks for, as a look at a few bytes)
         self._readers: dict[int, ObjectReader] = {}
         self._block = b""
         self._block_at = 0
@@ -580,7 +578,8 @@ class StoredFileReader:
         if position >= end:
             return b""
         if not (self._block_at <= position and end <= self._block_at + len(self._block)):
-            fetch = max(end - position, READ_BLOCK_BYTES) if position == self._checked_to else end - position
+            in_order = self.read_ahead and position == self._checked_to
+            fetch = max(end - position, READ_BLOCK_BYTES) if in_order else end - position
             self._block = self._fetch(position, min(fetch, self.stored.size - position))
             self._block_at = position
         data = self._block[position - self._block_at : end - self._block_at]
