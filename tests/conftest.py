@@ -6,8 +6,10 @@ import ctypes
 import logging
 import mmap
 import os
+import random
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -153,6 +155,35 @@ def data_dir(log_dir: Path) -> Iterator[DataDir]:
     yield opened
     opened.close()
     assert_log_dir_valid(log_dir)
+
+
+# Ports for the servers the suite starts (brokers, the S3 server). Not the kernel's pick from
+# port 0: that comes from the ephemeral range, where any outgoing connection (a Spark executor's,
+# a client's) may take it between the probe and the server's bind, and the server then fails to
+# start. Below that range only listeners take ports, and each xdist worker has a stripe of its
+# own, handing out each port once.
+_PORT_STRIPE = 1500
+_ports_given: set[int] = set()
+
+
+def listen_port() -> int:
+    """A loopback port no other server of the suite holds or will be given."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    low = 20000 + (index % 8) * _PORT_STRIPE
+    candidates = list(range(low, low + _PORT_STRIPE))
+    random.shuffle(candidates)
+    for port in candidates:
+        if port in _ports_given:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ports_given.add(port)
+        return port
+    raise AssertionError(f"no free loopback port in {low}-{low + _PORT_STRIPE - 1}")
 
 
 # A command run as a terminal's foreground job, which Ctrl-C reaches: a harness that started

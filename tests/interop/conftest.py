@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, listen_port
 from tests.fs.conftest import mount  # noqa: F401 (a fixture: writable and read-only mounts)
 
 CLASSPATHS = REPO / "build" / "interop"
@@ -176,12 +176,6 @@ def split_dump(output: str, files: Sequence[Path], who: str, done: subprocess.Co
     return parts
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Broker:
     """A single-node KRaft cluster (the node both broker and controller), formatted in `home`
     with `kafka-storage format --standalone`, on free loopback ports. Its small segments, quick
@@ -193,8 +187,8 @@ class Broker:
         self.kafka = kafka
         self.home = home
         self.log_dir = home / "logs"
-        self.port = free_port()
-        self.controller_port = free_port()
+        self.port = listen_port()
+        self.controller_port = listen_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = home / "server.log"
         self.properties = home / "server.properties"

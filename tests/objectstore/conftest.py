@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,19 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, listen_port
 from tests.fs.conftest import mount  # noqa: F401 (a fixture: a mount point as the source of a backup)
 
 CLASSPATH = REPO / "build" / "interop" / "s3proxy-4.1.0.classpath"
 IDENTITY = "seglogfs-test-identity"
 CREDENTIAL = "seglogfs-test-credential-not-secret"
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class S3Server:
@@ -54,7 +47,7 @@ class S3Server:
         self.root = root
         self.data = root / "objects"
         self.data.mkdir(parents=True)
-        self.port = _free_port()
+        self.port = listen_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         properties = root / "s3proxy.properties"
         properties.write_text(
