@@ -243,7 +243,11 @@ class Broker:
         deadline = time.monotonic() + timeout
         while not any("Kafka Server started" in line for line in self.log_lines()[len(started_lines) :]):
             if self.process.poll() is not None:
-                raise AssertionError(f"the broker exited {self.process.returncode}:\n{self.tail()}")
+                errors = "\n".join(self.errors_since(len(started_lines))[:20])
+                raise AssertionError(
+                    f"the broker exited {self.process.returncode} as it started; its errors:\n{errors}\n"
+                    f"its last lines:\n{self.tail()}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise AssertionError(f"the broker did not start in {timeout} s:\n{self.tail()}")
