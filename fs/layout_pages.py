@@ -320,7 +320,10 @@ class LayoutPages:
         start, end = layout.marks_file[marks[0]], layout.page_bounds(marks[-1])[1]
         edges = [*layout.marks_view[marks[0] : marks[-1] + 1], layout.view_bounds(marks[-1])[1]]
         data = layout.segment.with_descriptor(
-            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0], nowait=nowait)
+            lambda fd: self.renderer.render_range(fd, start, end, edges[-1] - edges[0], nowait=nowait),
+            start,
+            end,
+            nowait=nowait,
         )
         if data is None:
             return []

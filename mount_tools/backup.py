@@ -101,20 +101,22 @@ from seglogfs.engine.log.checkpoint import (
 from seglogfs.engine.log.naming import partition_dirs
 from seglogfs.engine.mirror import Mirror
 from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, is_object_store_uri, open_object_store
+from seglogfs.engine.stored.catalogue import (
+    CATALOGUE_DIR,
+    Catalogue,
+    catalogue_key,
+    catalogue_runs,
+    latest_catalogue,
+    read_catalogue,
+)
 from seglogfs.engine.topic_configs import META_PROPERTIES
 from seglogfs.mount_tools.common import discard_stdout, quiet_broken_pipe
 from seglogfs.mount_tools.copier import Copier, CopyStats, MirrorSource, Source, TreeSource
 from seglogfs.mount_tools.object_backup import (
-    CATALOGUE_DIR,
     UPLOADS_AT_ONCE,
-    Catalogue,
     ObjectBackup,
     StoredSource,
-    catalogue_key,
-    catalogue_runs,
     collect_garbage,
-    latest_catalogue,
-    read_catalogue,
     read_journal,
     read_started,
     write_started,

@@ -384,7 +384,7 @@ def _print_plan(plans: list[PlannedRepair]) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     if args.dry_run and not args.repair:
         raise UsageError("--dry-run goes with --repair")
-    config = broker_config(args)
+    config = broker_config(args, stored=not args.repair)
     require_data_dirs(config)
     dirs = list(config.log_dirs)
     # (lstat: a link named like a segment is measured, never followed; check reports it)

@@ -19,6 +19,7 @@ Exit codes (the CLI's contract, in `seglogfs --help`):
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
@@ -28,6 +29,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from seglogfs.engine import BrokerConfig, UnknownTopicOrPartitionError
+from seglogfs.engine.object_store import ObjectStore, is_object_store_uri, parse_location
+from seglogfs.engine.stored.catalogue import catalogue_runs
+from seglogfs.engine.stored.local_copy import LocalCopy
 from seglogfs.mount_tools.mountpoints import mount_containing, real
 
 EXIT_OK = 0
@@ -69,11 +73,26 @@ def add_common(parser: argparse.ArgumentParser, *, long_config: bool = True) -> 
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a broker config setting (repeatable)")
 
 
-def broker_config(args: argparse.Namespace) -> BrokerConfig:
+def broker_config(args: argparse.Namespace, *, stored: bool = False) -> BrokerConfig:
     """The broker config of the command's DATADIR (log dirs separated by commas), `-c` and
     `--override`. A seglogfs mount point given as DATADIR is refused in one line: the mount
     point holds topics as directories, not Kafka's layout (read with `MNT/.logdir`, or give the
-    data dir the mount serves)."""
+    data dir the mount serves).
+
+    A commands that only reads (`stored`) also takes a backup in object storage as DATADIR
+    (`s3://bucket/prefix`): the config is then of its local copy (`open_stored`); the others
+    refuse one in a line."""
+    if is_object_store_uri(args.datadir):
+        if not stored:
+            try:
+                shown = parse_location(args.datadir).display
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+            raise UsageError(
+                f"{shown} is a backup in object storage, which this command does not change: "
+                "`seglogfs restore URI DATADIR` copies it to a disk"
+            )
+        return BrokerConfig.load(args.config, args.override or (), log_dirs=open_stored(args.datadir).log_dirs)
     dirs = [Path(part) for part in args.datadir.split(",") if part]
     if not dirs:
         raise UsageError("DATADIR names no directory")
@@ -85,6 +104,38 @@ def broker_config(args: argparse.Namespace) -> BrokerConfig:
                 f"or {log_dir / '.logdir'} to read it through the mount"
             )
     return BrokerConfig.load(args.config, args.override or (), log_dirs=dirs)
+
+
+_STORED: dict[str, LocalCopy] = {}
+
+
+def open_stored(uri: str) -> LocalCopy:
+    """The backup at `uri` read where it is: its newest complete run's local copy (indexes and
+    checkpoints fetched, each segment's bytes as they are read), in a temporary directory removed
+    when the command ends. UsageError for a malformed URI."""
+    copy = _STORED.get(uri)
+    if copy is None:
+        try:
+            copy = _STORED[uri] = LocalCopy.open(uri)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        atexit.register(copy.close)
+    return copy
+
+
+def stored_file(uri: str) -> Path:
+    """A file of a backup in object storage named by URI (`s3://bucket/prefix/topic-0/….log`),
+    fetched whole into its backup's local copy (`open_stored`): the prefix is the longest one
+    above the file that holds a complete backup. FileNotFoundError when none does, or its newest
+    run has no such file."""
+    base, _, query = uri.partition("?")
+    scheme, _, rest = base.partition("://")
+    parts = rest.rstrip("/").split("/")
+    for cut in range(len(parts) - 1, 0, -1):
+        prefix = f"{scheme}://{'/'.join(parts[:cut])}" + (f"?{query}" if query else "")
+        if prefix in _STORED or catalogue_runs(ObjectStore(parse_location(prefix))):
+            return open_stored(prefix).materialize("/".join(parts[cut:]))
+    raise FileNotFoundError(f"{parse_location(uri).display}: in no complete backup")
 
 
 def require_data_dirs(config: BrokerConfig) -> None:

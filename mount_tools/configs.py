@@ -49,7 +49,7 @@ def add_parser(commands: Any) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    config = broker_config(args)
+    config = broker_config(args, stored=True)
     with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
         entries = data_dir.config_entries(args.topic)
     if args.json:

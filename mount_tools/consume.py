@@ -44,6 +44,7 @@ from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.errors import CorruptRecordError, OffsetOutOfRangeError
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED, TransactionTracker
+from seglogfs.engine.object_store import is_object_store_uri
 from seglogfs.engine.read_ahead import map_ahead, read_ahead
 from seglogfs.engine.record.records import CURRENT_MAGIC, BatchHeader
 from seglogfs.engine.text.console_formats import TextFormat
@@ -57,10 +58,12 @@ from seglogfs.mount_tools.common import (
     broker_config,
     key_values,
     now_ms,
+    open_stored,
     quiet_broken_pipe,
 )
 
 POLL_MS = 100  # how often a follower looks for new records (a console consumer's poll)
+FOLLOW_BACKUP_S = 2.0  # how often a follower of a backup in object storage looks for a newer run
 # Threads rendering ahead of the writes (the compiled core renders without the GIL).
 RENDER_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
 # Every record to the log end (no message limit, read_uncommitted) is rendered in runs of whole
@@ -217,7 +220,9 @@ class _Cursor:
         error that ended it early (None). Thread-safe."""
         segment = run.segment
         if run.plain and run.base_offset >= min_offset:
-            lines = segment.with_descriptor(lambda fd: self.renderer.render_range(fd, run.start, run.end))
+            lines = segment.with_descriptor(
+                lambda fd: self.renderer.render_range(fd, run.start, run.end), run.start, run.end
+            )
             if lines is not None:
                 return lines, run.records, run.last_offset, None
         # Batch by batch: the same lines, or the error that made the core decline the run.
@@ -453,8 +458,12 @@ class _Follower:
                 last_record = time.monotonic()
 
 
+def _tell(line: str) -> None:
+    print(f"seglogfs: {line}", file=sys.stderr, flush=True)
+
+
 def cmd_consume(args: argparse.Namespace) -> int:
-    config = broker_config(args)
+    config = broker_config(args, stored=True)
     properties = key_values(args.property, "--property")
     text_format = TextFormat.from_properties(properties) if args.format == "text" else None
     if sum(x is not None and x is not False for x in (args.from_beginning or None, args.offset, args.timestamp)) > 1:
@@ -477,6 +486,8 @@ def cmd_consume(args: argparse.Namespace) -> int:
             consumer.write_available()
             consumer.flush()
             if follow:
+                if is_object_store_uri(args.datadir):  # (new backup runs appear as a writer's appends)
+                    open_stored(args.datadir).follow(FOLLOW_BACKUP_S, _tell)
                 _Follower(consumer, args.timeout_ms).run()
     except BrokenPipeError:
         quiet_broken_pipe()

@@ -26,6 +26,7 @@ from seglogfs.engine.log.checkpoint import (
 )
 from seglogfs.engine.log.naming import INDEX_SUFFIXES, LOG_SUFFIX, parse_segment_file_name
 from seglogfs.engine.mirror import Mirror, MirrorFile
+from seglogfs.engine.stored.catalogue import FileAttributes
 from seglogfs.mount_tools.progress import Progress
 
 _TMP_SUFFIX = ".seglogfs-tmp"
@@ -72,15 +73,6 @@ class CopyStats:
             "filesSkipped": self.files_skipped,
             "filesDeleted": self.files_deleted,
         }
-
-
-@dataclass
-class FileAttributes:
-    """What the copy gives a file or directory besides its bytes."""
-
-    mode: int  # permission bits
-    mtime_ns: int
-    owner: tuple[int, int] | None  # (uid, gid), applied when running as root
 
 
 class SourceFile:

@@ -34,6 +34,7 @@ mount_tools.dump_records'.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -52,6 +53,7 @@ from seglogfs.engine.log.producer_snapshot import CorruptSnapshotError, read_pro
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.time_index import TIME_INDEX_DTYPE, TimeIndex
 from seglogfs.engine.log.transaction_index import read_transaction_index
+from seglogfs.engine.object_store import is_object_store_uri
 from seglogfs.engine.record import legacy
 from seglogfs.engine.record.records import (
     BatchHeader,
@@ -60,6 +62,7 @@ from seglogfs.engine.record.records import (
     decode_records,
     iter_batch_headers,
 )
+from seglogfs.mount_tools.common import stored_file
 from seglogfs.mount_tools.dump_records import (
     DumpFailed,
     MessageParser,
@@ -113,6 +116,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _local(name: str) -> Path:
+    """The file a FILE argument names: a path, or a file of a backup in object storage by URI
+    (fetched whole, and an index's `.log` with it: Kafka's index dumps read the log too)."""
+    if not is_object_store_uri(name):
+        return Path(name)
+    path = stored_file(name)
+    base, separator, query = name.partition("?")
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        if base.endswith(suffix):
+            with contextlib.suppress(FileNotFoundError):
+                stored_file(base[: -len(suffix)] + LOG_SUFFIX + separator + query)
+    return path
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
     files = list(args.files) + [f for f in (args.files_option or "").split(",") if f]
     if not files:
@@ -127,9 +144,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
     out = sys.stdout
     failed = False
     for name in files:
-        path = Path(name)
         out.write(f"Dumping {name}\n")
         try:
+            path = _local(name)
             # (lstat: a link is refused, never followed; a FIFO never opened, so never waited on)
             check_regular(path, os.lstat(path).st_mode)
         except FileNotFoundError:

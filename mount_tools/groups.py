@@ -89,7 +89,7 @@ def add_parser(commands: Any) -> None:
 def _open(args: argparse.Namespace) -> DataDir:
     """The data dir named, opened read-only (no lock, nothing written); an error when it does
     not exist."""
-    config = broker_config(args)
+    config = broker_config(args, stored=True)
     require_data_dirs(config)
     return DataDir.open(config, read_only=True, now_ms=now_ms())
 

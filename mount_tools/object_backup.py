@@ -43,23 +43,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import re
 import sys
 import threading
 import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from seglogfs.engine.errors import UnsafeFileError
 from seglogfs.engine.log.naming import LOG_SUFFIX
-from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
+from seglogfs.engine.object_store import ObjectStore, ObjectStoreError
+from seglogfs.engine.stored.catalogue import (
+    CATALOGUE_DIR,
+    CATALOGUE_MAX_BYTES,
+    CATALOGUE_NAME,
+    Catalogue,
+    FileAttributes,
+    StoredFile,
+    StoredFileReader,
+    catalogue_key,
+)
 from seglogfs.mount_tools.copier import (
     HEAD_BYTES,
     TAIL_BYTES,
     CopyStats,
-    FileAttributes,
     Source,
     SourceFile,
     orphan_index,
@@ -67,23 +75,11 @@ from seglogfs.mount_tools.copier import (
 )
 from seglogfs.mount_tools.progress import Progress
 
-CATALOGUE_DIR = ".seglogfs-backup"
-
 STARTED_KEY = f"{CATALOGUE_DIR}/started.json"  # the run that started last (complete or not)
-
-CATALOGUE_FORMAT = "seglogfs-backup-catalogue"
-
-CATALOGUE_VERSION = 1
 
 MAX_PIECES = 16  # pieces of one grown `.log` before it is uploaded whole again
 
 UPLOADS_AT_ONCE = 4
-
-_CATALOGUE_MAX_BYTES = 256 << 20
-
-_CATALOGUE_NAME = re.compile(r"^(\d{20})\.json$")
-
-READ_BLOCK_BYTES = 8 << 20  # what a read in order fetches at once (one request)
 
 JOURNAL_KEY = f"{CATALOGUE_DIR}/journal.json"  # the uploads of the run under way (or cut short)
 
@@ -108,7 +104,7 @@ def read_journal(store: ObjectStore, run: int) -> dict[str, Upload]:
     """The uploads a run of number `run` journaled before it was cut short (none when the
     journal is of another run, or unreadable: its uploads are sent again)."""
     try:
-        document = json.loads(store.read_whole(JOURNAL_KEY, _CATALOGUE_MAX_BYTES))
+        document = json.loads(store.read_whole(JOURNAL_KEY, CATALOGUE_MAX_BYTES))
         if document.get("run") != run:
             return {}
         return {str(key): Upload(**{k: int(v) for k, v in entry.items()}) for key, entry in document["uploads"].items()}
@@ -121,149 +117,10 @@ def read_journal(store: ObjectStore, run: int) -> dict[str, Upload]:
 _SMALL_FILE_BYTES = 1 << 20  # a file other than a segment's up to this size is compared byte for byte
 
 
-@dataclass
-class StoredFile:
-    """A file of the copy: its bytes are its pieces' objects, in order."""
-
-    pieces: list[tuple[str, int]]  # (key, size)
-    size: int
-    crc32: int
-    attributes: FileAttributes
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "pieces": [[key, size] for key, size in self.pieces],
-            "size": self.size,
-            "crc32": self.crc32,
-            **_attributes_json(self.attributes),
-        }
-
-    @classmethod
-    def of_json(cls, document: dict[str, object]) -> StoredFile:
-        pieces = [(str(key), int(size)) for key, size in document["pieces"]]  # type: ignore[attr-defined]
-        for key, _ in pieces:  # (an object outside the prefix is never read for it)
-            _check_path(key)
-        size = int(document["size"])  # type: ignore[call-overload]
-        if sum(piece_size for _, piece_size in pieces) != size or any(s < 0 for _, s in pieces):
-            raise ValueError("its pieces' sizes do not add up to its size")
-        return cls(pieces, size, int(document["crc32"]), _attributes_of(document))  # type: ignore[call-overload]
-
-
-def _attributes_json(attributes: FileAttributes) -> dict[str, object]:
-    return {"mode": attributes.mode, "mtimeNs": attributes.mtime_ns, "owner": attributes.owner}
-
-
-def _attributes_of(document: dict[str, object]) -> FileAttributes:
-    owner = document.get("owner")
-    return FileAttributes(
-        int(document["mode"]) & 0o7777,  # type: ignore[call-overload]
-        int(document["mtimeNs"]),  # type: ignore[call-overload]
-        (int(owner[0]), int(owner[1])) if isinstance(owner, list) and len(owner) == 2 else None,
-    )
-
-
-@dataclass
-class Catalogue:
-    """What one complete run stored: every file and directory of the copy (paths relative to the
-    prefix, `/`-separated; the root directory is "")."""
-
-    run: int
-    source: str
-    source_kind: str
-    log_dirs: int
-    started_ms: int
-    finished_ms: int = 0
-    files: dict[str, StoredFile] = field(default_factory=dict)
-    directories: dict[str, FileAttributes] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=dict)
-    refused: list[str] = field(default_factory=list)
-
-    def keys(self) -> set[str]:
-        return {key for stored in self.files.values() for key, _ in stored.pieces}
-
-    def as_json(self) -> dict[str, object]:
-        return {
-            "format": CATALOGUE_FORMAT,
-            "version": CATALOGUE_VERSION,
-            "run": self.run,
-            "source": self.source,
-            "sourceKind": self.source_kind,
-            "logDirs": self.log_dirs,
-            "startedMs": self.started_ms,
-            "finishedMs": self.finished_ms,
-            "directories": {path: _attributes_json(a) for path, a in sorted(self.directories.items())},
-            "files": {path: stored.as_json() for path, stored in sorted(self.files.items())},
-            "stats": self.stats,
-            "refused": self.refused,
-        }
-
-    @classmethod
-    def of_json(cls, document: object) -> Catalogue:
-        if not isinstance(document, dict) or document.get("format") != CATALOGUE_FORMAT:
-            raise ValueError("not a seglogfs backup catalogue")
-        if document.get("version") != CATALOGUE_VERSION:
-            raise ValueError(f"catalogue version {document.get('version')!r} (this seglogfs reads {CATALOGUE_VERSION})")
-        catalogue = cls(
-            int(document["run"]),
-            str(document["source"]),
-            str(document["sourceKind"]),
-            int(document["logDirs"]),
-            int(document["startedMs"]),
-            int(document["finishedMs"]),
-            stats=dict(document.get("stats") or {}),
-            refused=[str(name) for name in document.get("refused") or []],
-        )
-        for path, entry in document["files"].items():
-            _check_path(path)
-            catalogue.files[path] = StoredFile.of_json(entry)
-        for path, entry in document["directories"].items():
-            if path:
-                _check_path(path)
-            catalogue.directories[path] = _attributes_of(entry)
-        if catalogue.log_dirs < 1:
-            raise ValueError(f"bad logDirs {catalogue.log_dirs}")
-        return catalogue
-
-
-def _check_path(path: str) -> None:
-    """A path of the copy must stay below the target (a catalogue is read from a store others
-    may write)."""
-    parts = path.split("/")
-    if not path or any(part in ("", ".", "..") or "\0" in part for part in parts):
-        raise ValueError(f"bad path {path!r}")
-
-
-def catalogue_key(run: int) -> str:
-    return f"{CATALOGUE_DIR}/{run:020d}.json"
-
-
-def catalogue_runs(store: ObjectStore) -> list[int]:
-    """The runs whose catalogue the store holds, oldest first."""
-    runs = []
-    for info in store.list(CATALOGUE_DIR):
-        match = _CATALOGUE_NAME.match(info.key.removeprefix(CATALOGUE_DIR + "/"))
-        if match:
-            runs.append(int(match.group(1)))
-    return sorted(runs)
-
-
-def read_catalogue(store: ObjectStore, run: int) -> Catalogue:
-    key = catalogue_key(run)
-    try:
-        catalogue = Catalogue.of_json(json.loads(store.read_whole(key, _CATALOGUE_MAX_BYTES)))
-    except FileNotFoundError:
-        raise ObjectStoreError(f"{store.name(key)}: gone (a newer backup run removed it)") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ObjectStoreError(f"{store.name(key)}: unreadable backup catalogue: {error}") from None
-    if catalogue.run != run:
-        raise ObjectStoreError(f"{store.name(key)}: names run {catalogue.run}")
-    return catalogue
-
-
 def read_started(store: ObjectStore) -> dict[str, object] | None:
     """What the last run to start wrote as it began (`STARTED_KEY`): None when no run did."""
     try:
-        document = json.loads(store.read_whole(STARTED_KEY, _CATALOGUE_MAX_BYTES))
+        document = json.loads(store.read_whole(STARTED_KEY, CATALOGUE_MAX_BYTES))
     except FileNotFoundError:
         return None
     except ValueError as error:
@@ -275,12 +132,6 @@ def write_started(store: ObjectStore, catalogue: Catalogue) -> None:
     """Said before a run uploads anything: the prefix is a backup's, even before a run completes."""
     document = {"run": catalogue.run, "startedMs": catalogue.started_ms, "source": catalogue.source}
     store.put(STARTED_KEY, json.dumps(document).encode())
-
-
-def latest_catalogue(store: ObjectStore) -> Catalogue | None:
-    """The newest complete run's catalogue, None when no run completed."""
-    runs = catalogue_runs(store)
-    return read_catalogue(store, runs[-1]) if runs else None
 
 
 class ObjectBackup:
@@ -556,80 +407,6 @@ class ObjectBackup:
                 self.say(line)
 
 
-class StoredFileReader:
-    """A stored file's bytes, read from the pieces that hold them: each piece opened once, and
-    reads in order fetched READ_BLOCK_BYTES at a time (one ranged GET each). When the reads have
-    run in order from the start to the end, the file's CRC-32 is compared with the catalogue's
-    (ObjectStoreError on a difference)."""
-
-    def __init__(self, store: ObjectStore, path: str, stored: StoredFile, *, read_ahead: bool = True) -> None:
-        self.store = store
-        self.path = path
-        self.stored = stored
-        self.read_ahead = read_ahead  # (off: each read fetches what it asks for, as a look at a few bytes)
-        self._readers: dict[int, ObjectReader] = {}
-        self._block = b""
-        self._block_at = 0
-        self._crc = 0
-        self._checked_to = 0  # how far reads in order have gone (-1: not in order)
-
-    def read(self, position: int, length: int) -> bytes:
-        end = min(position + length, self.stored.size)
-        if position >= end:
-            return b""
-        if not (self._block_at <= position and end <= self._block_at + len(self._block)):
-            in_order = self.read_ahead and position == self._checked_to
-            fetch = max(end - position, READ_BLOCK_BYTES) if in_order else end - position
-            self._block = self._fetch(position, min(fetch, self.stored.size - position))
-            self._block_at = position
-        data = self._block[position - self._block_at : end - self._block_at]
-        self._check(position, data)
-        return data
-
-    def _fetch(self, position: int, length: int) -> bytes:
-        out = []
-        start = 0
-        end = position + length
-        for index, (key, size) in enumerate(self.stored.pieces):
-            low, high = max(position, start), min(end, start + size)
-            if low < high:
-                reader = self._readers.get(index)
-                if reader is None:
-                    try:
-                        reader = self._readers[index] = self.store.open(key)
-                    except FileNotFoundError:
-                        raise ObjectStoreError(
-                            f"{self.store.name(key)}: no such object (the backup's catalogue names it)"
-                        ) from None
-                    if reader.size != size:
-                        raise ObjectStoreError(
-                            f"{self.store.name(key)}: {reader.size} bytes, the backup's catalogue says {size}"
-                        )
-                out.append(reader.read(low - start, high - low))
-            start += size
-            if start >= end:
-                break
-        return b"".join(out)
-
-    def _check(self, position: int, data: bytes) -> None:
-        if position != self._checked_to:
-            if self._checked_to != self.stored.size:
-                self._checked_to = -1
-            return
-        self._crc = zlib.crc32(data, self._crc)
-        self._checked_to += len(data)
-        if self._checked_to == self.stored.size and self._crc != self.stored.crc32:
-            raise ObjectStoreError(
-                f"{self.store.name(self.path)}: its bytes in the store differ from what the backup stored "
-                f"(CRC-32 {self._crc:#010x}, the catalogue says {self.stored.crc32:#010x})"
-            )
-
-    def close(self) -> None:
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
-
-
 def collect_garbage(store: ObjectStore, catalogue: Catalogue, previous: Catalogue | None) -> int:
     """After a run's catalogue is written: delete the objects neither it nor the one before it
     names, and the catalogues before that one. Returns how many objects were deleted."""
@@ -638,7 +415,7 @@ def collect_garbage(store: ObjectStore, catalogue: Catalogue, previous: Catalogu
     deleted = 0
     for info in store.list():
         if info.key.startswith(CATALOGUE_DIR + "/"):
-            if info.key in kept_catalogues or not _CATALOGUE_NAME.match(info.key[len(CATALOGUE_DIR) + 1 :]):
+            if info.key in kept_catalogues or not CATALOGUE_NAME.match(info.key[len(CATALOGUE_DIR) + 1 :]):
                 continue
         elif info.key in kept:
             continue

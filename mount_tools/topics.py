@@ -238,7 +238,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 # -- list, describe (readers: no lock) ---------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    config = broker_config(args)
+    config = broker_config(args, stored=True)
     with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
         topics = _matching(data_dir, args.topic, args.exclude_internal)
     sys.stdout.write("".join(f"{topic}\n" for topic in topics))
@@ -284,7 +284,7 @@ def _partition_document(log: PartitionLog, node: int) -> dict[str, Any]:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    config = broker_config(args)
+    config = broker_config(args, stored=True)
     with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
         document = describe_document(data_dir, _existing(data_dir, args))
     if args.json:

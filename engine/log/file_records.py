@@ -38,6 +38,7 @@ from typing import TypeVar
 
 from seglogfs.engine import _core
 from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError, UnsupportedFormatError
+from seglogfs.engine.fetched_files import FetchedFile, fetched_file
 from seglogfs.engine.files import check_regular, open_regular
 from seglogfs.engine.log.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.record.legacy import MIN_ENTRY_BYTES, message_overhead
@@ -108,6 +109,9 @@ class FileRecords:
         # Batches below this position passed a `checked_batches(once=True)` check (each view's
         # first measure reads the segment: the CRCs are computed once). Cut back with the file.
         self._verified_to = 0
+        # A placeholder whose bytes are fetched from object storage as they are read
+        # (engine.fetched_files): found by the file's identity when it is opened read-only.
+        self._fetched: FetchedFile | None = None
         try:
             stat = os.lstat(log_path)
             check_regular(log_path, stat.st_mode)
@@ -177,6 +181,8 @@ class FileRecords:
         try:
             stat = os.fstat(handle)
             file_id = (stat.st_dev, stat.st_ino)
+            if not self.writable:
+                self._fetched = fetched_file(file_id)
             if self._file_id is None:
                 self._file_id = file_id
             elif file_id != self._file_id:
@@ -279,9 +285,11 @@ class FileRecords:
                 _ADVICE.read_ahead(handle, position, end - position)
             while position + MIN_ENTRY_BYTES <= end:
                 if nowait:
-                    view = memoryview(read_cached(handle, position, end - position))
+                    view = memoryview(self._read_cached(handle, position, end - position))
                 else:
-                    view = memoryview(os.pread(handle, min(_READ_CHUNK_BYTES, end - position), position))
+                    view = memoryview(
+                        self._pread(handle, min(_READ_CHUNK_BYTES, end - position), position, ahead_to=end)
+                    )
                 if not _header_fits(view, 0):
                     return
                 offset = 0
@@ -299,7 +307,7 @@ class FileRecords:
                     # A single batch larger than the chunk: read it whole (and a legacy message
                     # parsed again from all of its bytes).
                     header = BatchHeader.parse(view, 0, position)
-                    whole = memoryview(os.pread(handle, header.size_in_bytes, position))
+                    whole = memoryview(self._pread(handle, header.size_in_bytes, position))
                     if len(whole) < header.size_in_bytes:
                         return
                     if isinstance(header, LegacyBatchHeader):
@@ -310,14 +318,36 @@ class FileRecords:
         finally:
             self._unlease()
 
-    def with_descriptor(self, work: Callable[[int], T]) -> T:
+    def with_descriptor(self, work: Callable[[int], T], position: int, end_position: int, *, nowait: bool = False) -> T:
         """`work(fd)` with the `.log` file's descriptor, held open until it returns (for a call
-        of the core that reads the file itself). OSError when the segment is closed."""
+        of the core that reads the file itself), reading bytes [position, end_position) of it:
+        a stored segment's are fetched first, or with `nowait` (work that reads only from the
+        page cache) must have been (BlockingIOError). OSError when the segment is closed."""
         handle = self._lease()
         try:
-            return work(handle)
+            fetched = self._fetched
+            if fetched is None:
+                return work(handle)
+            if nowait:
+                return fetched.present(position, end_position - position, lambda: work(handle))
+            return fetched.reading(position, end_position - position, lambda: work(handle))
         finally:
             self._unlease()
+
+    def _pread(self, handle: int, length: int, position: int, *, ahead_to: int | None = None) -> bytes:
+        """`os.pread` of the leased descriptor; a stored segment's bytes fetched first (a scan
+        says where it ends: `ahead_to`, as far as the fetch may go ahead)."""
+        fetched = self._fetched
+        if fetched is None:
+            return os.pread(handle, length, position)
+        return fetched.reading(position, length, lambda: os.pread(handle, length, position), ahead_to=ahead_to)
+
+    def _read_cached(self, handle: int, position: int, length: int) -> bytearray:
+        """`read_cached`; of a stored segment, only bytes already fetched."""
+        fetched = self._fetched
+        if fetched is None:
+            return read_cached(handle, position, length)
+        return fetched.present(position, length, lambda: read_cached(handle, position, length))
 
     def advise_read_ahead(self, position: int, end_position: int | None = None) -> None:
         """Have the kernel read the file from `position` up to `end_position` (default: the size
@@ -397,13 +427,13 @@ class FileRecords:
         data, not damage, even where it cannot be read."""
         handle = self._lease()
         try:
-            head = os.pread(handle, LOG_OVERHEAD_BYTES, position)
+            head = self._pread(handle, LOG_OVERHEAD_BYTES, position)
             if len(head) < LOG_OVERHEAD_BYTES:
                 return False
             size = int.from_bytes(head[8:12], "big", signed=True)
             if not 14 <= size <= self._size - position - LOG_OVERHEAD_BYTES:
                 return False
-            return is_legacy_message(os.pread(handle, LOG_OVERHEAD_BYTES + size, position))
+            return is_legacy_message(self._pread(handle, LOG_OVERHEAD_BYTES + size, position))
         finally:
             self._unlease()
 
@@ -420,7 +450,7 @@ class FileRecords:
         """The whole batch a header from `iter_headers` heads, checked (see `check`)."""
         handle = self._lease()
         try:
-            batch = os.pread(handle, header.size_in_bytes, header.position)
+            batch = self._pread(handle, header.size_in_bytes, header.position)
         finally:
             self._unlease()
         self.check(header, batch)
@@ -448,9 +478,9 @@ class FileRecords:
         if self.legacy_message_at(position):
             handle = self._lease()
             try:
-                head = os.pread(handle, LOG_OVERHEAD_BYTES, position)
+                head = self._pread(handle, LOG_OVERHEAD_BYTES, position)
                 size = int.from_bytes(head[8:12], "big", signed=True)
-                entry = os.pread(handle, LOG_OVERHEAD_BYTES + size, position)
+                entry = self._pread(handle, LOG_OVERHEAD_BYTES + size, position)
             finally:
                 self._unlease()
             problem = LegacyBatchHeader.parse_message(entry, 0, position).problem
@@ -491,7 +521,7 @@ class FileRecords:
                     windowed = small_run >= 2
                     wanted = window_bytes if windowed else BATCH_OVERHEAD_BYTES
                     window, window_at, offset = (
-                        memoryview(os.pread(handle, min(wanted, end - position), position)),
+                        memoryview(self._pread(handle, min(wanted, end - position), position)),
                         position,
                         0,
                     )
@@ -503,7 +533,7 @@ class FileRecords:
                     return
                 if isinstance(header, LegacyBatchHeader) and offset + header.size_in_bytes > len(window):
                     # A legacy wrapper's first offset and records need all of its bytes.
-                    whole = os.pread(handle, header.size_in_bytes, position)
+                    whole = self._pread(handle, header.size_in_bytes, position)
                     if len(whole) < header.size_in_bytes:
                         return
                     header = BatchHeader.parse(whole, 0, position)
@@ -633,7 +663,14 @@ def batch_header_at(path: Path, position: int) -> BatchHeader | None:
     try:
         fd = open_regular(path)
         try:
-            data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
+            status = os.fstat(fd)
+            fetched = fetched_file((status.st_dev, status.st_ino))  # (a stored segment's placeholder)
+            if fetched is None:
+                data = os.pread(fd, BATCH_OVERHEAD_BYTES, position)
+            else:
+                data = fetched.reading(
+                    position, BATCH_OVERHEAD_BYTES, lambda: os.pread(fd, BATCH_OVERHEAD_BYTES, position)
+                )
         finally:
             os.close(fd)
     except (OSError, UnsafeFileError):

@@ -369,7 +369,7 @@ class LogSegment(FileRecords):
                 return None
             wanted = max(max_bytes, header.size_in_bytes) if min_one_message else max_bytes
             length = min(limit - header.position, wanted)
-            data = os.pread(handle, length, header.position) if length > 0 else b""
+            data = self._pread(handle, length, header.position) if length > 0 else b""
             return FetchSlice(self.base_offset, header.position, data)
         finally:
             self._unlease()

@@ -1,0 +1,338 @@
+"""Local files whose bytes are fetched from object storage as they are read.
+
+A *placeholder* is a sparse local file of a stored file's size (engine.stored.local_copy lays
+out a backup's copy of them; a Spark task makes the one it reads). Registered here by its inode,
+it is a `FetchedFile`, which knows which of its CHUNK_BYTES chunks hold the stored bytes. The
+segment file (engine.log.file_records) reads a placeholder through `FetchedFile.reading`: the
+chunks a read covers are fetched first — one ranged GET per run of missing chunks, a scan that
+says where it is going fetched up to READ_AHEAD_BYTES ahead of it — and written into the
+placeholder, and then the read is done as on any file. So everything that reads a segment (its
+iterators, the core's renderers, the mount's views, a Spark task) reads a stored one unchanged,
+and only the ranges it reads are fetched; the same range is fetched once while it is kept.
+
+How much a process keeps is bounded (`FetchBudget`, its size an option of the mount and of
+the readers): past it, the least recently read chunks are given back (a hole punched in their
+place; a file system that cannot punch has its file emptied instead), and fetched again if read
+again.
+
+Locks: a file's `_lock` is held over a read's fetch and the read itself, so a chunk is never
+given back under a read → the budget's lock. Giving back another file's chunks only
+try-acquires its lock (a file being read keeps its chunks for now).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import functools
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from seglogfs.engine.files import write_all
+from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
+
+T = TypeVar("T")
+
+CHUNK_BYTES = 1 << 20  # what is fetched, kept and given back as a unit
+READ_AHEAD_BYTES = 8 << 20  # how far ahead of a scan one request fetches (up to where it ends)
+DEFAULT_CACHE_BYTES = 1 << 30
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+class FetchBudget:
+    """The chunks all placeholders of a process hold, least recently read first, and how many
+    they may hold (`limit_bytes`)."""
+
+    def __init__(self, limit_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.limit_bytes = max(limit_bytes, CHUNK_BYTES)
+        self._lock = threading.Lock()
+        self._chunks: OrderedDict[tuple[FetchedFile, int], None] = OrderedDict()
+        self.fetched_bytes = 0  # (over the process's life: what the store was asked for)
+        self.requests = 0
+
+    @property
+    def held_bytes(self) -> int:
+        return len(self._chunks) * CHUNK_BYTES
+
+    def _count(self, fetched: int, requests: int) -> None:
+        with self._lock:
+            self.fetched_bytes += fetched
+            self.requests += requests
+
+    def _read(self, file: FetchedFile, chunks: range) -> list[tuple[FetchedFile, int]]:
+        """Chunks of `file` were read (some just fetched): they become the most recent. Returns
+        the chunks to give back, oldest first (never one of `chunks`)."""
+        with self._lock:
+            for chunk in chunks:
+                key = (file, chunk)
+                self._chunks[key] = None
+                self._chunks.move_to_end(key)
+            over = len(self._chunks) - self.limit_bytes // CHUNK_BYTES
+            victims = []
+            for key in self._chunks:
+                if over <= 0:
+                    break
+                if key[0] is file and key[1] in chunks:
+                    continue
+                victims.append(key)
+                over -= 1
+            return victims
+
+    def _given_back(self, file: FetchedFile, chunks: Sequence[int]) -> None:
+        with self._lock:
+            for chunk in chunks:
+                self._chunks.pop((file, chunk), None)
+
+
+BUDGET = FetchBudget()
+
+_REGISTRY: dict[tuple[int, int], FetchedFile] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register(
+    path: str, file_id: tuple[int, int], store: ObjectStore, pieces: Sequence[tuple[str, int]], name: str
+) -> FetchedFile:
+    """The placeholder of inode `file_id` (device, inode), which has or is about to have the
+    name `path` (a regular file of the pieces' total size, made by the caller), holds the stored
+    file made of `pieces` (object keys and sizes, in order); `name` is what errors call it.
+    Readers find it by its inode: register it before anything may open it."""
+    fetched = FetchedFile(path, file_id, store, pieces, name)
+    with _REGISTRY_LOCK:
+        _REGISTRY[fetched.file_id] = fetched
+    return fetched
+
+
+def unregister(fetched: FetchedFile) -> None:
+    """The placeholder was removed or replaced: its chunks are no longer counted. (A reader that
+    still has it open gets ESTALE from its next fetch.)"""
+    with _REGISTRY_LOCK:
+        if _REGISTRY.get(fetched.file_id) is fetched:
+            del _REGISTRY[fetched.file_id]
+    fetched.forget()
+
+
+def fetched_file(file_id: tuple[int, int] | None) -> FetchedFile | None:
+    """The placeholder of inode `file_id` (device, inode), None for any other file."""
+    if file_id is None or not _REGISTRY:
+        return None
+    return _REGISTRY.get(file_id)
+
+
+class FetchedFile:
+    """A placeholder and the stored file it stands for. See the module docstring."""
+
+    def __init__(
+        self, path: str, file_id: tuple[int, int], store: ObjectStore, pieces: Sequence[tuple[str, int]], name: str
+    ) -> None:
+        self.path = path
+        self.file_id = file_id
+        self.store = store
+        self.pieces = tuple(pieces)
+        self.name = name
+        self.size = sum(size for _, size in self.pieces)
+        self._lock = threading.Lock()
+        self._present: set[int] = set()  # chunks holding the stored bytes
+        self._readers: dict[int, ObjectReader] = {}
+        self._gone = False
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def reading(self, position: int, length: int, action: Callable[[], T], *, ahead_to: int | None = None) -> T:
+        """`action()` (a read of bytes [position, position + length) of the placeholder), after
+        the chunks it reads were fetched; with `ahead_to`, where the caller's scan ends, the
+        fetch goes on up to READ_AHEAD_BYTES past the read (not past `ahead_to`). ObjectStoreError
+        naming the object when the store fails the fetch."""
+        end = min(position + max(length, 0), self.size)
+        fetch_end = end
+        if ahead_to is not None:
+            fetch_end = max(end, min(ahead_to, position + READ_AHEAD_BYTES, self.size))
+        with self._lock:
+            if position < end:
+                self._fetch(position, fetch_end)
+            result = action()
+        self._after_read(self._chunks(position, end))
+        return result
+
+    def present(self, position: int, length: int, action: Callable[[], T]) -> T:
+        """`action()` if the bytes [position, position + length) are here, without fetching
+        them (BlockingIOError when they are not: a read on an event loop must not wait)."""
+        end = min(position + max(length, 0), self.size)
+        with self._lock:
+            if any(chunk not in self._present for chunk in self._chunks(position, end)):
+                raise BlockingIOError(errno.EAGAIN, f"{self.name}: not fetched from the store yet")
+            return action()
+
+    @staticmethod
+    def _chunks(position: int, end: int) -> range:
+        return range(position // CHUNK_BYTES, (end - 1) // CHUNK_BYTES + 1) if position < end else range(0)
+
+    # -- fetching (under _lock) --------------------------------------------------------------------
+    def _fetch(self, position: int, end: int) -> None:
+        missing = [chunk for chunk in self._chunks(position, end) if chunk not in self._present]
+        if not missing:
+            return
+        if self._gone:
+            raise OSError(errno.ESTALE, f"{self.name}: no longer in the backup's copy")
+        runs: list[list[int]] = []
+        for chunk in missing:
+            if runs and runs[-1][-1] + 1 == chunk:
+                runs[-1].append(chunk)
+            else:
+                runs.append([chunk])
+        fd = self._open()
+        fetched = 0
+        try:
+            for run in runs:
+                low = run[0] * CHUNK_BYTES
+                high = min((run[-1] + 1) * CHUNK_BYTES, self.size)
+                data = self._get(low, high)
+                write_all(fd, data, low)
+                self._present.update(run)
+                fetched += len(data)
+        except OSError as error:
+            if isinstance(error, ObjectStoreError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise OSError(
+                error.errno, f"{self.path}: no room for what is fetched from the store ({error.strerror})"
+            ) from None
+        finally:
+            os.close(fd)
+        BUDGET._count(fetched, len(runs))
+
+    def _open(self) -> int:
+        """The placeholder, for writing what was fetched; ESTALE when another file has its
+        name now (the copy replaced it)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise OSError(errno.ESTALE, f"{self.name}: no longer in the backup's copy") from None
+        status = os.fstat(fd)
+        if (status.st_dev, status.st_ino) != self.file_id:
+            os.close(fd)
+            raise OSError(errno.ESTALE, f"{self.name}: replaced in the backup's copy")
+        return fd
+
+    def _get(self, low: int, high: int) -> bytes:
+        """The stored bytes [low, high), from the pieces that hold them (a ranged GET each)."""
+        out = []
+        start = 0
+        for index, (key, size) in enumerate(self.pieces):
+            lo, hi = max(low, start), min(high, start + size)
+            if lo < hi:
+                out.append(self._reader(index, key, size).read(lo - start, hi - lo))
+            start += size
+            if start >= high:
+                break
+        data = b"".join(out)
+        if len(data) != high - low:
+            raise ObjectStoreError(f"{self.name}: the store gave {len(data)} bytes at {low}, {high - low} asked")
+        return data
+
+    def _reader(self, index: int, key: str, size: int) -> ObjectReader:
+        reader = self._readers.get(index)
+        if reader is None:
+            try:
+                reader = self.store.open(key)
+            except FileNotFoundError:
+                raise ObjectStoreError(
+                    f"{self.store.name(key)}: no such object (the backup's catalogue names it)"
+                ) from None
+            if reader.size != size:
+                reader.close()
+                raise ObjectStoreError(
+                    f"{self.store.name(key)}: {reader.size} bytes, the backup's catalogue says {size}"
+                )
+            self._readers[index] = reader
+        return reader
+
+    # -- giving back ---------------------------------------------------------------------------------
+    def _after_read(self, touched: range) -> None:
+        if not touched:
+            return
+        victims = BUDGET._read(self, touched)
+        by_file: dict[FetchedFile, list[int]] = {}
+        for file, chunk in victims:
+            by_file.setdefault(file, []).append(chunk)
+        for file, chunks in by_file.items():
+            file._give_back(chunks)
+
+    def _give_back(self, chunks: list[int]) -> None:
+        if not self._lock.acquire(blocking=False):
+            return  # (being read: asked again after the next read)
+        try:
+            held = [chunk for chunk in chunks if chunk in self._present]
+            if held and not self._gone:
+                try:
+                    fd = self._open()
+                except OSError:
+                    self._gone = True
+                else:
+                    try:
+                        self._punch(fd, held)
+                    finally:
+                        os.close(fd)
+            self._present.difference_update(chunks)
+        finally:
+            self._lock.release()
+        BUDGET._given_back(self, chunks)
+
+    def _punch(self, fd: int, chunks: list[int]) -> None:
+        for chunk in chunks:
+            if _punch_hole(fd, chunk * CHUNK_BYTES, CHUNK_BYTES):
+                continue
+            # (no hole punching here: the file is emptied, all its chunks given back)
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, self.size)
+            dropped = sorted(self._present)
+            self._present.clear()
+            BUDGET._given_back(self, dropped)
+            return
+
+    def grow(self, pieces: Sequence[tuple[str, int]]) -> None:
+        """The stored file grew: `pieces` are its pieces now (the old ones first, unchanged); the
+        caller made the placeholder that long. The chunk that held its old end is fetched again."""
+        with self._lock:
+            if self.pieces != tuple(pieces[: len(self.pieces)]):
+                raise ValueError(f"{self.name}: not grown from the pieces it had")
+            if self.size % CHUNK_BYTES:
+                self._present.discard(self.size // CHUNK_BYTES)
+            self.pieces = tuple(pieces)
+            self.size = sum(size for _, size in self.pieces)
+
+    def forget(self) -> None:
+        with self._lock:
+            self._gone = True
+            dropped = sorted(self._present)
+            self._present.clear()
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
+        BUDGET._given_back(self, dropped)
+
+
+@functools.cache
+def _fallocate() -> Callable[[int, int, int, int], int]:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    call = libc.fallocate
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    call.restype = ctypes.c_int
+    return call
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free the blocks of [offset, offset + length) of the file (they read as zeros, the size
+    stays); False where the file system cannot."""
+    if _fallocate()(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EOPNOTSUPP, errno.ENOSYS):
+        return False
+    raise OSError(code, os.strerror(code))

@@ -1,0 +1,228 @@
+"""A backup in object storage read where it is: its newest complete run laid out in a local
+directory as the data dir it copies, for everything that reads a data dir (the CLI's readers,
+a read-only mount, Spark's planning).
+
+Every file but the segments' `.log`s is fetched whole (indexes, checkpoints, producer snapshots,
+`meta.properties`: what a reader opens first, small beside the logs); each `.log` is a sparse
+*placeholder* of its size whose bytes are fetched as they are read (engine.fetched_files), so a
+reader fetches the indexes and the byte ranges it reads, and nothing else.
+
+`refresh()` moves the copy to the newest complete run the way a writer changes a data dir: a
+`.log` that grew is made longer in place; a file that changed otherwise (a compacted segment, a
+rewritten checkpoint) is replaced by a rename; new files appear (a segment's indexes before its
+`.log`) and removed ones go (a segment's `.log` first). A read-only open of the copy follows it as
+it follows a broker writing.
+
+The directory is this process's: a temporary one by default, removed by `close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from seglogfs.engine.fetched_files import FetchedFile, register, unregister
+from seglogfs.engine.files import write_all
+from seglogfs.engine.log.naming import LOG_SUFFIX
+from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, open_object_store
+from seglogfs.engine.stored.catalogue import Catalogue, StoredFile, StoredFileReader, latest_catalogue
+
+FETCHES_AT_ONCE = 8  # small files fetched at once while a run is laid out
+
+
+def _is_log(path: str) -> bool:
+    return path.endswith(LOG_SUFFIX) and "/" in path  # (a segment's, in a partition dir)
+
+
+class LocalCopy:
+    """The newest complete run of the backup in `store`, laid out below `directory`. See the
+    module docstring."""
+
+    def __init__(self, store: ObjectStore, directory: Path, *, owned: bool) -> None:
+        self.store = store
+        self.directory = directory
+        self._owned = owned
+        self._lock = threading.Lock()
+        self.catalogue: Catalogue | None = None
+        self._fetched: dict[str, FetchedFile] = {}
+        self._closing = threading.Event()
+        self._follower: threading.Thread | None = None
+
+    @classmethod
+    def open(cls, uri: str, directory: Path | None = None) -> LocalCopy:
+        """The backup at `uri`, laid out in `directory` (default: a temporary directory of its
+        own). ObjectStoreError when the store fails or holds no complete backup run."""
+        store = open_object_store(uri)
+        owned = directory is None
+        where = Path(tempfile.mkdtemp(prefix="seglogfs-stored-")) if directory is None else directory
+        copy = cls(store, where, owned=owned)
+        try:
+            if not copy.refresh():
+                raise ObjectStoreError(
+                    f"{store.name()}: no complete backup there (`seglogfs backup SRC {store.name()}` writes one)"
+                )
+        except BaseException:
+            copy.close()
+            raise
+        return copy
+
+    @property
+    def log_dirs(self) -> list[Path]:
+        """The copy's log dirs: the directory, or its `0/`, `1/`, … for a backup of several."""
+        count = self.catalogue.log_dirs if self.catalogue is not None else 1
+        return [self.directory] if count == 1 else [self.directory / str(index) for index in range(count)]
+
+    def refresh(self) -> bool:
+        """Lay out the newest complete run, if it is not the one laid out: whether the copy
+        changed. ObjectStoreError when the store fails (the copy stays as it was, or partly
+        moved to the newer run: each file whole, old or new)."""
+        with self._lock:
+            newest = latest_catalogue(self.store)
+            if newest is None or (self.catalogue is not None and newest.run == self.catalogue.run):
+                return False
+            self._apply(self.catalogue, newest)
+            self.catalogue = newest
+            return True
+
+    def follow(self, interval_s: float, tell: Callable[[str], None]) -> None:
+        """Refresh every `interval_s` seconds from a thread of its own until `close`, as new
+        backup runs complete (a reader following the copy sees them as a writer's changes).
+        A failed refresh is told once (`tell`, one line naming the object) and tried again."""
+        if self._follower is not None:
+            return
+
+        def run() -> None:
+            said = None
+            while not self._closing.wait(interval_s):
+                try:
+                    self.refresh()
+                    said = None
+                except (OSError, ValueError) as error:  # (ObjectStoreError among them)
+                    if str(error) != said:
+                        said = str(error)
+                        tell(f"following {self.store.name()}: {error}")
+
+        self._follower = threading.Thread(target=run, name="seglogfs-follow-backup", daemon=True)
+        self._follower.start()
+
+    def close(self) -> None:
+        """Forget the placeholders, and remove the directory when it is this copy's own."""
+        self._closing.set()
+        if self._follower is not None and self._follower is not threading.current_thread():
+            self._follower.join()
+        with self._lock:
+            for fetched in self._fetched.values():
+                unregister(fetched)
+            self._fetched.clear()
+            if self._owned:
+                shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalCopy:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- laying out a run ------------------------------------------------------------------------
+    def _apply(self, old: Catalogue | None, new: Catalogue) -> None:
+        before = old.files if old is not None else {}
+        for path in sorted(new.directories, key=len):
+            if path:
+                (self.directory / path).mkdir(exist_ok=True)
+        changed = [path for path, stored in new.files.items() if before.get(path) != stored]
+        small = [path for path in changed if not _is_log(path)]
+        with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="seglogfs-fetch") as pool:
+            for done in [pool.submit(self._fetch_whole, path, new.files[path]) for path in small]:
+                done.result()
+        for path in changed:
+            if _is_log(path):
+                self._place_log(path, before.get(path), new.files[path])
+        gone = [path for path in before if path not in new.files]
+        for path in sorted(gone, key=lambda p: not _is_log(p)):  # (a segment's `.log` first)
+            fetched = self._fetched.pop(path, None)
+            if fetched is not None:
+                unregister(fetched)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.directory / path)
+        if old is not None:
+            for path in sorted(set(old.directories) - set(new.directories), key=len, reverse=True):
+                if path:
+                    shutil.rmtree(self.directory / path, ignore_errors=True)
+        for path, attributes in new.directories.items():
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(self.directory / path, attributes.mode | 0o500)
+
+    def materialize(self, path: str) -> Path:
+        """The local file of `path` (relative to the copy's directory), a `.log` fetched whole:
+        for a reader that reads it itself (dump). FileNotFoundError when the copy has no such file."""
+        target = self.directory / path
+        with self._lock:
+            if self.catalogue is None or path not in self.catalogue.files:
+                raise FileNotFoundError(self.store.name(path))
+            fetched = self._fetched.get(path)
+        if fetched is not None:
+            fetched.reading(0, fetched.size, lambda: None)
+        return target
+
+    def _fetch_whole(self, path: str, stored: StoredFile) -> None:
+        """A small file fetched whole (its CRC-32 checked) and put in place by a rename."""
+        target = self.directory / path
+        temporary = target.with_name(f".{target.name}.fetching")
+        reader = StoredFileReader(self.store, path, stored)
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                position = 0
+                while position < stored.size:
+                    data = reader.read(position, min(stored.size - position, 8 << 20))
+                    if not data:
+                        raise ObjectStoreError(f"{self.store.name(path)}: ends at {position} of {stored.size} bytes")
+                    write_all(fd, data, position)
+                    position += len(data)
+                os.fchmod(fd, stored.attributes.mode & 0o666 | 0o400)
+            finally:
+                os.close(fd)
+            os.utime(temporary, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
+            os.rename(temporary, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+        finally:
+            reader.close()
+
+    def _place_log(self, path: str, before: StoredFile | None, stored: StoredFile) -> None:
+        """A segment's `.log`: grown in place when it only grew, else a new placeholder."""
+        target = self.directory / path
+        fetched = self._fetched.get(path)
+        grew = (
+            fetched is not None
+            and before is not None
+            and stored.size >= before.size
+            and stored.pieces[: len(before.pieces)] == before.pieces
+        )
+        if grew and fetched is not None:
+            os.truncate(target, stored.size)
+            fetched.grow(stored.pieces)
+            os.utime(target, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
+            return
+        temporary = target.with_name(f".{target.name}.placing")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, stored.size)
+            os.fchmod(fd, stored.attributes.mode & 0o666 | 0o400)
+            os.utime(fd, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
+            status = os.fstat(fd)
+        finally:
+            os.close(fd)
+        placed = register(str(target), (status.st_dev, status.st_ino), self.store, stored.pieces, self.store.name(path))
+        os.rename(temporary, target)
+        if fetched is not None:
+            unregister(fetched)
+        self._fetched[path] = placed
