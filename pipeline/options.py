@@ -13,8 +13,9 @@ an end by `endingTimestamp` > `endingOffsetsByTimestamp` > `endingOffsets`
 query refuses a `latest` start and an `earliest` end, as Spark's
 KafkaSourceProvider.validateBatchOptions does.
 
-seglogfs's own: `path` (a data dir, several comma-separated like `log.dirs`, or a seglogfs mount
-point, whose `.logdir/` mirror is read), `config` (a server.properties file, as `-c`) and
+seglogfs's own: `path` (a data dir, several comma-separated like `log.dirs`, a seglogfs mount
+point, whose `.logdir/` mirror is read, or, for reads, a backup in object storage by URI:
+`s3://bucket/prefix`, see engine.stored), `config` (a server.properties file, as `-c`) and
 `override.<setting>` (as `--override setting=value`).
 
 Nothing here imports pyspark: the planner and a streaming reader use these values as they are.
@@ -32,6 +33,8 @@ from typing import Any, Literal
 
 from seglogfs.engine import BrokerConfig
 from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.object_store import is_object_store_uri
+from seglogfs.engine.object_store import parse_location as object_location
 
 TopicPartition = tuple[str, int]
 
@@ -122,6 +125,7 @@ class Location:
 
     log_dirs: tuple[Path, ...]
     mount_point: Path | None = None  # set when `path` named a seglogfs mount
+    store_uri: str | None = None  # set when `path` named a backup in object storage (no log dirs then)
 
     @property
     def mounted(self) -> bool:
@@ -287,9 +291,16 @@ def parse_positive(options: Mapping[str, str], name: str) -> int | None:
 
 
 def parse_location(options: Mapping[str, str]) -> Location:
-    """`path`: log dirs (comma-separated) or a mount point. A mount point is recognised by its
-    `.logdir/` mirror; with several log dirs the mirror holds them as `.logdir/0/`, `.logdir/1/`…"""
+    """`path`: log dirs (comma-separated), a mount point, or a backup in object storage by URI
+    (`s3://bucket/prefix`, read only). A mount point is recognised by its `.logdir/` mirror; with
+    several log dirs the mirror holds them as `.logdir/0/`, `.logdir/1/`…"""
     text = options.get("path", "")
+    if is_object_store_uri(text.strip()):
+        try:
+            object_location(text.strip())
+        except ValueError as error:
+            raise OptionError(f"path {error}") from None
+        return Location((), store_uri=text.strip())
     parts = [Path(part.strip()) for part in text.split(",") if part.strip()]
     if not parts:
         raise OptionError("option path is required: a data dir (or comma-separated log dirs) or a seglogfs mount")

@@ -38,8 +38,10 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from seglogfs.engine import DataDir, PartitionLog
+from seglogfs.engine.fetched_files import fetched_file
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.transactions import AbortedTransaction, TransactionTracker
+from seglogfs.engine.stored.local_copy import shared_copy
 from seglogfs.pipeline.options import (
     EARLIEST,
     LATEST,
@@ -164,6 +166,9 @@ class SegmentSlice:
     # The segment was not the log's last when planned: its bytes are whole batches to its end (a
     # read that stops short of `end_position` met damage; in the last, a batch being written).
     sealed: bool = False
+    # A segment of a backup in object storage: the objects that hold its `.log` (key, size), which
+    # a task reads where planning's local copy is not (another host, another process).
+    stored: tuple[tuple[str, int], ...] = ()
 
     @property
     def size_bytes(self) -> int:
@@ -173,7 +178,11 @@ class SegmentSlice:
 # -- 1. offsets from options ------------------------------------------------------------------------
 def open_read_only(location: Location, settings: EngineSettings, now_ms: int) -> DataDir:
     """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written. A
-    log dir that is not a directory is refused by name (a read-only open would see no topics)."""
+    log dir that is not a directory is refused by name (a read-only open would see no topics).
+    A backup in object storage is opened as this process's local copy of its newest run."""
+    if location.store_uri is not None:
+        copy = shared_copy(location.store_uri)
+        return DataDir.open(settings.broker_config(tuple(copy.log_dirs)), read_only=True, now_ms=now_ms)
     for log_dir in location.log_dirs:
         if not log_dir.is_dir():
             raise OptionError(
@@ -421,6 +430,7 @@ def _segment_slices(log: PartitionLog, offsets: OffsetRange, min_timestamp_ms: i
         if start >= end:
             continue
         stat = os.lstat(segment.log_path)  # (the file the segment holds: a link there is another)
+        stored = fetched_file((stat.st_dev, stat.st_ino))  # (a backup's segment in object storage)
         slices.append(
             SegmentSlice(
                 topic=log.topic,
@@ -433,6 +443,7 @@ def _segment_slices(log: PartitionLog, offsets: OffsetRange, min_timestamp_ms: i
                 from_offset=lo,
                 until_offset=hi,
                 sealed=next_base is not None,
+                stored=stored.pieces if stored is not None else (),
             )
         )
     return slices

@@ -21,6 +21,7 @@ one JSON line (topic, partition, base offset, bytes of batches read, batches, ro
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -33,6 +34,7 @@ import pyarrow as pa
 
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError, _core
 from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError
+from seglogfs.engine.fetched_files import BUDGET as FETCH_BUDGET
 from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import log_file
 from seglogfs.engine.log.transactions import AbortedIndex
@@ -42,11 +44,13 @@ from seglogfs.engine.record.records import (
     Header,
     decode_records,
 )
+from seglogfs.engine.stored.local_copy import stored_segment
 from seglogfs.pipeline.options import EngineSettings, Location, SourceOptions
-from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice
+from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice, open_read_only
 
 METRICS_ENV = "SEGLOGFS_READ_METRICS_DIR"
 METRICS_FILE = "reads.jsonl"
+FETCHES_FILE = "fetches.jsonl"  # (what was fetched from object storage, by planning and by tasks)
 
 HEADER_TYPE = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 HEADERS_TYPE = pa.list_(pa.field("element", HEADER_TYPE))
@@ -272,19 +276,23 @@ class ReadStats:
     through_log: bool = False
 
 
-def _planned_segment(piece: SegmentSlice) -> FileRecords | None:
+def _planned_segment(piece: SegmentSlice, location: Location) -> FileRecords | None:
     """The slice's segment file, open, when it is still the file planning measured; None when
-    retention removed it or compaction swapped another in since (the log is read instead)."""
+    retention removed it or compaction swapped another in since (the log is read instead). A
+    backup's segment in object storage is read from the objects planning found, wherever the
+    task runs (they never change)."""
     try:
         return FileRecords.open_for_reading(log_file(Path(piece.directory), piece.base_offset), piece.file_id)
     except FileNotFoundError:
-        return None
+        pass
     except UnsafeFileError:
         return None  # (the log's own read refuses what stands in its place, and says so)
     except OSError as error:
-        if error.errno == errno.ESTALE:
-            return None
-        raise
+        if error.errno != errno.ESTALE:
+            raise
+    if piece.stored and location.store_uri is not None:
+        return stored_segment(location.store_uri, piece.stored)
+    return None
 
 
 def _batches_in_slice(
@@ -309,8 +317,11 @@ def _batches_through_log(
     """The slice's offsets read through the partition's log, opened afresh (its segment file
     changed since planning). Offsets gone below the log start offset meanwhile are data loss."""
     stats.through_log = True
-    broker = spec.engine.broker_config(spec.location.log_dirs)
-    with DataDir.open(broker, read_only=True, now_ms=0) as data_dir:
+    if spec.location.store_uri is not None:
+        opened = open_read_only(spec.location, spec.engine, now_ms=0)
+    else:  # (a log dir gone since planning: no topics, and data loss below)
+        opened = DataDir.open(spec.engine.broker_config(spec.location.log_dirs), read_only=True, now_ms=0)
+    with opened as data_dir:
         try:
             log = data_dir.partition(piece.topic, piece.partition)
         except UnknownTopicOrPartitionError:
@@ -339,7 +350,7 @@ def read_slice(piece: SegmentSlice, spec: ReadSpec) -> Iterator[pa.RecordBatch]:
     rows = _Rows(piece.topic, piece.partition, spec.include_headers)
     schema = spec.arrow_schema
     lo, hi = piece.from_offset, piece.until_offset
-    segment = _planned_segment(piece)
+    segment = _planned_segment(piece, spec.location)
     if segment is not None:
         batches = _batches_in_slice(segment, piece, stats)
     else:
@@ -373,6 +384,34 @@ def read_slice(piece: SegmentSlice, spec: ReadSpec) -> Iterator[pa.RecordBatch]:
         _report(piece, stats)
 
 
+@contextlib.contextmanager
+def counting_fetches(where: str) -> Iterator[None]:
+    """With METRICS_ENV set: what this process fetched from object storage while the block ran
+    (bytes and requests; a backup's segments read where they are), as a line of FETCHES_FILE."""
+    directory = os.environ.get(METRICS_ENV)
+    if not directory:
+        yield
+        return
+    before = (FETCH_BUDGET.fetched_bytes, FETCH_BUDGET.requests)
+    try:
+        yield
+    finally:
+        fetched = {
+            "where": where,
+            "bytes": FETCH_BUDGET.fetched_bytes - before[0],
+            "requests": FETCH_BUDGET.requests - before[1],
+        }
+        _append(os.path.join(directory, FETCHES_FILE), json.dumps(fetched))
+
+
+def _append(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
 def _report(piece: SegmentSlice, stats: ReadStats) -> None:
     directory = os.environ.get(METRICS_ENV)
     if not directory:
@@ -390,8 +429,4 @@ def _report(piece: SegmentSlice, stats: ReadStats) -> None:
             "through_log": stats.through_log,
         }
     )
-    fd = os.open(os.path.join(directory, METRICS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    _append(os.path.join(directory, METRICS_FILE), line)

@@ -12,6 +12,7 @@ Likewise `writer()` runs on the driver, the writer is pickled to the executors f
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -74,7 +75,7 @@ from seglogfs.pipeline.planning import (
     plan_slices,
     resolve_ranges,
 )
-from seglogfs.pipeline.reading import ReadSpec, read_slice
+from seglogfs.pipeline.reading import ReadSpec, counting_fetches, read_slice
 from seglogfs.pipeline.staging import Staged
 from seglogfs.pipeline.stream_writing import (
     abort_micro_batch,
@@ -135,8 +136,9 @@ def _read_task(partition: InputPartition, spec: ReadSpec) -> Iterator[pa.RecordB
     pieces = partition.value
     if not isinstance(pieces, tuple):  # Spark's stand-in when there is nothing to read
         return
-    for piece in pieces:
-        yield from read_slice(piece, spec)
+    with counting_fetches("task"):
+        for piece in pieces:
+            yield from read_slice(piece, spec)
 
 
 class PiecePartition(InputPartition):
@@ -160,7 +162,7 @@ class SeglogReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
+        with counting_fetches("planning"), open_read_only(options.location, options.engine, _now_ms()) as data_dir:
             assigned = options.subscription.partitions(data_dir.topics())
             ranges = resolve_ranges(
                 data_dir,
@@ -184,6 +186,10 @@ class SeglogReader(DataSourceReader):
         piece = partition.value
         if not isinstance(piece, ReadPiece | NewPartitions):  # Spark's stand-in when there is nothing to read
             return
+        with counting_fetches("task"):
+            yield from self._read(piece)
+
+    def _read(self, piece: ReadPiece | NewPartitions) -> Iterator[pa.RecordBatch]:
         options = self.options
         stable = StableOffsets() if options.read_committed else None
         with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
@@ -252,8 +258,13 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # object lives in one driver worker as long as the query).
         self.stable = StableOffsets() if options.read_committed else None
 
-    def _open(self) -> DataDir:
-        return open_read_only(self.options.location, self.options.engine, _now_ms())
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[DataDir]:
+        with (
+            counting_fetches("planning"),
+            open_read_only(self.options.location, self.options.engine, _now_ms()) as data_dir,
+        ):
+            yield data_dir
 
     def initialOffset(self) -> StreamOffset:
         with self._open() as data_dir:

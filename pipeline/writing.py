@@ -34,6 +34,7 @@ from seglogfs.engine.check import log_dir_in_use
 from seglogfs.engine.config import METADATA_TOPIC
 from seglogfs.engine.datadir import describe_process
 from seglogfs.engine.log.naming import validate_topic
+from seglogfs.engine.object_store import parse_location as object_location
 from seglogfs.pipeline.options import (
     EngineSettings,
     Location,
@@ -64,6 +65,11 @@ class WriteOptions:
 def parse_write_options(raw: Mapping[str, str]) -> WriteOptions:
     options = lowered(raw)
     location = parse_location(options)
+    if location.store_uri is not None:
+        raise OptionError(
+            f"path {object_location(location.store_uri).display}: object storage is read, not written: write to a "
+            "data dir or a seglogfs mount, and copy it to the bucket with `seglogfs backup DATADIR URI`"
+        )
     compression = None
     if "kafka.compression.type" in options:
         compression = CompressionType.from_name(options["kafka.compression.type"])

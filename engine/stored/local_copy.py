@@ -18,7 +18,9 @@ The directory is this process's: a temporary one by default, removed by `close`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from seglogfs.engine.fetched_files import FetchedFile, register, unregister
 from seglogfs.engine.files import write_all
+from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import LOG_SUFFIX
 from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, open_object_store
 from seglogfs.engine.stored.catalogue import Catalogue, StoredFile, StoredFileReader, latest_catalogue
@@ -226,3 +229,62 @@ class LocalCopy:
         if fetched is not None:
             unregister(fetched)
         self._fetched[path] = placed
+
+
+# -- one process's copies, for Spark ------------------------------------------------------------
+_SHARED: dict[str, LocalCopy] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_copy(uri: str) -> LocalCopy:
+    """This process's copy of the backup at `uri` (a Spark driver's or executor's: kept across
+    queries and tasks), moved to the newest complete run first; removed when the process exits."""
+    with _SHARED_LOCK:
+        copy = _SHARED.get(uri)
+        if copy is None:
+            copy = _SHARED[uri] = LocalCopy.open(uri)
+            atexit.register(copy.close)
+            return copy
+    copy.refresh()
+    return copy
+
+
+_SEGMENTS: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[Path, FetchedFile]] = {}
+_SEGMENTS_LOCK = threading.Lock()
+
+
+@functools.cache
+def _segments_dir() -> Path:
+    """Where this process keeps the placeholders of `stored_segment` (removed at exit)."""
+    where = Path(tempfile.mkdtemp(prefix="seglogfs-segments-"))
+    atexit.register(shutil.rmtree, where, True)
+    return where
+
+
+@functools.cache
+def _store(uri: str) -> ObjectStore:
+    return open_object_store(uri)
+
+
+def stored_segment(uri: str, pieces: tuple[tuple[str, int], ...]) -> FileRecords:
+    """A backup's `.log` known by the objects that hold it (`pieces`: key, size), open for reading
+    by position, its bytes fetched as they are read: for a task that reads what planning found
+    in another process. The placeholder is this process's (kept for the next task that reads
+    the segment, removed when the process exits); the caller closes what this returns.
+    ObjectStoreError naming the object when one is gone (two newer backup runs completed since
+    planning) or changed."""
+    key = (uri, pieces)
+    with _SEGMENTS_LOCK:
+        known = _SEGMENTS.get(key)
+        if known is None:
+            store = _store(uri)
+            path = _segments_dir() / f"{len(_SEGMENTS):08d}{LOG_SUFFIX}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.ftruncate(fd, sum(size for _, size in pieces))
+                status = os.fstat(fd)
+            finally:
+                os.close(fd)
+            fetched = register(str(path), (status.st_dev, status.st_ino), store, pieces, store.name(pieces[0][0]))
+            known = _SEGMENTS[key] = (path, fetched)
+    return FileRecords.open_for_reading(known[0], known[1].file_id)
