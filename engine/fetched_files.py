@@ -118,6 +118,17 @@ def unregister(fetched: FetchedFile) -> None:
     fetched.forget()
 
 
+def fetch_whole(fd: int) -> None:
+    """For a reader that reads a `.log` itself, whole (not through the segment file): when `fd`
+    is open on a placeholder, all its bytes are fetched first. Nothing for any other file."""
+    if not _REGISTRY:
+        return
+    status = os.fstat(fd)
+    fetched = fetched_file((status.st_dev, status.st_ino))
+    if fetched is not None:
+        fetched.reading(0, fetched.size, lambda: None)
+
+
 def fetched_file(file_id: tuple[int, int] | None) -> FetchedFile | None:
     """The placeholder of inode `file_id` (device, inode), None for any other file."""
     if file_id is None or not _REGISTRY:
