@@ -37,7 +37,7 @@ from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreE
 
 T = TypeVar("T")
 
-CHUNK_BYTES = 1 << 20  # what is fetched, kept and given back as a unit
+CHUNK_BYTES = 64 << 10  # what is fetched, kept and given back as a unit
 READ_AHEAD_BYTES = 8 << 20  # how far ahead of a scan one request fetches (up to where it ends)
 DEFAULT_CACHE_BYTES = 1 << 30
 

@@ -167,6 +167,14 @@ class S3:
     def uri(self, prefix: str = "backup") -> str:
         return f"s3://{self.bucket}/{prefix}"
 
+    def uri_with_keys(self, prefix: str = "backup") -> str:
+        """The URI with the endpoint and keys in its query: for processes started before the
+        server was (a Spark JVM and its Python workers keep the environment they started with)."""
+        return (
+            f"{self.uri(prefix)}?endpoint_override=127.0.0.1:{self.server.port}&scheme=http&region={REGION}"
+            f"&access_key={IDENTITY}&secret_key={CREDENTIAL}"
+        )
+
     def objects(self, prefix: str = "") -> dict[str, int]:
         return self.server.objects(self.bucket, prefix)
 

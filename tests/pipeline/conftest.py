@@ -23,6 +23,7 @@ import pytest
 
 from seglogfs.pipeline.reading import METRICS_ENV, METRICS_FILE
 from tests.conftest import REPO
+from tests.objectstore.conftest import s3, s3_server  # noqa: F401 (fixtures: an S3 server for reads from a bucket)
 from tests.pipeline.jvm import TEST_JVM_OPTIONS
 
 # Spark gives a Python worker it starts (a source's planning, a stream's offsets) a fixed 10 s

@@ -1,11 +1,14 @@
 """The data source on `local-cluster[2,1,1024]`: two executor JVMs besides the driver, each with
 its own Python workers, so the reader, its slices and the writer travel by pickle to other
-processes, as on a cluster (sharing the data dir's path, as a cluster's shared file system does).
+processes, as on a cluster (sharing the data dir's path, as a cluster's shared file system does;
+or sharing nothing but an object store: a backup read from the bucket).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -13,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli.support import SEGLOGFS
+from tests.conftest import REPO
+from tests.objectstore.conftest import S3
 from tests.pipeline.conftest import kafka_source_jars, read_table, stop_shared_session
 from tests.pipeline.jvm import TEST_JVM_OPTIONS
 from tests.pipeline.sample import T0, Sample, build_sample, expected, offsets_of, whole
@@ -81,3 +87,23 @@ def test_reads_pushdown_and_writes_across_executor_processes(cluster, sample: Sa
     assert Counter(zip(copy.column("key").to_pylist(), copy.column("value").to_pylist(), strict=True)) == Counter(
         zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)
     )
+
+
+def test_executors_read_a_bucket_after_the_data_dir_is_gone(cluster, s3: S3, tmp_path: Path) -> None:
+    """A data dir backed up to object storage and then removed: only the S3 server can serve it,
+    and the executors (no path in common with the driver) read it, a start by timestamp too."""
+    sample = build_sample(tmp_path / "data")
+    done = subprocess.run(
+        [SEGLOGFS, "backup", str(sample.path), s3.uri()], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    shutil.rmtree(sample.path)
+    alpha = [("alpha", 0), ("alpha", 1), ("alpha", 2)]
+    table = read_table(cluster, s3.uri_with_keys(), subscribe="alpha", minPartitions="8", includeHeaders="true")
+    assert offsets_of(table) == expected(sample, whole(sample, *alpha))
+    bound = T0 + 300_000
+    late = read_table(cluster, s3.uri_with_keys(), subscribe="alpha", startingTimestamp=str(bound))
+    assert offsets_of(late) == expected(
+        sample, {tp: (sample.first_at(tp, bound) or sample.log_end[tp], sample.log_end[tp]) for tp in alpha}
+    )
+    assert 0 < late.num_rows < table.num_rows
