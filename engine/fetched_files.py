@@ -65,11 +65,13 @@ class FetchBudget:
             self.fetched_bytes += fetched
             self.requests += requests
 
-    def _read(self, file: FetchedFile, chunks: range) -> list[tuple[FetchedFile, int]]:
-        """Chunks of `file` were read (some just fetched): they become the most recent. Returns
-        the chunks to give back, oldest first (never one of `chunks`)."""
+    def _read(self, file: FetchedFile, chunks: range, ahead: range) -> list[tuple[FetchedFile, int]]:
+        """Chunks of `file` were read (some just fetched), and those `ahead` of them fetched for
+        the reads to come: they become the most recent (the ones read last). Returns the chunks
+        to give back, oldest first (never one of `chunks`: a read's own chunks stay until the
+        next read, so the bound is passed by at most one read's span)."""
         with self._lock:
-            for chunk in chunks:
+            for chunk in (*ahead, *chunks):
                 key = (file, chunk)
                 self._chunks[key] = None
                 self._chunks.move_to_end(key)
@@ -169,7 +171,7 @@ class FetchedFile:
             if position < end:
                 self._fetch(position, fetch_end)
             result = action()
-        self._after_read(self._chunks(position, end))
+        self._after_read(self._chunks(position, end), self._chunks(end, fetch_end))
         return result
 
     def present(self, position: int, length: int, action: Callable[[], T]) -> T:
@@ -265,10 +267,10 @@ class FetchedFile:
         return reader
 
     # -- giving back ---------------------------------------------------------------------------------
-    def _after_read(self, touched: range) -> None:
+    def _after_read(self, touched: range, ahead: range) -> None:
         if not touched:
             return
-        victims = BUDGET._read(self, touched)
+        victims = BUDGET._read(self, touched, ahead)
         by_file: dict[FetchedFile, list[int]] = {}
         for file, chunk in victims:
             by_file.setdefault(file, []).append(chunk)

@@ -56,6 +56,7 @@ import numpy as np
 
 from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.datadir import LOCK_FILE
+from seglogfs.engine.fetched_files import FetchedFile, fetched_file
 from seglogfs.engine.files import open_regular
 from seglogfs.engine.log.checkpoint import (
     CLEAN_SHUTDOWN_FILE,
@@ -391,6 +392,11 @@ class MirrorFile:
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), "/".join(parts))
         # (a link or a FIFO put in the file's place since the look: UnsafeFileError, not followed)
         self._fd = open_regular(entry.path) if entry.path is not None else None
+        # A backup's segment in object storage (engine.fetched_files): its bytes fetched as read.
+        self._fetched: FetchedFile | None = None
+        if self._fd is not None:
+            status = os.fstat(self._fd)
+            self._fetched = fetched_file((status.st_dev, status.st_ino))
 
     def read_now(self, offset: int, length: int) -> bytes | bytearray | None:
         """`read`, when it needs no look at the log and its bytes are in the OS page cache (for
@@ -401,8 +407,11 @@ class MirrorFile:
         if self._fd is None:
             assert self.entry.content is not None
             return self.entry.content[offset:end]
+        fd = self._fd
         try:
-            return read_cached(self._fd, offset, length)
+            if self._fetched is not None:
+                return self._fetched.present(offset, length, lambda: read_cached(fd, offset, length))
+            return read_cached(fd, offset, length)
         except OSError:  # not cached; or an I/O error, which the worker thread's read reports
             return None
 
@@ -420,7 +429,10 @@ class MirrorFile:
         if self._fd is None:
             assert self.entry.content is not None
             return self.entry.content[offset:end]
-        return os.pread(self._fd, end - offset, offset)
+        fd = self._fd
+        if self._fetched is not None:
+            return self._fetched.reading(offset, end - offset, lambda: os.pread(fd, end - offset, offset))
+        return os.pread(fd, end - offset, offset)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -49,6 +49,7 @@ from seglogfs.engine import DataDir, EngineError, LogDirLockedError, _core
 from seglogfs.engine.check import CheckReport, PlannedRepair, check_log_dirs, plan_repair
 from seglogfs.engine.errors import ConfigError, InvalidRecordError
 from seglogfs.engine.log.set_aside import SetAsidePiece, SetAsideRun, place_for
+from seglogfs.engine.object_store import is_object_store_uri
 from seglogfs.engine.producer import LineSplitter, Producer
 from seglogfs.engine.text.console_formats import LineFormat
 from seglogfs.mount_tools import backup, configs, consume, dump, groups, mounting, topics
@@ -290,6 +291,8 @@ def cmd_delete_records(args: argparse.Namespace) -> int:
 def cmd_mount(args: argparse.Namespace) -> int:
     _view, _append, overrides, _flags = mounting.parse_mount_options(args.options)
     args.override = [*(args.override or ()), *overrides]
+    if is_object_store_uri(args.datadir):  # (opened by the mount's own process)
+        return mounting.cmd_mount(args, None)
     return mounting.cmd_mount(args, broker_config(args))
 
 

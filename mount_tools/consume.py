@@ -47,6 +47,7 @@ from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED, T
 from seglogfs.engine.object_store import is_object_store_uri
 from seglogfs.engine.read_ahead import map_ahead, read_ahead
 from seglogfs.engine.record.records import CURRENT_MAGIC, BatchHeader
+from seglogfs.engine.stored.local_copy import FOLLOW_INTERVAL_S
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.text.timestamps import parse_timestamp
@@ -63,7 +64,6 @@ from seglogfs.mount_tools.common import (
 )
 
 POLL_MS = 100  # how often a follower looks for new records (a console consumer's poll)
-FOLLOW_BACKUP_S = 2.0  # how often a follower of a backup in object storage looks for a newer run
 # Threads rendering ahead of the writes (the compiled core renders without the GIL).
 RENDER_THREADS = max(1, min(len(os.sched_getaffinity(0)), 4))
 # Every record to the log end (no message limit, read_uncommitted) is rendered in runs of whole
@@ -487,7 +487,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
             consumer.flush()
             if follow:
                 if is_object_store_uri(args.datadir):  # (new backup runs appear as a writer's appends)
-                    open_stored(args.datadir).follow(FOLLOW_BACKUP_S, _tell)
+                    open_stored(args.datadir).follow(FOLLOW_INTERVAL_S, _tell)
                 _Follower(consumer, args.timeout_ms).run()
     except BrokenPipeError:
         quiet_broken_pipe()

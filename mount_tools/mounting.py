@@ -49,6 +49,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import select
 import sys
 import time
@@ -60,8 +61,12 @@ from seglogfs.engine import BrokerConfig, LogDirLockedError
 from seglogfs.engine.check import log_dir_in_use
 from seglogfs.engine.config import broker_name_for
 from seglogfs.engine.errors import ConfigError, EngineError
+from seglogfs.engine.fetched_files import BUDGET as FETCH_BUDGET
+from seglogfs.engine.fetched_files import DEFAULT_CACHE_BYTES
 from seglogfs.engine.log.checkpoint import CLEAN_SHUTDOWN_FILE
 from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED
+from seglogfs.engine.object_store import parse_location as object_location
+from seglogfs.engine.stored.local_copy import FOLLOW_INTERVAL_S, LocalCopy
 from seglogfs.engine.text.console_formats import LineFormat, TextFormat
 from seglogfs.mount_tools import mountpoints
 
@@ -128,6 +133,8 @@ def parse_mount_options(
             key, sep, value = option.partition("=")
             if key in ("ro", "allow_other", "default_permissions", "nonempty") and not sep:
                 flags[key] = "true"
+            elif key == "cache.size":
+                flags[key] = str(parse_size(value, f"-o {option}"))
             elif key in ("view.cache", "log"):
                 if not value:
                     raise ConfigError(f"-o {option}: give a {'file' if key == 'log' else 'directory'}, or none")
@@ -157,6 +164,14 @@ def parse_mount_options(
             else:
                 raise ConfigError(f"-o {option}: unknown mount option")
     return view, append, overrides, flags
+
+
+def parse_size(text: str, what: str) -> int:
+    """A size in bytes, with an optional binary suffix: `512m`, `2G`, `65536`."""
+    match = re.fullmatch(r"(\d+)([kmgt]?)i?b?", text.strip().lower())
+    if match is None:
+        raise ConfigError(f"{what}: expected a size (bytes, or with k, m, g or t: 512m)")
+    return int(match.group(1)) << (10 * " kmgt".index(match.group(2) or " "))
 
 
 def view_cache_directory(option: str | None) -> Path | None:
@@ -237,10 +252,42 @@ def set_up_logging(mountpoint: Path, *, foreground: bool, file: Path | None) -> 
         pyfuse3_log.addFilter(_RepliesNobodyWaitsFor())
 
 
-def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
+@dataclass(frozen=True)
+class StoredSource:
+    """A backup in object storage to mount read-only: its URI, the bound of what is kept of its
+    segments (`-o cache.size`), and the broker config's file and overrides (`-c`, `--override`)."""
+
+    uri: str
+    cache_bytes: int
+    properties_file: Path | None
+    overrides: tuple[str, ...]
+
+    @property
+    def display(self) -> str:
+        return object_location(self.uri).display
+
+
+def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig | None) -> int:
+    """Mount DATADIR (`broker_config`), or, when that is None, the backup in object storage that
+    DATADIR names by URI: read-only, following new backup runs."""
     from seglogfs.fs.tree import MountOptions  # noqa: PLC0415 (imported only for the mount)
 
     view, append, _overrides, flags = parse_mount_options(args.options)
+    source: BrokerConfig | StoredSource
+    if broker_config is None:
+        try:
+            object_location(args.datadir)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if "ro" not in flags:  # (as mount(8) mounts a write-protected device)
+            print(f"seglogfs: {object_location(args.datadir).display} is read-only: mounting it -o ro", file=sys.stderr)
+            flags["ro"] = "true"
+        cache_bytes = int(flags.get("cache.size", DEFAULT_CACHE_BYTES))
+        source = StoredSource(args.datadir, cache_bytes, args.config, tuple(args.override or ()))
+    else:
+        if "cache.size" in flags:
+            raise ConfigError("-o cache.size is for a backup in object storage (s3://…): a data dir is read in place")
+        source = broker_config
     options = MountOptions(
         text_format=TextFormat.from_properties(view),
         line_format=LineFormat.from_properties(append),
@@ -258,14 +305,14 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig) -> int:
     kwargs = {"allow_other": "allow_other" in flags, "default_permissions": "default_permissions" in flags}
     log = log_file(flags.get("log")) if "log" in flags or not args.foreground else None
     check_log_file(log)
-    if not options.read_only:
-        say_which_data_dirs_are_created(broker_config)
-        wait_for_closing_mounts(broker_config)
+    if isinstance(source, BrokerConfig) and not options.read_only:
+        say_which_data_dirs_are_created(source)
+        wait_for_closing_mounts(source)
     if args.foreground:
         set_up_logging(mountpoint.absolute(), foreground=True, file=log)
-        _serve(broker_config, mountpoint, options, lambda: None, kwargs)
+        _serve(source, mountpoint, options, lambda: None, kwargs)
         return 0
-    return _serve_in_background(broker_config, mountpoint, options, kwargs, log)
+    return _serve_in_background(source, mountpoint, options, kwargs, log)
 
 
 def _mounts_process(entry: mountpoints.MountEntry) -> _Closing | None:
@@ -399,11 +446,22 @@ def say_which_data_dirs_are_created(broker_config: BrokerConfig) -> None:
 
 
 def _serve(
-    broker_config: BrokerConfig, mountpoint: Path, options: object, ready: Callable[[], None], kwargs: dict
+    source: BrokerConfig | StoredSource, mountpoint: Path, options: object, ready: Callable[[], None], kwargs: dict
 ) -> None:
     from seglogfs.mount_tools.serving import serve  # noqa: PLC0415 (imported only for the mount)
 
-    serve(broker_config, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
+    if isinstance(source, BrokerConfig):
+        serve(source, mountpoint, options, ready=ready, **kwargs)  # type: ignore[arg-type]
+        return
+    # A backup in object storage: its local copy is this (serving) process's, removed as it ends.
+    FETCH_BUDGET.limit_bytes = source.cache_bytes
+    copy = LocalCopy.open(source.uri)
+    try:
+        config = BrokerConfig.load(source.properties_file, source.overrides, log_dirs=copy.log_dirs)
+        copy.follow(FOLLOW_INTERVAL_S, lambda line: logging.getLogger(__name__).warning("%s", line))
+        serve(config, mountpoint, options, ready=ready, source=source.display, **kwargs)  # type: ignore[arg-type]
+    finally:
+        copy.close()
 
 
 def _one_line(error: BaseException) -> str:
@@ -422,7 +480,7 @@ def _exit_code(error: BaseException) -> int:
 
 
 def _serve_in_background(
-    broker_config: BrokerConfig, mountpoint: Path, options: object, kwargs: dict, log: Path | None
+    source: BrokerConfig | StoredSource, mountpoint: Path, options: object, kwargs: dict, log: Path | None
 ) -> int:
     """Fork; the child mounts and serves, the parent returns once the mount is in place (or
     with the child's error)."""
@@ -453,7 +511,7 @@ def _serve_in_background(
         os.dup2(devnull, 2)
 
     try:
-        _serve(broker_config, mountpoint, options, ready, kwargs)
+        _serve(source, mountpoint, options, ready, kwargs)
     except BaseException as error:  # reported to the parent if it still waits, else logged
         if waiting[0]:
             with contextlib.suppress(OSError), os.fdopen(write_end, "wb") as to_parent:

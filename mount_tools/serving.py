@@ -139,16 +139,18 @@ def serve(
     allow_other: bool = False,
     default_permissions: bool = False,
     ready: Callable[[], None] = lambda: None,
+    source: str | None = None,
 ) -> None:
     """Mount the data dir at `mountpoint` and serve it until unmounted; `ready` is called once
-    the mount is in place."""
+    the mount is in place. `source` is what the mount table shows (default: the log dirs)."""
     data_dir = DataDir.open(config, read_only=options.read_only, serve_the_rest=True, now_ms=_now_ms())
     measurer: threading.Thread | None = None
     with data_dir:  # (a failure to close is said, and never hides the error that ended the mount)
         tree = Tree(data_dir, options)
         operations = Operations(tree)
         scheduler = None if options.read_only else Scheduler(data_dir, _now_ms())
-        source = ",".join(str(d) for d in config.log_dirs)
+        if source is None:
+            source = ",".join(str(d) for d in config.log_dirs)
         pyfuse3.init(
             operations,
             os.fspath(mountpoint),

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -37,6 +38,33 @@ from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, open_obj
 from seglogfs.engine.stored.catalogue import Catalogue, StoredFile, StoredFileReader, latest_catalogue
 
 FETCHES_AT_ONCE = 8  # small files fetched at once while a run is laid out
+
+FOLLOW_INTERVAL_S = 2.0  # how often a follower (consume --follow, a mount) looks for a newer run
+
+
+def private_directory(kind: str) -> Path:
+    """A new temporary directory of this process's, `KIND-PID-…`; first, those of processes that
+    are gone are removed (a Spark Python worker ends without running exit handlers)."""
+    scratch = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError), os.scandir(scratch) as entries:
+        for entry in entries:
+            match = re.fullmatch(rf"{re.escape(kind)}-(\d+)-\w+", entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_uid != os.geteuid() or _alive(int(match.group(1))):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _is_log(path: str) -> bool:
@@ -63,7 +91,7 @@ class LocalCopy:
         own). ObjectStoreError when the store fails or holds no complete backup run."""
         store = open_object_store(uri)
         owned = directory is None
-        where = Path(tempfile.mkdtemp(prefix="seglogfs-stored-")) if directory is None else directory
+        where = private_directory("seglogfs-stored") if directory is None else directory
         copy = cls(store, where, owned=owned)
         try:
             if not copy.refresh():
@@ -256,7 +284,7 @@ _SEGMENTS_LOCK = threading.Lock()
 @functools.cache
 def _segments_dir() -> Path:
     """Where this process keeps the placeholders of `stored_segment` (removed at exit)."""
-    where = Path(tempfile.mkdtemp(prefix="seglogfs-segments-"))
+    where = private_directory("seglogfs-segments")
     atexit.register(shutil.rmtree, where, True)
     return where
 

@@ -174,11 +174,12 @@ def test_a_reader_fetches_the_indexes_and_the_ranges_it_reads(s3: S3, tmp_path: 
             opened = BUDGET.fetched_bytes - before
             # (the last segment's tail, where the log end is found)
             assert opened <= 2 * CHUNK_BYTES, f"{opened} bytes fetched to open the log"
+            assert CHUNK_BYTES <= 256 << 10
             records = list(log.records(59_000, 59_100))
             assert [r.offset for r in records] == list(range(59_000, 59_100))
             assert records[0].value == b"00059000 " + b"v" * 190
             near_the_end = BUDGET.fetched_bytes - before
-            assert near_the_end <= 3 * CHUNK_BYTES < segment_bytes / 3
+            assert near_the_end <= 512 << 10, near_the_end  # (of 12 MiB)
             everything = list(log.records(0))
             assert [r.offset for r in everything] == list(range(60_000))
     assert BUDGET.fetched_bytes - before >= segment_bytes
@@ -190,7 +191,7 @@ def test_the_cache_stays_within_its_bound_and_reads_stay_right(
     data = tmp_path / "data"
     big_topic(data)
     run("backup", data, s3.uri())
-    budget = FetchBudget(4 * CHUNK_BYTES)
+    budget = FetchBudget(1 << 20)
     monkeypatch.setattr("seglogfs.engine.fetched_files.BUDGET", budget)
     with LocalCopy.open(s3.uri()) as copy:
         config = BrokerConfig.load(None, [], log_dirs=copy.log_dirs)
@@ -199,9 +200,10 @@ def test_the_cache_stays_within_its_bound_and_reads_stay_right(
                 log = data_dir.partition("big", 0)
                 values = [r.value for r in log.records(0)]
                 assert values == [f"{n:08d} ".encode() + b"v" * 190 for n in range(60_000)]
-            assert budget.held_bytes <= 4 * CHUNK_BYTES
+            # (the bound, passed by at most one read's span: the segment's reads of 4 MiB)
+            assert budget.held_bytes <= (1 << 20) + (4 << 20)
             held_on_disk = sum(p.stat().st_blocks * 512 for p in copy.directory.glob("big-0/*.log"))
-            assert held_on_disk <= 5 * CHUNK_BYTES  # (holes punched where chunks were given back)
+            assert held_on_disk <= budget.held_bytes + CHUNK_BYTES  # (holes punched where chunks were given back)
         assert budget.fetched_bytes > 2 * sum(p.stat().st_size for p in data.glob("big-0/*.log")) * 0.9
 
 
