@@ -12,7 +12,7 @@ timestamps rising 1 ms a record) is backed up to the server. Then:
   fetched before).
 * Spark `startingTimestamp` for the last 1% of the records: the bytes fetched from the server
   (planning and tasks, as the source counts them), as a share of the bucket's segment bytes.
-* consume: `seglogfs consume --from-beginning` of partition 0 into /dev/null, from the bucket vs
+* consume: `seglogfs consume --from-beginning` of partition 0 into a pipe, from the bucket vs
   from the data dir (each run a new process: its own local copy, fetched cold).
 
 Client and server share the machine's cores (the load average is printed). Results print as a
@@ -43,11 +43,20 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def timed_run(command: list[str], env: dict[str, str]) -> float:
+def timed_run(command: list[str], env: dict[str, str], *, drain: bool = False) -> float:
+    """Seconds `command` took; with `drain` its output is read through a pipe (into /dev/null
+    directly, `consume` would know it goes nowhere and skip its work)."""
     started = time.perf_counter()
-    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command[:3])} … exited {done.returncode}: {done.stderr[-2000:]}")
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE if drain else subprocess.DEVNULL, stderr=subprocess.PIPE
+    ) as process:
+        if drain:
+            assert process.stdout is not None
+            while process.stdout.read(1 << 20):
+                pass
+        stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:3])} … exited {process.returncode}: {stderr[-2000:]}")
     return time.perf_counter() - started
 
 
@@ -123,7 +132,9 @@ def main() -> None:
         for _ in range(args.rounds):
             for where in (str(data), f"s3://{bucket}/backup"):
                 seconds = timed_run(
-                    [SEGLOGFS, "consume", where, "--topic", "bench", "--partition", "0", "--from-beginning"], env
+                    [SEGLOGFS, "consume", where, "--topic", "bench", "--partition", "0", "--from-beginning"],
+                    env,
+                    drain=True,
                 )
                 if where == str(data):
                     consume_local = min(consume_local, seconds)

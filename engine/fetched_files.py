@@ -4,16 +4,18 @@ A *placeholder* is a sparse local file of a stored file's size (engine.stored.lo
 out a backup's copy of them; a Spark task makes the one it reads). Registered here by its inode,
 it is a `FetchedFile`, which knows which of its CHUNK_BYTES chunks hold the stored bytes. The
 segment file (engine.log.file_records) reads a placeholder through `FetchedFile.reading`: the
-chunks a read covers are fetched first — one ranged GET per run of missing chunks, a scan that
-says where it is going fetched up to READ_AHEAD_BYTES ahead of it — and written into the
-placeholder, and then the read is done as on any file. So everything that reads a segment (its
-iterators, the core's renderers, the mount's views, a Spark task) reads a stored one unchanged,
-and only the ranges it reads are fetched; the same range is fetched once while it is kept.
+chunks a read covers are fetched first — one ranged GET per run of missing chunks — and written
+into the placeholder, and then the read is done as on any file. So everything that reads a
+segment (its iterators, the core's renderers, the mount's views, a Spark task) reads a stored one
+unchanged, and only the ranges it reads are fetched; the same range is fetched once while it is
+kept. A scan of batches in order (`FetchedFile.scanning`: a task's slice, a consumer's run) takes
+READ_AHEAD_BYTES at a time in one request instead, and reads them from memory: bytes a scan reads
+once cost no write into the placeholder and no read back.
 
 How much a process keeps is bounded (`FetchBudget`, its size an option of the mount and of
 the readers): past it, the least recently read chunks are given back (a hole punched in their
 place; a file system that cannot punch has its file emptied instead), and fetched again if read
-again.
+again. Scans' blocks in memory are SCAN_BLOCKS at most.
 
 Locks: a file's `_lock` is held over a read's fetch and the read itself, so a chunk is never
 given back under a read → the budget's lock. Giving back another file's chunks only
@@ -65,13 +67,12 @@ class FetchBudget:
             self.fetched_bytes += fetched
             self.requests += requests
 
-    def _read(self, file: FetchedFile, chunks: range, ahead: range) -> list[tuple[FetchedFile, int]]:
-        """Chunks of `file` were read (some just fetched), and those `ahead` of them fetched for
-        the reads to come: they become the most recent (the ones read last). Returns the chunks
-        to give back, oldest first (never one of `chunks`: a read's own chunks stay until the
-        next read, so the bound is passed by at most one read's span)."""
+    def _read(self, file: FetchedFile, chunks: range) -> list[tuple[FetchedFile, int]]:
+        """Chunks of `file` were read (some just fetched): they become the most recent. Returns
+        the chunks to give back, oldest first (never one of `chunks`: a read's own chunks stay
+        until the next read, so the bound is passed by at most one read's span)."""
         with self._lock:
-            for chunk in (*ahead, *chunks):
+            for chunk in chunks:
                 key = (file, chunk)
                 self._chunks[key] = None
                 self._chunks.move_to_end(key)
@@ -93,6 +94,28 @@ class FetchBudget:
 
 
 BUDGET = FetchBudget()
+
+SCAN_BLOCKS = 4  # scans' blocks held in memory at once in a process (READ_AHEAD_BYTES each)
+
+
+class _ScanBlocks:
+    """The files whose scan block is in memory, least recently used first: past SCAN_BLOCKS, the
+    oldest block is dropped (its scan fetches again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: OrderedDict[FetchedFile, None] = OrderedDict()
+
+    def using(self, file: FetchedFile) -> None:
+        with self._lock:
+            self._files[file] = None
+            self._files.move_to_end(file)
+            while len(self._files) > SCAN_BLOCKS:
+                oldest, _ = self._files.popitem(last=False)
+                oldest.scan_block = None  # (a reader holding it keeps its bytes)
+
+
+_SCANS = _ScanBlocks()
 
 _REGISTRY: dict[tuple[int, int], FetchedFile] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -154,24 +177,51 @@ class FetchedFile:
         self._present: set[int] = set()  # chunks holding the stored bytes
         self._readers: dict[int, ObjectReader] = {}
         self._gone = False
+        # A scan's block: bytes [start, start + len) fetched ahead of a scan and read from memory,
+        # not written into the placeholder (a scan reads them once). SCAN_BLOCKS of them at most
+        # in the process (`_SCANS`).
+        self.scan_block: tuple[int, memoryview] | None = None
 
     def __hash__(self) -> int:
         return id(self)
 
-    def reading(self, position: int, length: int, action: Callable[[], T], *, ahead_to: int | None = None) -> T:
-        """`action()` (a read of bytes [position, position + length) of the placeholder), after
-        the chunks it reads were fetched; with `ahead_to`, where the caller's scan ends, the
-        fetch goes on up to READ_AHEAD_BYTES past the read (not past `ahead_to`). ObjectStoreError
-        naming the object when the store fails the fetch."""
+    def scanning(self, fd: int, position: int, length: int, end_of_scan: int) -> bytes | memoryview:
+        """Bytes [position, position + length) for a scan that goes on to `end_of_scan` (its
+        reads in order, each read once: a task's slice, a consumer's run): from chunks already
+        here, else from a block fetched in one request up to READ_AHEAD_BYTES ahead and kept in
+        memory for the scan's next reads (the placeholder is not written: what a scan fetches
+        costs no write and read back, and no room in the cache)."""
         end = min(position + max(length, 0), self.size)
-        fetch_end = end
-        if ahead_to is not None:
-            fetch_end = max(end, min(ahead_to, position + READ_AHEAD_BYTES, self.size))
+        if position >= end:
+            return b""
+        with self._lock:
+            block = self.scan_block
+            if block is not None and block[0] <= position and end <= block[0] + len(block[1]):
+                return block[1][position - block[0] : end - block[0]]
+            if all(chunk in self._present for chunk in self._chunks(position, end)):
+                data = os.pread(fd, end - position, position)
+            else:
+                if self._gone:
+                    raise OSError(errno.ESTALE, f"{self.name}: no longer in the backup's copy")
+                high = max(end, min(end_of_scan, position + READ_AHEAD_BYTES, self.size))
+                fetched = memoryview(self._get(position, high))
+                BUDGET._count(len(fetched), 1)
+                self.scan_block = (position, fetched)
+                _SCANS.using(self)
+                return fetched[: end - position]
+        self._after_read(self._chunks(position, end))
+        return data
+
+    def reading(self, position: int, length: int, action: Callable[[], T]) -> T:
+        """`action()` (a read of bytes [position, position + length) of the placeholder), after
+        the chunks it reads were fetched and written in. ObjectStoreError naming the object when
+        the store fails the fetch."""
+        end = min(position + max(length, 0), self.size)
         with self._lock:
             if position < end:
-                self._fetch(position, fetch_end)
+                self._fetch(position, end)
             result = action()
-        self._after_read(self._chunks(position, end), self._chunks(end, fetch_end))
+        self._after_read(self._chunks(position, end))
         return result
 
     def present(self, position: int, length: int, action: Callable[[], T]) -> T:
@@ -267,10 +317,10 @@ class FetchedFile:
         return reader
 
     # -- giving back ---------------------------------------------------------------------------------
-    def _after_read(self, touched: range, ahead: range) -> None:
+    def _after_read(self, touched: range) -> None:
         if not touched:
             return
-        victims = BUDGET._read(self, touched, ahead)
+        victims = BUDGET._read(self, touched)
         by_file: dict[FetchedFile, list[int]] = {}
         for file, chunk in victims:
             by_file.setdefault(file, []).append(chunk)
@@ -323,6 +373,7 @@ class FetchedFile:
     def forget(self) -> None:
         with self._lock:
             self._gone = True
+            self.scan_block = None
             dropped = sorted(self._present)
             self._present.clear()
             for reader in self._readers.values():

@@ -287,9 +287,7 @@ class FileRecords:
                 if nowait:
                     view = memoryview(self._read_cached(handle, position, end - position))
                 else:
-                    view = memoryview(
-                        self._pread(handle, min(_READ_CHUNK_BYTES, end - position), position, ahead_to=end)
-                    )
+                    view = memoryview(self._scan_read(handle, min(_READ_CHUNK_BYTES, end - position), position, end))
                 if not _header_fits(view, 0):
                     return
                 offset = 0
@@ -334,13 +332,20 @@ class FileRecords:
         finally:
             self._unlease()
 
-    def _pread(self, handle: int, length: int, position: int, *, ahead_to: int | None = None) -> bytes:
-        """`os.pread` of the leased descriptor; a stored segment's bytes fetched first (a scan
-        says where it ends: `ahead_to`, as far as the fetch may go ahead)."""
+    def _pread(self, handle: int, length: int, position: int) -> bytes:
+        """`os.pread` of the leased descriptor; a stored segment's bytes fetched first."""
         fetched = self._fetched
         if fetched is None:
             return os.pread(handle, length, position)
-        return fetched.reading(position, length, lambda: os.pread(handle, length, position), ahead_to=ahead_to)
+        return fetched.reading(position, length, lambda: os.pread(handle, length, position))
+
+    def _scan_read(self, handle: int, length: int, position: int, end: int) -> bytes | memoryview:
+        """`_pread` for a scan in order up to `end` (`_batches_from`): a stored segment's bytes
+        fetched ahead of it into memory (engine.fetched_files: `FetchedFile.scanning`)."""
+        fetched = self._fetched
+        if fetched is None:
+            return os.pread(handle, length, position)
+        return fetched.scanning(handle, position, length, end)
 
     def _read_cached(self, handle: int, position: int, length: int) -> bytearray:
         """`read_cached`; of a stored segment, only bytes already fetched."""

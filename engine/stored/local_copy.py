@@ -35,7 +35,13 @@ from seglogfs.engine.files import write_all
 from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import LOG_SUFFIX
 from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, open_object_store
-from seglogfs.engine.stored.catalogue import Catalogue, StoredFile, StoredFileReader, latest_catalogue
+from seglogfs.engine.stored.catalogue import (
+    Catalogue,
+    FileAttributes,
+    StoredFile,
+    StoredFileReader,
+    latest_catalogue,
+)
 
 FETCHES_AT_ONCE = 8  # small files fetched at once while a run is laid out
 
@@ -65,6 +71,18 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _own(target: int | Path, attributes: FileAttributes) -> None:
+    """As root, a file or directory of the copy gets the owner the backup's source gave it, as
+    its mode (a mount of the copy shows each node's owner and mode as the data dir's, and the
+    kernel checks other users' requests against them: the copy is as open as the source was)."""
+    if attributes.owner is None or os.geteuid() != 0:
+        return
+    if isinstance(target, Path):
+        os.chown(target, *attributes.owner, follow_symlinks=False)
+    else:
+        os.fchown(target, *attributes.owner)
 
 
 def _is_log(path: str) -> bool:
@@ -165,8 +183,10 @@ class LocalCopy:
         before = old.files if old is not None else {}
         for path in sorted(new.directories, key=len):
             if path:
-                (self.directory / path).mkdir(exist_ok=True)
+                (self.directory / path).mkdir(parents=True, exist_ok=True)
         changed = [path for path, stored in new.files.items() if before.get(path) != stored]
+        for path in changed:  # (a file whose directory the catalogue does not list)
+            (self.directory / path).parent.mkdir(parents=True, exist_ok=True)
         small = [path for path in changed if not _is_log(path)]
         with ThreadPoolExecutor(FETCHES_AT_ONCE, thread_name_prefix="seglogfs-fetch") as pool:
             for done in [pool.submit(self._fetch_whole, path, new.files[path]) for path in small]:
@@ -187,6 +207,7 @@ class LocalCopy:
                     shutil.rmtree(self.directory / path, ignore_errors=True)
         for path, attributes in new.directories.items():
             with contextlib.suppress(FileNotFoundError):
+                _own(self.directory / path, attributes)
                 os.chmod(self.directory / path, attributes.mode | 0o500)
 
     def materialize(self, path: str) -> Path:
@@ -216,6 +237,7 @@ class LocalCopy:
                         raise ObjectStoreError(f"{self.store.name(path)}: ends at {position} of {stored.size} bytes")
                     write_all(fd, data, position)
                     position += len(data)
+                _own(fd, stored.attributes)
                 os.fchmod(fd, stored.attributes.mode & 0o666 | 0o400)
             finally:
                 os.close(fd)
@@ -247,6 +269,7 @@ class LocalCopy:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, stored.size)
+            _own(fd, stored.attributes)
             os.fchmod(fd, stored.attributes.mode & 0o666 | 0o400)
             os.utime(fd, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
             status = os.fstat(fd)
