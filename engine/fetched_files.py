@@ -204,8 +204,12 @@ class FetchedFile:
                 if self._gone:
                     raise OSError(errno.ESTALE, f"{self.name}: no longer in the backup's copy")
                 high = max(end, min(end_of_scan, position + READ_AHEAD_BYTES, self.size))
-                fetched = memoryview(self._get(position, high))
-                BUDGET._count(len(fetched), 1)
+                kept: bytes | memoryview = b""  # (the block's bytes from `position` on, when the read starts in it)
+                if block is not None and block[0] <= position < block[0] + len(block[1]):
+                    kept = block[1][position - block[0] :]
+                more = self._get(position + len(kept), high)
+                BUDGET._count(len(more), 1)
+                fetched = memoryview(b"".join((kept, more)) if kept else more)
                 self.scan_block = (position, fetched)
                 _SCANS.using(self)
                 return fetched[: end - position]
