@@ -24,11 +24,13 @@ try-acquires its lock (a file being read keeps its chunks for now).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
 import functools
 import os
+import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -116,6 +118,34 @@ class _ScanBlocks:
 
 
 _SCANS = _ScanBlocks()
+
+
+class _FetchAhead:
+    """Ranges of placeholders fetched ahead of a reader that said it will read them (a
+    consumer's segment: `FileRecords.advise_read_ahead`), READ_AHEAD_BYTES at a time, from a
+    thread of its own; the reader meanwhile reads what is there and fetches itself what is not
+    yet. Advice: a failure is the reader's to meet. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._ranges: queue.SimpleQueue[tuple[FetchedFile, int, int]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def fetch(self, file: FetchedFile, position: int, end: int) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="seglogfs-fetch-ahead", daemon=True)
+                self._thread.start()
+        self._ranges.put((file, position, end))
+
+    def _run(self) -> None:
+        while True:
+            file, position, end = self._ranges.get()
+            with contextlib.suppress(OSError):  # (ObjectStoreError among them)
+                file.fetch_range(position, end)
+
+
+_AHEAD = _FetchAhead()
 
 _REGISTRY: dict[tuple[int, int], FetchedFile] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -227,6 +257,24 @@ class FetchedFile:
             result = action()
         self._after_read(self._chunks(position, end))
         return result
+
+    def fetch_ahead(self, position: int, end: int) -> None:
+        """Fetch bytes [position, end) from a thread of its own (advice: see `_FetchAhead`), no
+        more than half the budget's bound."""
+        end = min(end, self.size, position + BUDGET.limit_bytes // 2)
+        if position < end:
+            _AHEAD.fetch(self, position, end)
+
+    def fetch_range(self, position: int, end: int) -> None:
+        """Bytes [position, end) fetched and written in, READ_AHEAD_BYTES at a time (the lock
+        taken for each: readers go on between them)."""
+        for start in range(position, end, READ_AHEAD_BYTES):
+            stop = min(start + READ_AHEAD_BYTES, end)
+            with self._lock:
+                if self._gone:
+                    return
+                self._fetch(start, stop)
+            self._after_read(self._chunks(start, stop))
 
     def present(self, position: int, length: int, action: Callable[[], T]) -> T:
         """`action()` if the bytes [position, position + length) are here, without fetching

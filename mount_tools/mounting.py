@@ -292,7 +292,9 @@ def cmd_mount(args: argparse.Namespace, broker_config: BrokerConfig | None) -> i
         text_format=TextFormat.from_properties(view),
         line_format=LineFormat.from_properties(append),
         read_only="ro" in flags,
-        view_cache=view_cache_directory(flags.get("view.cache")),
+        # (a backup's local copy is new each mount: layouts measured over it would never be found
+        # again, and would pile up in the cache until pruned)
+        view_cache=None if isinstance(source, StoredSource) else view_cache_directory(flags.get("view.cache")),
         measure=flags.get("measure", "background") == "background",
         read_committed=flags.get("isolation.level", READ_UNCOMMITTED) == READ_COMMITTED,
     )

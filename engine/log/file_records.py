@@ -360,6 +360,9 @@ class FileRecords:
         pieces (`iter_headers`, then the batches). Advice only: nothing when it cannot be given.
         Thread-safe."""
         end = self._size if end_position is None else end_position
+        if self._fetched is not None:  # (a stored segment's bytes are fetched ahead instead)
+            self._fetched.fetch_ahead(position, end)
+            return
         if end - position <= _READ_CHUNK_BYTES:
             return
         try:
