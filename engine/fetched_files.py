@@ -165,12 +165,11 @@ def register(
 
 
 def unregister(fetched: FetchedFile) -> None:
-    """The placeholder was removed or replaced: its chunks are no longer counted. (A reader that
-    still has it open gets ESTALE from its next fetch.)"""
+    """No new reader finds the placeholder (it is replaced or removed in its copy); readers that
+    hold it go on until its `forget`."""
     with _REGISTRY_LOCK:
         if _REGISTRY.get(fetched.file_id) is fetched:
             del _REGISTRY[fetched.file_id]
-    fetched.forget()
 
 
 def fetch_whole(fd: int) -> None:
@@ -211,6 +210,7 @@ class FetchedFile:
         # not written into the placeholder (a scan reads them once). SCAN_BLOCKS of them at most
         # in the process (`_SCANS`).
         self.scan_block: tuple[int, memoryview] | None = None
+        self._retired_fd: int | None = None  # (`retire`: written through it once its name is another's)
 
     def __hash__(self) -> int:
         return id(self)
@@ -322,9 +322,30 @@ class FetchedFile:
             os.close(fd)
         BUDGET._count(fetched, len(runs))
 
+    def retire(self) -> None:
+        """The placeholder is about to be replaced or removed in its copy (a newer backup run
+        compacted or deleted the segment): readers that hold it open go on reading it, as a
+        reader of a data dir holds a segment a writer removed, through a descriptor opened now
+        (its objects stay in the store for one more run), until `forget`."""
+        unregister(self)
+        with self._lock:
+            if self._retired_fd is not None or self._gone:
+                return
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                return
+            status = os.fstat(fd)
+            if (status.st_dev, status.st_ino) == self.file_id:
+                self._retired_fd = fd
+            else:
+                os.close(fd)
+
     def _open(self) -> int:
         """The placeholder, for writing what was fetched; ESTALE when another file has its
-        name now (the copy replaced it)."""
+        name now (the copy replaced it) and it was not retired."""
+        if self._retired_fd is not None:
+            return os.dup(self._retired_fd)
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
@@ -423,9 +444,14 @@ class FetchedFile:
             self.size = sum(size for _, size in self.pieces)
 
     def forget(self) -> None:
+        """The placeholder is done with: no more fetches (ESTALE), its chunks uncounted."""
+        unregister(self)
         with self._lock:
             self._gone = True
             self.scan_block = None
+            if self._retired_fd is not None:
+                os.close(self._retired_fd)
+                self._retired_fd = None
             dropped = sorted(self._present)
             self._present.clear()
             for reader in self._readers.values():

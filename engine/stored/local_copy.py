@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from seglogfs.engine.fetched_files import FetchedFile, register, unregister
+from seglogfs.engine.fetched_files import FetchedFile, register
 from seglogfs.engine.files import write_all
 from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import LOG_SUFFIX
@@ -101,6 +101,8 @@ class LocalCopy:
         self.catalogue: Catalogue | None = None
         self._fetched: dict[str, FetchedFile] = {}
         self._closing = threading.Event()
+        self._retiring: list[FetchedFile] = []  # replaced or removed by the run being laid out
+        self._retired: list[FetchedFile] = []  # by the run laid out last: forgotten after the next
         self._follower: threading.Thread | None = None
 
     @classmethod
@@ -137,6 +139,11 @@ class LocalCopy:
                 return False
             self._apply(self.catalogue, newest)
             self.catalogue = newest
+            # Placeholders this run replaced or removed stay readable to those who hold them
+            # until the next run (their objects stay in the store as long: see the catalogue).
+            for fetched in self._retired:
+                fetched.forget()
+            self._retired, self._retiring = self._retiring, []
             return True
 
     def follow(self, interval_s: float, tell: Callable[[str], None]) -> None:
@@ -166,9 +173,10 @@ class LocalCopy:
         if self._follower is not None and self._follower is not threading.current_thread():
             self._follower.join()
         with self._lock:
-            for fetched in self._fetched.values():
-                unregister(fetched)
+            for fetched in [*self._fetched.values(), *self._retired, *self._retiring]:
+                fetched.forget()
             self._fetched.clear()
+            self._retired, self._retiring = [], []
             if self._owned:
                 shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -198,7 +206,8 @@ class LocalCopy:
         for path in sorted(gone, key=lambda p: not _is_log(p)):  # (a segment's `.log` first)
             fetched = self._fetched.pop(path, None)
             if fetched is not None:
-                unregister(fetched)
+                fetched.retire()
+                self._retiring.append(fetched)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / path)
         if old is not None:
@@ -270,15 +279,16 @@ class LocalCopy:
         try:
             os.ftruncate(fd, stored.size)
             _own(fd, stored.attributes)
-            os.fchmod(fd, stored.attributes.mode & 0o666 | 0o400)
+            os.fchmod(fd, stored.attributes.mode & 0o666 | 0o600)  # (its owner writes what is fetched)
             os.utime(fd, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
             status = os.fstat(fd)
         finally:
             os.close(fd)
         placed = register(str(target), (status.st_dev, status.st_ino), self.store, stored.pieces, self.store.name(path))
-        os.rename(temporary, target)
         if fetched is not None:
-            unregister(fetched)
+            fetched.retire()
+            self._retiring.append(fetched)
+        os.rename(temporary, target)
         self._fetched[path] = placed
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.fetched_files import BUDGET, CHUNK_BYTES, FetchBudget
+from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.stored.local_copy import LocalCopy
 from tests.cli.support import SEGLOGFS, one_error_line
 from tests.conftest import REPO, copy_fixture
@@ -284,3 +285,33 @@ def test_no_local_copy_is_left_behind(s3: S3, tmp_path: Path) -> None:
     _, stderr = follower.communicate(timeout=30)
     assert follower.returncode == 0, stderr
     assert list(scratch.iterdir()) == []
+
+
+def test_a_segment_a_newer_run_removed_stays_readable_to_whoever_holds_it(s3: S3, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    big_topic(data, 20_000)
+    run("backup", data, s3.uri())
+    first = data / "big-0" / "00000000000000000000.log"
+    expected = list(FileRecords(first, writable=False).iter_headers(0))
+    with LocalCopy.open(s3.uri()) as copy:
+        held_path = copy.directory / "big-0" / first.name
+        status = held_path.stat()
+        held = FileRecords.open_for_reading(held_path, (status.st_dev, status.st_ino))
+        held.hold_open()  # (a reader in the middle of it, as a view's holder is)
+        try:
+            assert next(iter(held.iter_headers(0))) == expected[0]
+            run("delete-records", data, "--topic", "big", "--partition", "0", "--offset", "15000")
+            run("backup", data, s3.uri())
+            assert copy.refresh()
+            assert not held_path.exists()  # (removed from the copy, as retention removes it)
+            late = [h for h in expected if h.position > 600_000]
+            assert list(held.iter_headers(late[0].position)) == late  # (fetched after the run removed it)
+            run("backup", data, s3.uri())
+            produce(data, "big", ["more"])
+            run("backup", data, s3.uri())
+            assert copy.refresh()
+            with pytest.raises(OSError, match="no longer in the backup's copy"):
+                list(held.iter_headers(expected[3].position))  # (two runs later: gone)
+        finally:
+            held.let_close()
+            held.close()
