@@ -10,7 +10,9 @@ and `default_permissions`, the text view's
 `key.separator`, `null.literal`, the views' isolation level (`isolation.level=read_committed`,
 Kafka's consumer setting; read_uncommitted by default), the append files' `parse.key`,
 `key.separator`, `null.marker`, and any Kafka config name (`message.timestamp.type=LogAppendTime`,
-`log.retention.hours=1`, …), which overrides the broker config. The options mount(8) passes
+`log.retention.hours=1`, …), which overrides the broker config; for a backup in object storage
+(`seglogfs mount s3://bucket/prefix MNT`, always read-only), `cache.size=SIZE` (`4g`: what the
+mount keeps of the segments it fetched). The options mount(8) passes
 on (`rw`, `dev`, `suid`, `exec`, `auto`, `user`, `_netdev`, …) are accepted and ignored, so
 `mount -t fuse.seglogfs` and fstab lines work (see `mount_helper` for which install they run).
 Without `-f` the mount runs in the background once it is in place.
