@@ -23,7 +23,7 @@ REFUSED = r"\(E[A-Z]+\)$"  # a request the mount turned down, as its log says it
 
 
 class Mount:
-    def __init__(self, data: Path, mountpoint: Path, options: list[str]) -> None:
+    def __init__(self, data: Path | str, mountpoint: Path, options: list[str]) -> None:
         self.data = data
         self.path = mountpoint
         self.log = mountpoint.parent / f"{mountpoint.name}.log"
@@ -84,14 +84,15 @@ def check_mount_log(mount: Mount, expected: list[str]) -> None:
 
 @pytest.fixture
 def mount(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Mount]]:
-    """`mount(data_dir, *options)` mounts (the data dir is created if need be) and returns the
-    Mount; every mount made is unmounted after the test. Layouts are kept in the test's own
-    directory unless the options say where (`view.cache=`)."""
+    """`mount(data_dir, *options)` mounts (the data dir is created if need be; or a backup in
+    object storage, by URI) and returns the Mount; every mount made is unmounted after the test.
+    Layouts are kept in the test's own directory unless the options say where (`view.cache=`)."""
     made: list[Mount] = []
 
-    def make(data: Path | None = None, *options: str) -> Mount:
+    def make(data: Path | str | None = None, *options: str) -> Mount:
         data = data or tmp_path / "data"
-        data.mkdir(parents=True, exist_ok=True)
+        if isinstance(data, Path):
+            data.mkdir(parents=True, exist_ok=True)
         mountpoint = tmp_path / f"mnt{len(made)}"
         mountpoint.mkdir()
         if not any("view.cache=" in option for option in options):

@@ -15,28 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import copy_fixture
-from tests.fs.conftest import Mount, check_mount_log
 from tests.objectstore.conftest import S3
 from tests.objectstore.test_backup import produce, run
 from tests.objectstore.test_read_stored import big_topic
-
-
-@pytest.fixture
-def mounted(tmp_path: Path, request: pytest.FixtureRequest):
-    made: list[Mount] = []
-
-    def make(source: Path | str, *options: str) -> Mount:
-        mountpoint = tmp_path / f"mnt{len(made)}"
-        mountpoint.mkdir()
-        made.append(Mount(source, mountpoint, [*options, "-o", f"view.cache={tmp_path / 'view-cache'}"]))  # type: ignore[arg-type]
-        return made[-1]
-
-    yield make
-    for each in made:
-        each.stop()
-    expected = [pattern for marker in request.node.iter_markers("expect_warnings") for pattern in marker.args]
-    for each in made:
-        check_mount_log(each, expected)
 
 
 def shell(command: list[str] | str) -> subprocess.CompletedProcess[str]:
@@ -60,12 +41,12 @@ def tree_of(root: Path, skip: tuple[str, ...] = ("append",)) -> dict[str, bytes]
     return out
 
 
-def test_the_mount_of_the_bucket_serves_what_the_mount_of_the_data_dir_serves(s3: S3, tmp_path: Path, mounted) -> None:
+def test_the_mount_of_the_bucket_serves_what_the_mount_of_the_data_dir_serves(s3: S3, tmp_path: Path, mount) -> None:
     data = copy_fixture("experts-kafka-data", tmp_path)
     big_topic(data, 20_000)
     run("backup", data, s3.uri())
-    local = mounted(data, "-o", "ro")
-    stored = mounted(s3.uri(), "-o", "ro")
+    local = mount(data, "-o", "ro")
+    stored = mount(s3.uri(), "-o", "ro")
     mount_line = next(line for line in Path("/proc/mounts").read_text().splitlines() if str(stored.path) in line)
     assert mount_line.startswith(f"s3://{s3.bucket}/backup "), mount_line
     for view in ("records", "records.jsonl", "read_committed/records", "by-offset/12345", "by-offset/19990.jsonl"):
@@ -88,11 +69,11 @@ def test_the_mount_of_the_bucket_serves_what_the_mount_of_the_data_dir_serves(s3
     assert write.returncode != 0 and "Read-only file system" in write.stderr
 
 
-def test_tail_follows_new_backup_runs_once(s3: S3, tmp_path: Path, mounted) -> None:
+def test_tail_follows_new_backup_runs_once(s3: S3, tmp_path: Path, mount) -> None:
     data = tmp_path / "data"
     produce(data, "t", [f"run0-{n}" for n in range(100)], "--override", "log.segment.bytes=6000")
     run("backup", data, s3.uri())
-    stored = mounted(s3.uri(), "-o", "ro")
+    stored = mount(s3.uri(), "-o", "ro")
     out = tmp_path / "tail.out"
     with open(out, "wb") as sink:
         tail = subprocess.Popen(["tail", "-n", "+1", "-f", str(stored.path / "t/0/records")], stdout=sink)
@@ -117,14 +98,14 @@ def test_tail_follows_new_backup_runs_once(s3: S3, tmp_path: Path, mounted) -> N
 
 
 @pytest.mark.expect_warnings(r"s3://b-\w+/backup/big-0/\d{20}\.log: (opening|reading)")
-def test_a_stalled_server_fails_the_read_not_the_mount(s3: S3, tmp_path: Path, mounted) -> None:
+def test_a_stalled_server_fails_the_read_not_the_mount(s3: S3, tmp_path: Path, mount) -> None:
     data = tmp_path / "data"
     big_topic(data, 20_000)
     run("backup", data, s3.uri())
     logs = sorted(path.name for path in (data / "big-0").glob("*.log"))
     second, last = logs[1], logs[-1]
     uri = s3.uri() + "?request_timeout=1&connect_timeout=1&retries=0"
-    stored = mounted(uri, "-o", "ro,measure=lazy")
+    stored = mount(uri, "-o", "ro,measure=lazy")
     # (no view read yet: a view's size is measured from its records, which reads its segments)
     assert (stored.path / ".logdir/big-0" / last).read_bytes() == (data / "big-0" / last).read_bytes()
     s3.server.pause()
@@ -138,11 +119,11 @@ def test_a_stalled_server_fails_the_read_not_the_mount(s3: S3, tmp_path: Path, m
     assert (stored.path / ".logdir/big-0" / second).read_bytes() == (data / "big-0" / second).read_bytes()
 
 
-def test_the_cache_size_bounds_what_the_mount_keeps(s3: S3, tmp_path: Path, mounted) -> None:
+def test_the_cache_size_bounds_what_the_mount_keeps(s3: S3, tmp_path: Path, mount) -> None:
     data = tmp_path / "data"
     big_topic(data)
     run("backup", data, s3.uri())
-    stored = mounted(s3.uri(), "-o", "ro,cache.size=1m,measure=lazy")
+    stored = mount(s3.uri(), "-o", "ro,cache.size=1m,measure=lazy")
     for _ in range(2):
         lines = (stored.path / "big/0/records").read_text().splitlines()
         assert lines == [f"{n:08d} " + "v" * 190 for n in range(60_000)]
