@@ -316,7 +316,9 @@ class FetchedFile:
             if isinstance(error, ObjectStoreError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise OSError(
-                error.errno, f"{self.path}: no room for what is fetched from the store ({error.strerror})"
+                error.errno,
+                f"{self.path}: no room for what is fetched from the store ({error.strerror}; a reader's "
+                "local copy is in TMPDIR: give it a file system with room, or a smaller cache)",
             ) from None
         finally:
             os.close(fd)

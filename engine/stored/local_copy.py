@@ -64,13 +64,14 @@ def private_directory(kind: str) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, killed but not yet reaped, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as status:
+            return status.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
         return False
-    except PermissionError:
-        return True
-    return True
+    except (OSError, IndexError):
+        return True  # (cannot tell: its directory stays)
 
 
 def _own(target: int | Path, attributes: FileAttributes) -> None:

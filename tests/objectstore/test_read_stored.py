@@ -285,6 +285,19 @@ def test_no_local_copy_is_left_behind(s3: S3, tmp_path: Path) -> None:
     _, stderr = follower.communicate(timeout=30)
     assert follower.returncode == 0, stderr
     assert list(scratch.iterdir()) == []
+    killed = subprocess.Popen(
+        [SEGLOGFS, "consume", s3.uri(), "--topic", "t", "--follow"], cwd=REPO, env=environment, stderr=subprocess.PIPE
+    )
+    time.sleep(1.5)
+    left = list(scratch.iterdir())
+    killed.kill()
+    killed.communicate(timeout=30)
+    assert [path.name for path in scratch.iterdir()] == [path.name for path in left] != []  # (kill -9: no exit handler)
+    done = subprocess.run(
+        [SEGLOGFS, "topics", "list", s3.uri()], cwd=REPO, capture_output=True, text=True, env=environment, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert list(scratch.iterdir()) == []  # (the next reader removed what the killed one left)
 
 
 def test_a_segment_a_newer_run_removed_stays_readable_to_whoever_holds_it(s3: S3, tmp_path: Path) -> None:
@@ -315,3 +328,26 @@ def test_a_segment_a_newer_run_removed_stays_readable_to_whoever_holds_it(s3: S3
         finally:
             held.let_close()
             held.close()
+
+
+def test_a_full_disk_under_the_local_copy_is_one_line_and_leaves_nothing(
+    s3: S3, tmp_path: Path, small_tmpfs: Path
+) -> None:
+    data = tmp_path / "data"
+    big_topic(data)  # (12 MiB, on a 4 MiB file system)
+    run("backup", data, s3.uri())
+    environment = {**os.environ, "TMPDIR": str(small_tmpfs)}
+    done = subprocess.run(
+        [SEGLOGFS, "consume", s3.uri(), "--topic", "big", "--from-beginning"],
+        cwd=REPO,
+        capture_output=True,
+        env=environment,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.decode().splitlines()
+    assert len(lines) == 1 and "no room for what is fetched from the store" in lines[0] and "TMPDIR" in lines[0]
+    printed = done.stdout.decode().splitlines()
+    assert printed == [f"{n:08d} " + "v" * 190 for n in range(len(printed))]  # (in order, none twice)
+    assert list(small_tmpfs.iterdir()) == []
