@@ -354,6 +354,7 @@ class _Consumer:
         self.out = out
         self.max_messages = max_messages
         self.count = 0
+        self.stop: _Stop | None = None  # (the signals that end it: see `_Stop`)
 
     @property
     def done(self) -> bool:
@@ -372,13 +373,26 @@ class _Consumer:
             with contextlib.closing(cursor.rendered(self._room)) as rendered:
                 for lines, records in rendered:
                     self.count += records
-                    with _writing_out():
-                        self.out.write(lines)
+                    self._out(lambda: self.out.write(lines))  # noqa: B023 (called here, at once)
+                    if self.stop is not None:
+                        self.stop.check()
         return self.count - before
 
     def flush(self) -> None:
-        with _writing_out():
-            self.out.flush()
+        self._out(self.out.flush)
+
+    def _out(self, write: Callable[[], object]) -> None:
+        """A write to stdout, which a signal may end at once (a reader that does not read holds
+        it; it holds no lock of the engine's)."""
+        stop = self.stop
+        if stop is not None:
+            stop.writing = True
+        try:
+            with _writing_out():
+                write()
+        finally:
+            if stop is not None:
+                stop.writing = False
 
 
 @contextmanager
@@ -409,21 +423,56 @@ def _partitions(data_dir: DataDir, args: argparse.Namespace) -> list[PartitionLo
     return logs
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+class _Stop:
+    """A signal that ends the consumer, SIGTERM or Ctrl-C (Kafka's console consumer shuts down on
+    both): its handler only notes it (and wakes the follower's wait through a pipe), and the
+    consumer ends where it holds nothing, between two writes or at the follower's wait, with
+    KeyboardInterrupt; in a write to stdout (which a reader that does not read may hold for
+    ever) at once. (Raised by the handler itself, it came wherever the main thread was, in a
+    lock's acquire too: the lock stayed taken, and closing the data dir then waited on it for
+    ever.)"""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.writing = False  # (in a write to stdout, which the signal ends at once)
+        self.wakeup, self._wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        with contextlib.suppress(OSError):  # (full: a wake-up is pending already)
+            os.write(self._wake, b"\0")
+        if self.writing:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        os.close(self.wakeup)
+        os.close(self._wake)
 
 
 @contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM ends the consumer as Ctrl-C does (Kafka's console consumer shuts down on both)."""
+def _signals_stop(consumer: _Consumer) -> Iterator[None]:
+    """SIGTERM, and SIGINT unless it is ignored (a job started in the background), end the
+    consumer at its next safe point (`_Stop`) while the block runs."""
     if threading.current_thread() is not threading.main_thread():
         yield  # (signal handlers belong to the main thread; an in-process caller's thread keeps its own)
         return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stop = _Stop()
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, stop.handle)}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, stop.handle)
+    consumer.stop = stop
     try:
         yield
+        stop.check()  # (a signal during the last steps: as if it came at the end)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        consumer.stop = None
+        stop.close()
 
 
 class _Follower:
@@ -440,6 +489,8 @@ class _Follower:
         # buffer: a write will tell.)
         with contextlib.suppress(OSError, ValueError, AttributeError):
             self.poller.register(consumer.out.fileno(), 0)
+        if consumer.stop is not None:  # (a signal wakes the wait)
+            self.poller.register(consumer.stop.wakeup, select.POLLIN)
 
     def run(self) -> None:
         consumer = self.consumer
@@ -449,7 +500,10 @@ class _Follower:
             if self.timeout_ms is not None and idle_ms >= self.timeout_ms:
                 return
             wait_ms = POLL_MS if self.timeout_ms is None else min(POLL_MS, self.timeout_ms - idle_ms)
-            if any(event & (select.POLLERR | select.POLLHUP) for _, event in self.poller.poll(max(wait_ms, 0))):
+            events = self.poller.poll(max(wait_ms, 0))
+            if consumer.stop is not None:
+                consumer.stop.check()
+            if any(event & (select.POLLERR | select.POLLHUP) for _, event in events):
                 raise BrokenPipeError  # `| head` took what it wanted while nothing new came
             for cursor in consumer.cursors:
                 cursor.log.refresh(now_ms())
@@ -478,7 +532,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         print(f"seglogfs: {incomplete}", file=sys.stderr, flush=True)
     consumer = _Consumer([], sys.stdout.buffer, args.max_messages)
     try:
-        with _sigterm_interrupts(), DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
+        with _signals_stop(consumer), DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
             consumer.cursors = [
                 _Cursor(log, _start_offset(args, log), text_format, args.isolation_level == READ_COMMITTED)
                 for log in _partitions(data_dir, args)

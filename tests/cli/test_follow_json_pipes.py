@@ -4,6 +4,7 @@ pipes closed early, and bad command lines: real `seglogfs` processes, real shell
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -94,6 +95,25 @@ def test_a_signal_ends_a_follower_quietly(log_dir: Path, signum: int) -> None:
     finally:
         follower.process.kill()
     assert (code, out, err) == (0, "", "Processed a total of 3 messages\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_ends_a_consumer_whose_reader_does_not_read(log_dir: Path, signum: int) -> None:
+    """Held in a write to a full pipe, a consumer still ends at once on a signal (the signal is
+    otherwise acted on where the consumer holds nothing: between writes, at the follower's wait)."""
+    produce(log_dir, *[f"record-{n:06d} " + "x" * 200 for n in range(20_000)])  # (4 MiB: more than a pipe holds)
+    follower = Follower(log_dir, "--from-beginning", "--follow")
+    try:
+        assert follower.lines(1) == ["record-000000 " + "x" * 200]
+        time.sleep(1)  # (the pipe fills: its reader reads nothing more)
+        follower.process.send_signal(signum)
+        code, out, err = follower.end()
+    finally:
+        follower.process.kill()
+    count = int(re.fullmatch(r"Processed a total of (\d+) messages\n", err).group(1))  # type: ignore[union-attr]
+    assert code == 0 and 1 < count < 20_000
+    numbers = [int(line[7:13]) for line in out.splitlines()[1:]]  # (the first: where the test's buffer cut it)
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))) and numbers[-1] < count
 
 
 def shell(command: str, tmp_path: Path) -> tuple[str, str]:
