@@ -29,17 +29,19 @@ import ctypes
 import ctypes.util
 import errno
 import functools
+import logging
 import os
 import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from seglogfs.engine.files import write_all
 from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 << 10  # what is fetched, kept and given back as a unit
 READ_AHEAD_BYTES = 8 << 20  # how far ahead of a scan one request fetches (up to where it ends)
@@ -141,8 +143,10 @@ class _FetchAhead:
     def _run(self) -> None:
         while True:
             file, position, end = self._ranges.get()
-            with contextlib.suppress(OSError):  # (ObjectStoreError among them)
+            try:
                 file.fetch_range(position, end)
+            except Exception as error:  # (advice: the reader meets what went wrong itself)
+                logger.debug("%s: fetching ahead: %s", file.name, error)
 
 
 _AHEAD = _FetchAhead()
@@ -172,15 +176,23 @@ def unregister(fetched: FetchedFile) -> None:
             del _REGISTRY[fetched.file_id]
 
 
-def fetch_whole(fd: int) -> None:
+@contextlib.contextmanager
+def whole_file(fd: int) -> Iterator[None]:
     """For a reader that reads a `.log` itself, whole (not through the segment file): when `fd`
-    is open on a placeholder, all its bytes are fetched first. Nothing for any other file."""
-    if not _REGISTRY:
+    is open on a placeholder, all its bytes are fetched first and none is given back while the
+    block runs. Nothing for any other file."""
+    fetched = None
+    if _REGISTRY:
+        status = os.fstat(fd)
+        fetched = fetched_file((status.st_dev, status.st_ino))
+    if fetched is None:
+        yield
         return
-    status = os.fstat(fd)
-    fetched = fetched_file((status.st_dev, status.st_ino))
-    if fetched is not None:
-        fetched.reading(0, fetched.size, lambda: None)
+    fetched.pin()
+    try:
+        yield
+    finally:
+        fetched.unpin()
 
 
 def fetched_file(file_id: tuple[int, int] | None) -> FetchedFile | None:
@@ -211,6 +223,7 @@ class FetchedFile:
         # in the process (`_SCANS`).
         self.scan_block: tuple[int, memoryview] | None = None
         self._retired_fd: int | None = None  # (`retire`: written through it once its name is another's)
+        self._pins = 0  # (`pin`: its chunks are not given back while a reader reads it whole)
 
     def __hash__(self) -> int:
         return id(self)
@@ -251,11 +264,13 @@ class FetchedFile:
         the chunks it reads were fetched and written in. ObjectStoreError naming the object when
         the store fails the fetch."""
         end = min(position + max(length, 0), self.size)
-        with self._lock:
-            if position < end:
-                self._fetch(position, end)
-            result = action()
-        self._after_read(self._chunks(position, end))
+        try:
+            with self._lock:
+                if position < end:
+                    self._fetch(position, end)
+                result = action()
+        finally:  # (counted even when a fetch failed part way: what it fetched is held)
+            self._after_read(self._chunks(position, end))
         return result
 
     def fetch_ahead(self, position: int, end: int) -> None:
@@ -328,8 +343,8 @@ class FetchedFile:
         """The placeholder is about to be replaced or removed in its copy (a newer backup run
         compacted or deleted the segment): readers that hold it open go on reading it, as a
         reader of a data dir holds a segment a writer removed, through a descriptor opened now
-        (its objects stay in the store for one more run), until `forget`."""
-        unregister(self)
+        (its objects stay in the store for one more run), until `forget`. The caller unregisters
+        it once another file has its name (a reader opening the name meanwhile finds it)."""
         with self._lock:
             if self._retired_fd is not None or self._gone:
                 return
@@ -406,21 +421,26 @@ class FetchedFile:
         if not self._lock.acquire(blocking=False):
             return  # (being read: asked again after the next read)
         try:
+            if self._pins:
+                return
             held = [chunk for chunk in chunks if chunk in self._present]
+            self._present.difference_update(chunks)  # (before the holes: never present and a hole)
             if held and not self._gone:
                 try:
                     fd = self._open()
-                except OSError:
-                    self._gone = True
-                else:
-                    try:
-                        self._punch(fd, held)
-                    finally:
-                        os.close(fd)
-            self._present.difference_update(chunks)
+                except OSError as error:
+                    if error.errno in (errno.ESTALE, errno.ENOENT):
+                        self._gone = True
+                    return  # (kept on disk, uncounted: what a fetch writes there again is the same)
+                try:
+                    self._punch(fd, held)
+                except OSError as error:  # (the bytes stay: a reader's read is not failed for it)
+                    logger.debug("%s: giving back fetched bytes: %s", self.path, error)
+                finally:
+                    os.close(fd)
         finally:
             self._lock.release()
-        BUDGET._given_back(self, chunks)
+            BUDGET._given_back(self, chunks)
 
     def _punch(self, fd: int, chunks: list[int]) -> None:
         for chunk in chunks:
@@ -434,9 +454,22 @@ class FetchedFile:
             BUDGET._given_back(self, dropped)
             return
 
+    def pin(self) -> None:
+        """Fetch every byte, and give none back until as many `unpin`s (a reader that reads the
+        file itself, past these hooks)."""
+        self.reading(0, self.size, lambda: None)
+        with self._lock:
+            self._pins += 1
+            self._fetch(0, self.size)  # (what was given back between the two)
+
+    def unpin(self) -> None:
+        with self._lock:
+            self._pins -= 1
+
     def grow(self, pieces: Sequence[tuple[str, int]]) -> None:
-        """The stored file grew: `pieces` are its pieces now (the old ones first, unchanged); the
-        caller made the placeholder that long. The chunk that held its old end is fetched again."""
+        """The stored file grew: `pieces` are its pieces now (the old ones first, unchanged), and
+        the placeholder is made that long here, under the lock (a reader never finds the new
+        size before the new pieces). The chunk that held its old end is fetched again."""
         with self._lock:
             if self.pieces != tuple(pieces[: len(self.pieces)]):
                 raise ValueError(f"{self.name}: not grown from the pieces it had")
@@ -444,6 +477,11 @@ class FetchedFile:
                 self._present.discard(self.size // CHUNK_BYTES)
             self.pieces = tuple(pieces)
             self.size = sum(size for _, size in self.pieces)
+            fd = self._open()
+            try:
+                os.ftruncate(fd, self.size)
+            finally:
+                os.close(fd)
 
     def forget(self) -> None:
         """The placeholder is done with: no more fetches (ESTALE), its chunks uncounted."""

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from seglogfs.engine.config import METADATA_TOPIC
 from seglogfs.engine.errors import EngineError
-from seglogfs.engine.fetched_files import fetch_whole
+from seglogfs.engine.fetched_files import whole_file
 from seglogfs.engine.files import open_regular
 from seglogfs.engine.log.naming import segment_log_files
 from seglogfs.engine.record.messages import Reader
@@ -176,8 +176,7 @@ def _file_batches(path: Path) -> Iterator[tuple[BatchHeader, bytes]]:
     """Whole, CRC-checked v2 batches of a `.log` or snapshot file, in order, stopping quietly at
     the first incomplete, legacy or corrupt one (what recovery would cut). A link, a FIFO or a
     directory at a segment's or snapshot's name: UnsafeFileError naming it (engine.files)."""
-    with os.fdopen(open_regular(path), "rb") as handle:
-        fetch_whole(handle.fileno())  # (a backup's segment in object storage)
+    with os.fdopen(open_regular(path), "rb") as handle, whole_file(handle.fileno()):  # (a backup's, in a store)
         file_size = os.fstat(handle.fileno()).st_size
         position = 0
         while True:

@@ -181,8 +181,8 @@ class FileRecords:
         try:
             stat = os.fstat(handle)
             file_id = (stat.st_dev, stat.st_ino)
-            if not self.writable:
-                self._fetched = fetched_file(file_id)
+            if not self.writable:  # (a reopen keeps what it had: the copy may have unregistered it)
+                self._fetched = fetched_file(file_id) or self._fetched
             if self._file_id is None:
                 self._file_id = file_id
             elif file_id != self._file_id:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from seglogfs.engine.fetched_files import FetchedFile, register
+from seglogfs.engine.fetched_files import FetchedFile, register, unregister
 from seglogfs.engine.files import write_all
 from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import LOG_SUFFIX
@@ -211,6 +211,8 @@ class LocalCopy:
                 self._retiring.append(fetched)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.directory / path)
+            if fetched is not None:
+                unregister(fetched)
         if old is not None:
             for path in sorted(set(old.directories) - set(new.directories), key=len, reverse=True):
                 if path:
@@ -229,7 +231,7 @@ class LocalCopy:
                 raise FileNotFoundError(self.store.name(path))
             fetched = self._fetched.get(path)
         if fetched is not None:
-            fetched.reading(0, fetched.size, lambda: None)
+            fetched.pin()  # (for this process's life: its reader reads the file itself)
         return target
 
     def _fetch_whole(self, path: str, stored: StoredFile) -> None:
@@ -271,7 +273,6 @@ class LocalCopy:
             and stored.pieces[: len(before.pieces)] == before.pieces
         )
         if grew and fetched is not None:
-            os.truncate(target, stored.size)
             fetched.grow(stored.pieces)
             os.utime(target, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
             return
@@ -290,6 +291,8 @@ class LocalCopy:
             fetched.retire()
             self._retiring.append(fetched)
         os.rename(temporary, target)
+        if fetched is not None:
+            unregister(fetched)
         self._fetched[path] = placed
 
 

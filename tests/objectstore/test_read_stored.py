@@ -351,3 +351,27 @@ def test_a_full_disk_under_the_local_copy_is_one_line_and_leaves_nothing(
     printed = done.stdout.decode().splitlines()
     assert printed == [f"{n:08d} " + "v" * 190 for n in range(len(printed))]  # (in order, none twice)
     assert list(small_tmpfs.iterdir()) == []
+
+
+def test_a_file_a_reader_reads_itself_keeps_its_bytes_past_the_cache_bound(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dump` and the metadata log's reader read a `.log` themselves, past the segment file: the
+    placeholder they read is pinned, so reads of other segments never punch holes in it."""
+    data = tmp_path / "data"
+    big_topic(data)
+    run("backup", data, s3.uri())
+    monkeypatch.setattr("seglogfs.engine.fetched_files.BUDGET", FetchBudget(256 << 10))
+    logs = sorted((data / "big-0").glob("*.log"))
+    with LocalCopy.open(s3.uri()) as copy:
+        pinned = copy.materialize(f"big-0/{logs[0].name}")
+        for other in logs[1:]:  # (11 MiB of other segments through a 256 KiB bound)
+            local = copy.directory / "big-0" / other.name
+            status = local.stat()
+            records = FileRecords.open_for_reading(local, (status.st_dev, status.st_ino))
+            try:
+                headers = list(records.iter_headers())  # (read through 64 KiB chunks, given back past the bound)
+                assert sum(header.size_in_bytes for header in headers) == other.stat().st_size
+            finally:
+                records.close()
+        assert pinned.read_bytes() == logs[0].read_bytes()
