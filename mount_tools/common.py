@@ -19,7 +19,6 @@ Exit codes (the CLI's contract, in `seglogfs --help`):
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import sys
@@ -31,7 +30,7 @@ from typing import Any, NoReturn
 from seglogfs.engine import BrokerConfig, UnknownTopicOrPartitionError
 from seglogfs.engine.object_store import ObjectStore, is_object_store_uri, parse_location
 from seglogfs.engine.stored.catalogue import catalogue_runs
-from seglogfs.engine.stored.local_copy import LocalCopy
+from seglogfs.engine.stored.local_copy import LocalCopy, shared_copy
 from seglogfs.mount_tools.mountpoints import mount_containing, real
 
 EXIT_OK = 0
@@ -106,21 +105,14 @@ def broker_config(args: argparse.Namespace, *, stored: bool = False) -> BrokerCo
     return BrokerConfig.load(args.config, args.override or (), log_dirs=dirs)
 
 
-_STORED: dict[str, LocalCopy] = {}
-
-
 def open_stored(uri: str) -> LocalCopy:
-    """The backup at `uri` read where it is: its newest complete run's local copy (indexes and
-    checkpoints fetched, each segment's bytes as they are read), in a temporary directory removed
-    when the command ends. UsageError for a malformed URI."""
-    copy = _STORED.get(uri)
-    if copy is None:
-        try:
-            copy = _STORED[uri] = LocalCopy.open(uri)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
-        atexit.register(copy.close)
-    return copy
+    """The backup at `uri` read where it is: the process's local copy of its newest complete run
+    (engine.stored.local_copy.shared_copy: indexes and checkpoints fetched, each segment's bytes
+    as they are read), removed when the command ends. UsageError for a malformed URI."""
+    try:
+        return shared_copy(uri)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def stored_file(uri: str) -> Path:
@@ -133,7 +125,7 @@ def stored_file(uri: str) -> Path:
     parts = rest.rstrip("/").split("/")
     for cut in range(len(parts) - 1, 0, -1):
         prefix = f"{scheme}://{'/'.join(parts[:cut])}" + (f"?{query}" if query else "")
-        if prefix in _STORED or catalogue_runs(ObjectStore(parse_location(prefix))):
+        if catalogue_runs(ObjectStore(parse_location(prefix))):
             return open_stored(prefix).materialize("/".join(parts[cut:]))
     raise FileNotFoundError(f"{parse_location(uri).display}: in no complete backup")
 

@@ -13,7 +13,7 @@ rewritten checkpoint) is replaced by a rename; new files appear (a segment's ind
 `.log`) and removed ones go (a segment's `.log` first). A read-only open of the copy follows it as
 it follows a broker writing.
 
-The directory is this process's: a temporary one by default, removed by `close`.
+The directory is this process's: a temporary one, removed by `close`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from seglogfs.engine.stored.catalogue import (
     FileAttributes,
     StoredFile,
     StoredFileReader,
-    latest_catalogue,
+    catalogue_runs,
+    read_catalogue,
 )
 
 FETCHES_AT_ONCE = 8  # small files fetched at once while a run is laid out
@@ -94,10 +95,9 @@ class LocalCopy:
     """The newest complete run of the backup in `store`, laid out below `directory`. See the
     module docstring."""
 
-    def __init__(self, store: ObjectStore, directory: Path, *, owned: bool) -> None:
+    def __init__(self, store: ObjectStore, directory: Path) -> None:
         self.store = store
         self.directory = directory
-        self._owned = owned
         self._lock = threading.Lock()
         self.catalogue: Catalogue | None = None
         self._fetched: dict[str, FetchedFile] = {}
@@ -107,13 +107,11 @@ class LocalCopy:
         self._follower: threading.Thread | None = None
 
     @classmethod
-    def open(cls, uri: str, directory: Path | None = None) -> LocalCopy:
-        """The backup at `uri`, laid out in `directory` (default: a temporary directory of its
-        own). ObjectStoreError when the store fails or holds no complete backup run."""
+    def open(cls, uri: str) -> LocalCopy:
+        """The backup at `uri`, laid out in a temporary directory of its own. ObjectStoreError
+        when the store fails or holds no complete backup run."""
         store = open_object_store(uri)
-        owned = directory is None
-        where = private_directory("seglogfs-stored") if directory is None else directory
-        copy = cls(store, where, owned=owned)
+        copy = cls(store, private_directory("seglogfs-stored"))
         try:
             if not copy.refresh():
                 raise ObjectStoreError(
@@ -135,9 +133,10 @@ class LocalCopy:
         changed. ObjectStoreError when the store fails (the copy stays as it was, or partly
         moved to the newer run: each file whole, old or new)."""
         with self._lock:
-            newest = latest_catalogue(self.store)
-            if newest is None or (self.catalogue is not None and newest.run == self.catalogue.run):
+            runs = catalogue_runs(self.store)  # (one LIST; the catalogue is fetched only when newer)
+            if not runs or (self.catalogue is not None and runs[-1] == self.catalogue.run):
                 return False
+            newest = read_catalogue(self.store, runs[-1])
             self._apply(self.catalogue, newest)
             self.catalogue = newest
             # Placeholders this run replaced or removed stay readable to those who hold them
@@ -169,7 +168,7 @@ class LocalCopy:
         self._follower.start()
 
     def close(self) -> None:
-        """Forget the placeholders, and remove the directory when it is this copy's own."""
+        """Forget the placeholders, and remove the directory."""
         self._closing.set()
         if self._follower is not None and self._follower is not threading.current_thread():
             self._follower.join()
@@ -178,8 +177,7 @@ class LocalCopy:
                 fetched.forget()
             self._fetched.clear()
             self._retired, self._retiring = [], []
-            if self._owned:
-                shutil.rmtree(self.directory, ignore_errors=True)
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> LocalCopy:
         return self

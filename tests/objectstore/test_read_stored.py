@@ -19,6 +19,7 @@ import pytest
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.fetched_files import BUDGET, CHUNK_BYTES, FetchBudget
 from seglogfs.engine.log.file_records import FileRecords
+from seglogfs.engine.stored import local_copy
 from seglogfs.engine.stored.local_copy import LocalCopy
 from tests.cli.support import SEGLOGFS, one_error_line
 from tests.conftest import REPO, copy_fixture
@@ -375,3 +376,22 @@ def test_a_file_a_reader_reads_itself_keeps_its_bytes_past_the_cache_bound(
             finally:
                 records.close()
         assert pinned.read_bytes() == logs[0].read_bytes()
+
+
+def test_a_refresh_with_no_newer_run_fetches_no_catalogue(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Spark task and a follower refresh often: one LIST each, the catalogue only when newer."""
+    data = tmp_path / "data"
+    produce(data, "t", ["a"])
+    run("backup", data, s3.uri())
+    with LocalCopy.open(s3.uri()) as copy:
+        read: list[int] = []
+        original = local_copy.read_catalogue
+        monkeypatch.setattr(local_copy, "read_catalogue", lambda store, run: read.append(run) or original(store, run))
+        assert not copy.refresh() and not copy.refresh()
+        assert read == []
+        produce(data, "t", ["b"])
+        run("backup", data, s3.uri())
+        assert copy.refresh()
+        assert len(read) == 1
