@@ -35,6 +35,7 @@ import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from seglogfs.engine.files import write_all
@@ -49,6 +50,23 @@ DEFAULT_CACHE_BYTES = 1 << 30
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+@dataclass(frozen=True)
+class SegmentSummary:
+    """What a backup recorded of a stored `.log`'s first `size` bytes as it read them (whole
+    batches): the offset after the last batch, the largest batch timestamp with the last offset
+    of the first batch that holds it, and whether any batch is transactional (a transaction's
+    data or marker). A reader of the placeholder takes these instead of scanning the segment
+    (the log end, a segment's largest timestamp, a read_committed reader's look for
+    transactions), so opening a backup's copy and finding offsets by time fetch no segment
+    bytes."""
+
+    size: int
+    next_offset: int
+    max_timestamp: int
+    max_timestamp_offset: int
+    transactional: bool
 
 
 class FetchBudget:
@@ -156,13 +174,20 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 def register(
-    path: str, file_id: tuple[int, int], store: ObjectStore, pieces: Sequence[tuple[str, int]], name: str
+    path: str,
+    file_id: tuple[int, int],
+    store: ObjectStore,
+    pieces: Sequence[tuple[str, int]],
+    name: str,
+    *,
+    summary: SegmentSummary | None = None,
 ) -> FetchedFile:
     """The placeholder of inode `file_id` (device, inode), which has or is about to have the
     name `path` (a regular file of the pieces' total size, made by the caller), holds the stored
-    file made of `pieces` (object keys and sizes, in order); `name` is what errors call it.
-    Readers find it by its inode: register it before anything may open it."""
-    fetched = FetchedFile(path, file_id, store, pieces, name)
+    file made of `pieces` (object keys and sizes, in order); `name` is what errors call it;
+    `summary`, the backup's of the stored bytes, when it has one. Readers find it by its inode:
+    register it before anything may open it."""
+    fetched = FetchedFile(path, file_id, store, pieces, name, summary=summary)
     with _REGISTRY_LOCK:
         _REGISTRY[fetched.file_id] = fetched
     return fetched
@@ -206,7 +231,14 @@ class FetchedFile:
     """A placeholder and the stored file it stands for. See the module docstring."""
 
     def __init__(
-        self, path: str, file_id: tuple[int, int], store: ObjectStore, pieces: Sequence[tuple[str, int]], name: str
+        self,
+        path: str,
+        file_id: tuple[int, int],
+        store: ObjectStore,
+        pieces: Sequence[tuple[str, int]],
+        name: str,
+        *,
+        summary: SegmentSummary | None = None,
     ) -> None:
         self.path = path
         self.file_id = file_id
@@ -214,6 +246,7 @@ class FetchedFile:
         self.pieces = tuple(pieces)
         self.name = name
         self.size = sum(size for _, size in self.pieces)
+        self._summary = summary
         self._lock = threading.Lock()
         self._present: set[int] = set()  # chunks holding the stored bytes
         self._readers: dict[int, ObjectReader] = {}
@@ -299,6 +332,12 @@ class FetchedFile:
             if any(chunk not in self._present for chunk in self._chunks(position, end)):
                 raise BlockingIOError(errno.EAGAIN, f"{self.name}: not fetched from the store yet")
             return action()
+
+    def summary(self, size: int) -> SegmentSummary | None:
+        """The backup's summary of the stored bytes, when it covers exactly the first `size`
+        bytes (what the reader's segment holds: a summary of another length says nothing)."""
+        summary = self._summary
+        return summary if summary is not None and summary.size == size else None
 
     @staticmethod
     def _chunks(position: int, end: int) -> range:
@@ -466,10 +505,11 @@ class FetchedFile:
         with self._lock:
             self._pins -= 1
 
-    def grow(self, pieces: Sequence[tuple[str, int]]) -> None:
+    def grow(self, pieces: Sequence[tuple[str, int]], summary: SegmentSummary | None = None) -> None:
         """The stored file grew: `pieces` are its pieces now (the old ones first, unchanged), and
         the placeholder is made that long here, under the lock (a reader never finds the new
-        size before the new pieces). The chunk that held its old end is fetched again."""
+        size before the new pieces); `summary`, the backup's of the longer file. The chunk that
+        held its old end is fetched again."""
         with self._lock:
             if self.pieces != tuple(pieces[: len(self.pieces)]):
                 raise ValueError(f"{self.name}: not grown from the pieces it had")
@@ -477,6 +517,7 @@ class FetchedFile:
                 self._present.discard(self.size // CHUNK_BYTES)
             self.pieces = tuple(pieces)
             self.size = sum(size for _, size in self.pieces)
+            self._summary = summary
             fd = self._open()
             try:
                 os.ftruncate(fd, self.size)

@@ -19,7 +19,9 @@ number after a `~` (`00000000000000000000.log~8`); a `.log` that only grew (the 
 its first 4 KiB and last 64 KiB of the part already stored unchanged) has only its new bytes
 uploaded, as another object (up to MAX_PIECES pieces; then it is uploaded whole again). The
 catalogue lists each file of the copy with its pieces (key and size, in order), its size and
-CRC-32, mode, owner and mtime.
+CRC-32, mode, owner and mtime; a `.log` with its summary (engine.stored.catalogue.SegmentSummarizer,
+fed the bytes as they are sent: a grown one's continues the summary of its stored part), which
+saves readers the scans of its tail.
 
 The catalogue is written last, as one object, after every upload of the run completed: readers
 (restore, and everything that reads a backup from the store) go by the newest catalogue, so a run
@@ -52,7 +54,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from seglogfs.engine.errors import UnsafeFileError
-from seglogfs.engine.log.naming import LOG_SUFFIX
+from seglogfs.engine.log.naming import LOG_SUFFIX, parse_segment_file_name
 from seglogfs.engine.object_store import ObjectStore, ObjectStoreError
 from seglogfs.engine.stored.catalogue import (
     CATALOGUE_DIR,
@@ -60,6 +62,7 @@ from seglogfs.engine.stored.catalogue import (
     CATALOGUE_NAME,
     Catalogue,
     FileAttributes,
+    SegmentSummarizer,
     StoredFile,
     StoredFileReader,
     catalogue_key,
@@ -263,7 +266,7 @@ class ObjectBackup:
         self._advance(item.size)
 
     def _keep(self, path: str, previous: StoredFile, item: SourceFile) -> None:
-        self.catalogue.files[path] = StoredFile(previous.pieces, previous.size, previous.crc32, item.attributes)
+        self.catalogue.files[path] = replace(previous, attributes=item.attributes)
         with self._lock:
             self.stats.files_skipped += 1
         self._advance(item.size)
@@ -307,9 +310,13 @@ class ObjectBackup:
             upload = Upload(
                 size=item.size - start, mtime_ns=item.attributes.mtime_ns, start=start, after=after, crc32=0
             )
+            summarizer = _summarizer(path, item, grown)
             done = self._left_by_a_cut_run(key, upload)
             if done is not None:  # (its bytes are the file's: stored as they are)
                 crc, sent = done.crc32, done.size
+                if summarizer is not None:  # (read here for its summary only)
+                    for chunk in item.chunks(start):
+                        summarizer.feed(chunk)
                 self._advance(item.size)
             else:
                 crc, sent = after, 0
@@ -318,11 +325,16 @@ class ObjectBackup:
                         writer.write(chunk)
                         crc = zlib.crc32(chunk, crc)
                         sent += len(chunk)
+                        if summarizer is not None:
+                            summarizer.feed(chunk)
                         self._advance(len(chunk))
                 self._advance(start + (item.size - start - sent))  # (what was not sent counts as done)
                 self._uploaded(key, replace(upload, size=sent, crc32=crc))
             pieces = [*(grown.pieces if grown is not None else ()), (key, sent)]
-            stored = StoredFile(pieces, start + sent, crc, item.attributes)
+            summary = summarizer.summary() if summarizer is not None else None
+            if summary is not None and summary.size != start + sent:
+                summary = None
+            stored = StoredFile(pieces, start + sent, crc, item.attributes, summary)
             with self._lock:
                 self.catalogue.files[path] = stored
             if done is not None:
@@ -465,6 +477,27 @@ class StoredSource:
     def total_bytes(self) -> int:
         prefix = "/".join(self.root) + "/" if self.root else ""
         return sum(stored.size for path, stored in self.catalogue.files.items() if path.startswith(prefix))
+
+
+def _summarizer(path: str, item: SourceFile, grown: StoredFile | None) -> SegmentSummarizer | None:
+    """The summarizer of a `.log` about to be sent (from byte `grown.size` when it grew), None
+    for any other file. A grown `.log` stored without a summary (by an older seglogfs) has its
+    stored part read here first, locally."""
+    parsed = parse_segment_file_name(path.rsplit("/", 1)[-1])
+    if parsed is None or parsed[1] != LOG_SUFFIX or parsed[2]:
+        return None
+    if grown is not None and grown.summary is not None:
+        return SegmentSummarizer(parsed[0], grown.summary)
+    summarizer = SegmentSummarizer(parsed[0])
+    if grown is not None:
+        position = 0
+        while position < grown.size:
+            data = item.read(position, min(1 << 20, grown.size - position))
+            if not data:
+                return None
+            summarizer.feed(data)
+            position += len(data)
+    return summarizer
 
 
 def _tell(line: str) -> None:

@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from seglogfs.engine import _core
 from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError, UnsupportedFormatError
-from seglogfs.engine.fetched_files import FetchedFile, fetched_file
+from seglogfs.engine.fetched_files import FetchedFile, SegmentSummary, fetched_file
 from seglogfs.engine.files import check_regular, open_regular
 from seglogfs.engine.log.handles import OPEN_SEGMENTS, opening
 from seglogfs.engine.record.legacy import MIN_ENTRY_BYTES, message_overhead
@@ -118,6 +118,7 @@ class FileRecords:
             self._size = stat.st_size
             if not writable:  # (a writer's compaction may replace the file: see `replaced_on_disk`)
                 self._file_id = (stat.st_dev, stat.st_ino)
+                self._fetched = fetched_file(self._file_id)
         except FileNotFoundError:
             if not writable:
                 raise
@@ -331,6 +332,13 @@ class FileRecords:
             return fetched.reading(position, end_position - position, lambda: work(handle))
         finally:
             self._unlease()
+
+    def stored_summary(self, size: int | None = None) -> SegmentSummary | None:
+        """A stored segment's summary from its backup (engine.fetched_files.SegmentSummary) when
+        it covers the first `size` bytes (default: what the file holds now): what saves a scan
+        of its tail. None for any other file."""
+        fetched = self._fetched
+        return fetched.summary(self._size if size is None else size) if fetched is not None else None
 
     def _pread(self, handle: int, length: int, position: int) -> bytes:
         """`os.pread` of the leased descriptor; a stored segment's bytes fetched first."""

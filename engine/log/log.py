@@ -25,7 +25,7 @@ import os
 import random
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -798,16 +798,22 @@ class PartitionLog:
             yield segment, header, batch
 
     def batch_headers(
-        self, start_offset: int, end_offset: int | None = None
+        self, start_offset: int, end_offset: int | None = None, *, skip: Callable[[LogSegment], bool] | None = None
     ) -> Iterator[tuple[LogSegment, BatchHeader]]:
         """The headers of the batches `batches` would give, without reading the batches whole
         (LogSegment.iter_headers) and so without checking them: for a scan that needs few of
-        them (the caller checks those, `LogSegment.checked_batch`)."""
-        for segment, header, _ in self._scan(start_offset, end_offset, whole=False):
+        them (the caller checks those, `LogSegment.checked_batch`). A segment for which `skip`
+        says so is not read (asked in order, as the scan reaches it)."""
+        for segment, header, _ in self._scan(start_offset, end_offset, whole=False, skip=skip):
             yield segment, header
 
     def _scan(
-        self, start_offset: int, end_offset: int | None, *, whole: bool
+        self,
+        start_offset: int,
+        end_offset: int | None,
+        *,
+        whole: bool,
+        skip: Callable[[LogSegment], bool] | None = None,
     ) -> Iterator[tuple[LogSegment, BatchHeader, memoryview | None]]:
         """The batches holding offsets in [start, end), across segments: whole (unchecked) or
         (not `whole`) their headers only, with None."""
@@ -817,6 +823,8 @@ class PartitionLog:
         for segment in self._segments.from_offset(start_offset):
             if segment.base_offset >= stop:
                 return
+            if skip is not None and skip(segment):
+                continue
             size = segment.size  # (read-only: as the last `refresh` found it)
             first = segment.translate_offset(start_offset) if start_offset > segment.base_offset else None
             if start_offset > segment.base_offset and first is None:
@@ -863,6 +871,17 @@ class PartitionLog:
                 found = segment.find_offset_by_timestamp(timestamp, self._log_start_offset)
                 if found is not None:
                     return found
+        return None
+
+    def offset_for_timestamp_bound(self, timestamp: int) -> int | None:
+        """`offset_for_timestamp` as far as the indexes and the segments' largest timestamps
+        tell, reading no batch (for a backup's copy, whose batches are fetched: planning): a
+        lower bound of its offset; None when no segment's largest timestamp reaches it (then it
+        finds none either — it may also find none where this gives a bound, when only records
+        below the log start offset reach it)."""
+        for segment in self._segments.snapshot():
+            if segment.largest_timestamp >= timestamp and segment.size > 0:
+                return segment.offset_for_timestamp_bound(timestamp, self._log_start_offset)
         return None
 
     # -- retention --------------------------------------------------------------------------------

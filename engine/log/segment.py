@@ -194,6 +194,15 @@ class LogSegment(FileRecords):
                 self._forget_max_timestamp()
             self._size = size
             return size
+        summary = self.stored_summary(self._size_on_disk())
+        if summary is not None:  # (a stored segment's end, from its backup: no scan of its tail)
+            self._complete_to, self._followed_next_offset = summary.size, summary.next_offset
+            self._size = summary.size
+            with self._index_lock:
+                known = self._max_timestamp_so_far
+                if known is None or summary.max_timestamp > known.timestamp:
+                    self._max_timestamp_so_far = TimestampOffset(summary.max_timestamp, summary.max_timestamp_offset)
+            return summary.size
         start, next_offset = self._complete_to, self._followed_next_offset
         if start is None:
             entry = self.offset_index.last_entry()  # (read before the size: a writer indexes a batch after writing it)
@@ -401,12 +410,30 @@ class LogSegment(FileRecords):
         finally:
             self._unlease()
 
+    def offset_for_timestamp_bound(self, timestamp: int, starting_offset: int) -> int:
+        """A lower bound of the offset `find_offset_by_timestamp` finds, from the indexes alone
+        (no batch is read): the first offset the batch its scan starts at can hold — one past
+        the offset-index entry before the one it starts from (an entry holds its batch's last
+        offset), or the segment's base offset."""
+        self._lease()
+        try:
+            entry = self.time_index.lookup(timestamp)
+            start = self.offset_index.lookup(max(entry.offset, starting_offset))
+            if start.position == 0:
+                return max(self.base_offset, starting_offset)
+            return max(self.offset_index.lookup(start.offset - 1).offset + 1, starting_offset)
+        finally:
+            self._unlease()
+
     # -- timestamps -----------------------------------------------------------------------------
     def _load_max_timestamp(self) -> TimestampOffset:
         """(max timestamp, its offset) over the segment: the time index's last entry, then a scan
         of the batches after the offset it points at (Kafka's loadLargestTimestamp)."""
         self._lease()
         try:
+            summary = self.stored_summary()
+            if summary is not None:  # (a stored segment's, from its backup: no scan of its tail)
+                return TimestampOffset(summary.max_timestamp, summary.max_timestamp_offset)
             last = self.time_index.last_entry()
             best = last
             position = self.offset_index.lookup(last.offset).position
@@ -787,6 +814,9 @@ class LogSegment(FileRecords):
         trusted (a `.swap` file being completed)."""
         self._lease()
         try:
+            summary = self.stored_summary()
+            if summary is not None and summary.next_offset >= self.base_offset:
+                return summary.next_offset  # (a stored segment's, from its backup: no scan of its tail)
             position = self.offset_index.last_entry().position if trust_index else 0
             next_offset = self.base_offset
             for header in self.iter_headers(position):

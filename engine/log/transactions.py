@@ -122,7 +122,7 @@ class TransactionTracker:
         start = max(self.next_offset, log.log_start_offset)
         previous: tuple[LogSegment, BatchHeader] | None = None
         try:
-            for segment, header in log.batch_headers(start):
+            for segment, header in log.batch_headers(start, skip=self._holds_none):
                 if before_each is not None:
                     before_each()
                 whole = header.is_transactional or header.is_control
@@ -139,6 +139,16 @@ class TransactionTracker:
             if log.writable:
                 raise
         return self.last_stable_offset(max(self.next_offset, log.log_start_offset))
+
+    def _holds_none(self, segment: LogSegment) -> bool:
+        """Whether `segment` is known to hold no transactional batch without reading it (a
+        stored segment whose backup's summary says so, of all it holds): then its batches are
+        taken as read."""
+        summary = segment.stored_summary()
+        if summary is None or summary.transactional:
+            return False
+        self.next_offset = max(self.next_offset, summary.next_offset)
+        return True
 
     def is_aborted(self, header: BatchHeader) -> bool:
         """Whether a data batch belongs to an aborted transaction (control batches are never

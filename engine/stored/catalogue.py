@@ -15,7 +15,16 @@ import re
 import zlib
 from dataclasses import dataclass, field
 
+from seglogfs.engine.fetched_files import SegmentSummary
 from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
+from seglogfs.engine.record.records import (
+    BATCH_OVERHEAD_BYTES,
+    CURRENT_MAGIC,
+    LOG_OVERHEAD_BYTES,
+    MAGIC_OFFSET,
+    NO_TIMESTAMP,
+    BatchHeader,
+)
 
 CATALOGUE_DIR = ".seglogfs-backup"
 
@@ -41,20 +50,30 @@ class FileAttributes:
 
 @dataclass
 class StoredFile:
-    """A file of the copy: its bytes are its pieces' objects, in order."""
+    """A file of the copy: its bytes are its pieces' objects, in order; a `.log`'s summary of
+    its batches when the backup could make one (`SegmentSummarizer`)."""
 
     pieces: list[tuple[str, int]]  # (key, size)
     size: int
     crc32: int
     attributes: FileAttributes
+    summary: SegmentSummary | None = None
 
     def as_json(self) -> dict[str, object]:
-        return {
+        document: dict[str, object] = {
             "pieces": [[key, size] for key, size in self.pieces],
             "size": self.size,
             "crc32": self.crc32,
             **_attributes_json(self.attributes),
         }
+        if self.summary is not None:
+            document["segment"] = {
+                "nextOffset": self.summary.next_offset,
+                "maxTimestamp": self.summary.max_timestamp,
+                "maxTimestampOffset": self.summary.max_timestamp_offset,
+                "transactional": self.summary.transactional,
+            }
+        return document
 
     @classmethod
     def of_json(cls, document: dict[str, object]) -> StoredFile:
@@ -64,7 +83,80 @@ class StoredFile:
         size = int(document["size"])  # type: ignore[call-overload]
         if sum(piece_size for _, piece_size in pieces) != size or any(s < 0 for _, s in pieces):
             raise ValueError("its pieces' sizes do not add up to its size")
-        return cls(pieces, size, int(document["crc32"]), _attributes_of(document))  # type: ignore[call-overload]
+        summary = None
+        segment = document.get("segment")
+        if isinstance(segment, dict):  # (a catalogue written before summaries has none: readers scan)
+            summary = SegmentSummary(
+                size,
+                int(segment["nextOffset"]),
+                int(segment["maxTimestamp"]),
+                int(segment["maxTimestampOffset"]),
+                bool(segment["transactional"]),
+            )
+        return cls(pieces, size, int(document["crc32"]), _attributes_of(document), summary)  # type: ignore[call-overload]
+
+
+class SegmentSummarizer:
+    """A stored `.log`'s `SegmentSummary`, made from its bytes as a backup sends them (in order,
+    in chunks of any size) by walking the batch headers across the chunks' bounds; for a `.log`
+    that grew, from the summary of the part already stored and its new bytes. `summary()` is
+    None — readers then scan the segment, as they do a data dir — for bytes that do not end with
+    a whole batch, or that hold anything but v2 batches (a legacy message set: its timestamps
+    are inside its messages)."""
+
+    def __init__(self, base_offset: int, before: SegmentSummary | None = None) -> None:
+        self._valid = True
+        self._position = 0
+        self._next_offset = base_offset
+        self._max = (NO_TIMESTAMP, base_offset)  # (timestamp, last offset of the first batch with it)
+        self._transactional = False
+        if before is not None:
+            self._position = before.size
+            self._next_offset = before.next_offset
+            self._max = (before.max_timestamp, before.max_timestamp_offset)
+            self._transactional = before.transactional
+        self._header = bytearray()  # the header of the batch the bytes are in, as far as it came
+        self._skip = 0  # bytes of that batch after its header still to come
+
+    def feed(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        at = 0
+        while self._valid and at < len(view):
+            if self._skip:
+                taken = min(self._skip, len(view) - at)
+                self._skip -= taken
+                at += taken
+                if not self._skip:
+                    self._header.clear()
+                continue
+            taken = min(BATCH_OVERHEAD_BYTES - len(self._header), len(view) - at)
+            self._header += view[at : at + taken]
+            at += taken
+            if len(self._header) == BATCH_OVERHEAD_BYTES:
+                self._batch(bytes(self._header))
+        self._position += len(view)
+
+    def _batch(self, head: bytes) -> None:
+        if head[MAGIC_OFFSET] != CURRENT_MAGIC:
+            self._valid = False
+            return
+        header = BatchHeader.parse(head, 0, 0)
+        size = LOG_OVERHEAD_BYTES + header.batch_length
+        if size < BATCH_OVERHEAD_BYTES or header.base_offset < self._next_offset:
+            self._valid = False
+            return
+        self._next_offset = header.next_offset
+        if header.max_timestamp > self._max[0]:
+            self._max = (header.max_timestamp, header.last_offset)
+        self._transactional = self._transactional or header.is_transactional or header.is_control
+        self._skip = size - BATCH_OVERHEAD_BYTES
+        if not self._skip:
+            self._header.clear()
+
+    def summary(self) -> SegmentSummary | None:
+        if not self._valid or self._header or self._skip:
+            return None
+        return SegmentSummary(self._position, self._next_offset, self._max[0], self._max[1], self._transactional)
 
 
 def _attributes_json(attributes: FileAttributes) -> dict[str, object]:

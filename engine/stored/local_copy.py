@@ -271,7 +271,7 @@ class LocalCopy:
             and stored.pieces[: len(before.pieces)] == before.pieces
         )
         if grew and fetched is not None:
-            fetched.grow(stored.pieces)
+            fetched.grow(stored.pieces, stored.summary)
             os.utime(target, ns=(stored.attributes.mtime_ns, stored.attributes.mtime_ns))
             return
         temporary = target.with_name(f".{target.name}.placing")
@@ -284,7 +284,14 @@ class LocalCopy:
             status = os.fstat(fd)
         finally:
             os.close(fd)
-        placed = register(str(target), (status.st_dev, status.st_ino), self.store, stored.pieces, self.store.name(path))
+        placed = register(
+            str(target),
+            (status.st_dev, status.st_ino),
+            self.store,
+            stored.pieces,
+            self.store.name(path),
+            summary=stored.summary,
+        )
         if fetched is not None:
             fetched.retire()
             self._retiring.append(fetched)
