@@ -218,15 +218,19 @@ class StableOffsets:
         return out
 
 
-def _offset_for_timestamp(log: PartitionLog, timestamp: int, log_end: int) -> int | None:
+def _offset_for_timestamp(log: PartitionLog, timestamp: int, log_end: int, *, exact: bool = True) -> int | None:
     """Kafka's ListOffsets by time over a snapshot ending at `log_end`: -2 → log start, -1 →
-    log end, else the first offset with a record timestamp ≥ it (None when there is none)."""
+    log end, else the first offset with a record timestamp ≥ it (None when there is none); not
+    `exact`, a lower bound of that offset from the indexes alone (`PartitionLog.offset_for_timestamp_bound`)."""
     if timestamp == EARLIEST:
         return log.log_start_offset
     if timestamp == LATEST:
         return log_end
     if timestamp < 0:
         raise OptionError(f"timestamp {timestamp} for {log.topic}-{log.partition} is negative")
+    if not exact:
+        bound = log.offset_for_timestamp_bound(timestamp)
+        return bound if bound is not None and bound < log_end else None
     found = log.offset_for_timestamp(timestamp)
     if found is None or found.offset >= log_end:  # past the snapshot: appended after planning
         return None
@@ -248,12 +252,19 @@ def _names(partitions: Iterable[TopicPartition]) -> str:
 
 
 def resolve_limit(
-    log: PartitionLog, limit: OffsetLimit, *, starting: bool, strategy: str, log_end: int | None = None
+    log: PartitionLog,
+    limit: OffsetLimit,
+    *,
+    starting: bool,
+    strategy: str,
+    log_end: int | None = None,
+    exact: bool = True,
 ) -> int:
     """One partition's offset for a start or end limit, as Spark's offset reader resolves it;
     `log_end` is the snapshot's log end offset (default: the log's now). A start time no record
     reaches fails with strategy `error` and is the log end with `latest`; an end time no record
-    reaches is the log end."""
+    reaches is the log end. Not `exact`: a time is resolved to a lower bound of its offset, from
+    the indexes (see `resolve_ranges`)."""
     end = log.log_end_offset if log_end is None else log_end
     tp = (log.topic, log.partition)
     if isinstance(limit, Earliest):
@@ -264,7 +275,7 @@ def resolve_limit(
         offset = limit.offsets[tp]
         return log.log_start_offset if offset == EARLIEST else end if offset == LATEST else offset
     timestamp = limit.timestamps[tp] if isinstance(limit, SpecificTimestamps) else limit.timestamp
-    found = _offset_for_timestamp(log, timestamp, end)
+    found = _offset_for_timestamp(log, timestamp, end, exact=exact)
     if found is not None:
         return found
     if starting and strategy == "error":
@@ -284,11 +295,19 @@ def resolve_ranges(
     strategy: str = "error",
     fail_on_data_loss: bool = True,
     stable: StableOffsets | None = None,
+    exact: bool = True,
 ) -> list[OffsetRange]:
     """The offset range of each partition (see the module docstring). Raises OptionError for
     limits that do not fit the partitions, DataLossError for missing offsets when
     `fail_on_data_loss`. With `stable` (read_committed), the last stable offset stands for the
-    log end."""
+    log end.
+
+    Not `exact` (a batch query planned over a backup in object storage, whose tasks resolve the
+    limits again): nothing but index files and the backup's summaries is read — no segment
+    bytes are fetched. A time resolves to a lower bound of its offset, and read_committed's log
+    end is the log end (the last stable offset needs the transactions' batches); a check these
+    cannot make (a start time only records below the log start reach; an end past the last
+    stable offset) fails the query in its task instead."""
     for limit, what in ((starting, "starting"), (ending, "ending")):
         if isinstance(limit, SpecificOffsets):
             _check_named(f"{what}Offsets", limit.offsets, partitions)
@@ -296,7 +315,14 @@ def resolve_ranges(
             _check_named(f"{what}OffsetsByTimestamp", limit.timestamps, partitions)
     return [
         resolve_range(
-            data_dir, tp, starting, ending, strategy=strategy, fail_on_data_loss=fail_on_data_loss, stable=stable
+            data_dir,
+            tp,
+            starting,
+            ending,
+            strategy=strategy,
+            fail_on_data_loss=fail_on_data_loss,
+            stable=stable if exact else None,
+            exact=exact,
         )
         for tp in partitions
     ]
@@ -311,6 +337,7 @@ def resolve_range(
     strategy: str = "error",
     fail_on_data_loss: bool = True,
     stable: StableOffsets | None = None,
+    exact: bool = True,
 ) -> OffsetRange:
     """One partition's offset range (`resolve_ranges` without the check that JSON limits name
     every partition read: a task resolving its own partition's limits calls this)."""
@@ -318,8 +345,8 @@ def resolve_range(
     log = data_dir.partition(topic, partition)
     log_start = log.log_start_offset
     log_end = log.log_end_offset if stable is None else stable.last_stable_offset(log)
-    start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end)
-    until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end)
+    start = resolve_limit(log, starting, starting=True, strategy=strategy, log_end=log_end, exact=exact)
+    until = resolve_limit(log, ending, starting=False, strategy=strategy, log_end=log_end, exact=exact)
     if start > until:
         raise OptionError(
             f"Beginning offset {start} is after the ending offset {until} for topic {topic} partition "

@@ -35,6 +35,7 @@ import pyarrow as pa
 from seglogfs.engine import DataDir, UnknownTopicOrPartitionError, _core
 from seglogfs.engine.errors import CorruptRecordError, UnsafeFileError
 from seglogfs.engine.fetched_files import BUDGET as FETCH_BUDGET
+from seglogfs.engine.fetched_files import fetched_file
 from seglogfs.engine.log.file_records import FileRecords
 from seglogfs.engine.log.naming import log_file
 from seglogfs.engine.log.transactions import AbortedIndex
@@ -280,7 +281,10 @@ def _planned_segment(piece: SegmentSlice, location: Location) -> FileRecords | N
     """The slice's segment file, open, when it is still the file planning measured; None when
     retention removed it or compaction swapped another in since (the log is read instead). A
     backup's segment in object storage is read from the objects planning found, wherever the
-    task runs (they never change)."""
+    task runs (they never change): never through the planning process's placeholder, which on
+    the same host has the same path but holes where that process fetched nothing."""
+    if piece.stored and location.store_uri is not None and fetched_file(piece.file_id) is None:
+        return stored_segment(location.store_uri, piece.stored)
     try:
         return FileRecords.open_for_reading(log_file(Path(piece.directory), piece.base_offset), piece.file_id)
     except FileNotFoundError:

@@ -172,6 +172,7 @@ class SeglogReader(DataSourceReader):
                 strategy=options.starting_strategy,
                 fail_on_data_loss=options.fail_on_data_loss,
                 stable=StableOffsets() if options.read_committed else None,
+                exact=options.location.store_uri is None,  # (a backup's segments are not fetched here)
             )
         pieces: list[ReadPiece | NewPartitions] = list(plan_pieces(ranges, options.min_partitions))
         if options.subscription.kind != "assign" and not any(
