@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from seglogfs.engine.fetched_files import SegmentSummary
+from seglogfs.engine.log.naming import LOG_SUFFIX, parse_segment_file_name
 from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
 from seglogfs.engine.record.records import (
     BATCH_OVERHEAD_BYTES,
@@ -225,7 +226,9 @@ class Catalogue:
         )
         for path, entry in document["files"].items():
             _check_path(path)
-            catalogue.files[path] = StoredFile.of_json(entry)
+            catalogue.files[path] = stored = StoredFile.of_json(entry)
+            if stored.summary is not None:
+                _check_summary(path, stored.summary)
         for path, entry in document["directories"].items():
             if path:
                 _check_path(path)
@@ -241,6 +244,21 @@ def _check_path(path: str) -> None:
     parts = path.split("/")
     if not path or any(part in ("", ".", "..") or "\0" in part for part in parts):
         raise ValueError(f"bad path {path!r}")
+
+
+def _check_summary(path: str, summary: SegmentSummary) -> None:
+    """A summary must be a `.log`'s and fit its offsets (readers take its end for the log's)."""
+    parsed = parse_segment_file_name(path.rsplit("/", 1)[-1])
+    if parsed is None or parsed[1] != LOG_SUFFIX or parsed[2]:
+        raise ValueError(f"{path}: a segment summary for a file that is no segment's .log")
+    base = parsed[0]
+    at = summary.max_timestamp_offset
+    if (
+        summary.next_offset < base
+        or (summary.size == 0 and summary.next_offset != base)
+        or not (at == base or base <= at < summary.next_offset)
+    ):
+        raise ValueError(f"{path}: its segment summary does not fit its offsets")
 
 
 def catalogue_key(run: int) -> str:

@@ -22,6 +22,7 @@ from seglogfs.engine.stored.catalogue import CATALOGUE_MAX_BYTES, catalogue_key,
 from seglogfs.engine.stored.local_copy import LocalCopy
 from seglogfs.pipeline.options import parse_read_options
 from seglogfs.pipeline.reading import ReadSpec, read_slice
+from tests.cli.support import one_error_line
 from tests.conftest import REPO
 from tests.engine.test_segment_summary import T0, scanned, transactional_log
 from tests.objectstore.conftest import S3
@@ -175,3 +176,20 @@ def test_a_task_beside_a_live_planner_on_its_host_reads_the_objects_not_its_plac
         planner.communicate(b"", timeout=60)
     assert planner.returncode == 0
     assert values == [f"{n:06d} ".encode() + b"v" * 300 for n in range(8000)]
+
+
+def test_a_summary_that_does_not_fit_its_segment_makes_the_catalogue_unreadable(s3: S3, tmp_path: Path) -> None:
+    """A summary stands for the log end: one that cannot be the segment's (an end below its base
+    offset) is refused, with one line naming the catalogue, not taken."""
+    data = tmp_path / "data"
+    produce(data, "t", [f"{n:06d} " + "v" * 300 for n in range(4000)], "--override", "log.segment.bytes=65536")
+    run("backup", data, s3.uri())
+    store = open_object_store(s3.uri())
+    key = catalogue_key(catalogue_runs(store)[-1])
+    catalogue = json.loads(store.read_whole(key, CATALOGUE_MAX_BYTES))
+    path = max(p for p in catalogue["files"] if p.endswith(".log"))
+    assert int(Path(path).stem) > 0
+    catalogue["files"][path]["segment"]["nextOffset"] = 1
+    store.put(key, json.dumps(catalogue).encode())
+    line = one_error_line(run("topics", "describe", s3.uri(), code=1))
+    assert key in line and path in line and "does not fit its offsets" in line, line
