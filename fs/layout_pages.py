@@ -2,20 +2,24 @@
 is rendered and served.
 
 A page is the batches between two marks of a segment's layout. A read is the pages it covers, as
-spans of the renderings that hold them (views, not copies), from one of three places:
+spans of the renderings that hold them (views, not copies). A page is kept, however it was
+rendered, in one cache (`page_cache.PAGES`), and rendered in one of two ways:
 
-* rendered ahead: a sequential reader's next pages, rendered by the render-ahead thread
-  (`page_cache.AHEAD`), many pages a call of the engine's core, or a complete page the reader
-  caught up with, rendered whole here by one call of the core and kept there too
-  (`_render_whole`);
-* rendered batch by batch (`page`, cached in `page_cache.PAGES`): the pages a look-up of an
-  offset reads (it needs each batch's rendering and offsets), the growing segment's last page
-  (grown by what was appended, `_tail`), and the pages the core does not render whole;
-* rendered now on the event loop (`_page_now`), when its bytes are in the OS page cache and the
-  read's budget allows; else the read goes to a worker thread.
+* whole, by a call of the engine's core (a `RenderedSpan`): a complete page, in a run of the
+  pages after a sequential reader's last read rendered ahead of it by the render-ahead thread
+  (`page_cache.AHEAD`), or alone when a reader catches up with that thread or reads where it was
+  not asked (`_render_whole`);
+* batch by batch (a `Page`: `page`): what a look-up of an offset reads (it needs each batch's
+  rendering and offsets), the growing segment's last page (grown by what was appended,
+  `_tail`), and the pages the core does not render whole.
 
-Thread-safe as a layout is: the caches have their own locks, and `_tail` and `_read_ends` are
-replaced whole or appended to (a late write of either costs a render, never wrong bytes).
+A read finds a page in the cache or renders it; on the event loop (`_page_now`) only while its
+bytes are in the OS page cache and the read's budget allows, else the read goes to a worker
+thread.
+
+Thread-safe as a layout is: the cache and the render-ahead thread have their own locks, and
+`_tail` and `_read_ends` are replaced whole or appended to (a late write of either costs a
+render, never wrong bytes).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from seglogfs.engine.record.records import BatchHeader
 from seglogfs.engine.text.renderers import RenderedBatch
 from seglogfs.fs import page_cache
 from seglogfs.fs.layout_store import SegmentLayout
-from seglogfs.fs.page_cache import Page, RenderingAhead
+from seglogfs.fs.page_cache import Page, RenderedSpan, RenderingAhead
 
 
 class Renderer(Protocol):
@@ -102,36 +106,25 @@ class LayoutPages:
         """The batches between mark `mark` and the next, each with its rendering
         (CorruptRecordError for a damaged batch's page)."""
         layout.check_page(mark)
-        start, end = layout.page_bounds(mark)
-        key = self._batch_page_key(layout, mark)
-        page = page_cache.PAGES.get(key)
-        if page is None:
-            page = page_cache.PAGES.render_once(key, lambda: self._render_page(layout, start, end))
-        return page
-
-    def _batch_page_key(self, layout: SegmentLayout, mark: int) -> tuple[object, ...]:
-        """The key of the page at mark `mark` rendered batch by batch, in `page_cache.PAGES`."""
-        return (self, layout.segment, layout.serial, *layout.page_bounds(mark))
-
-    def _cached_page(self, layout: SegmentLayout, mark: int) -> Page | None:
-        """The page at mark `mark` if it was rendered batch by batch and is cached."""
-        return page_cache.PAGES.get(self._batch_page_key(layout, mark))
+        bounds = layout.page_bounds(mark)
+        key = page_cache.page_key(self, layout, mark)
+        return page_cache.PAGES.render_once(key, bounds, lambda: self._render_page(layout, *bounds))
 
     def _page_now(self, layout: SegmentLayout, mark: int, budget: int) -> tuple[Page | None, int]:
-        """`_page` for the event loop, and how many segment bytes it rendered: the page if it is
-        rendered already, or holds at most `budget` segment bytes and they are in the OS page
-        cache (then it is rendered here); else None. (By segment bytes, not rendered ones: a
-        page of a view that shows little of each record, `print.value=false` or aborted
+        """`page` for the event loop, and how many segment bytes it rendered: the page if it is
+        rendered batch by batch already, or holds at most `budget` segment bytes and they are in
+        the OS page cache (then it is rendered here); else None. (By segment bytes, not rendered
+        ones: a page of a view that shows little of each record, `print.value=false` or aborted
         transactions read_committed, spans a long stretch of the segment.)"""
-        start, end = layout.page_bounds(mark)
-        key = self._batch_page_key(layout, mark)
-        page = page_cache.PAGES.get(key)
-        cost = end - start
+        bounds = layout.page_bounds(mark)
+        key = page_cache.page_key(self, layout, mark)
+        page = page_cache.PAGES.batches(key, bounds)
+        cost = bounds[1] - bounds[0]
         if page is not None or cost > budget:
             return page, 0
         try:
             return page_cache.PAGES.render_unless_busy(
-                key, lambda: self._render_page(layout, start, end, nowait=True)
+                key, bounds, lambda: self._render_page(layout, *bounds, nowait=True)
             ), cost
         except BlockingIOError:
             return None, 0
@@ -226,30 +219,35 @@ class LayoutPages:
         self, layout: SegmentLayout, mark: int, budget: int | None
     ) -> tuple[list[tuple[bytes, int, int]], int, int] | None:
         """A page's bytes as spans (rendering, start, end) of the renderings they are kept in, the
-        segment bytes rendered for them, and the mark after the pages they hold: rendered ahead
-        (the span of the page and of the pages after it in its run), cached, or rendered now.
-        With a `budget` (a read on the event loop, which never blocks), None when `_page_now`
-        cannot give the page; RenderingAhead when the page is in the run being rendered ahead
-        (its caller waits for it), and a page asked for ahead whose run has not started is
-        rendered here (the run leaves it out). Without (a worker thread's read), a page asked
-        for ahead is waited for, `_AHEAD_WAIT_S` at most (then rendered here)."""
+        segment bytes rendered for them, and the mark after the pages they hold: as the cache
+        has the page (rendered whole, in a run: the span of the page and of the pages after it
+        in the run; or batch by batch), else rendered now. With a `budget` (a read on the event
+        loop, which never blocks), None when `_page_now` cannot give the page; RenderingAhead
+        when the page is in the run being rendered ahead (its caller waits for it), and a page
+        asked for ahead whose run has not started is rendered here (the run leaves it out).
+        Without (a worker thread's read), a page asked for ahead is waited for, `_AHEAD_WAIT_S`
+        at most (then rendered here)."""
         layout.check_page(mark)
         key = page_cache.page_key(self, layout, mark)
-        if self._renders_ahead:
-            ahead = page_cache.AHEAD.get(key) if budget is not None else page_cache.AHEAD.wait(key, _AHEAD_WAIT_S)
-            if ahead is not None:
-                data, start, end, last_mark = ahead
-                return [(data, start, end)], 0, last_mark + 1
-            if budget is not None and page_cache.AHEAD.rendering(key) and self._cached_page(layout, mark) is None:
+        bounds = layout.page_bounds(mark)
+        if self._renders_ahead and budget is None:
+            page_cache.AHEAD.wait(key, _AHEAD_WAIT_S)
+        rendered = page_cache.PAGES.get(key, bounds)
+        if isinstance(rendered, RenderedSpan):
+            return [(rendered.data, rendered.start, rendered.run_end)], 0, rendered.last_mark + 1
+        if rendered is None and self._renders_ahead:
+            if budget is not None and page_cache.AHEAD.rendering(key):
                 raise RenderingAhead(key)
             try:
                 whole = self._render_whole(layout, mark, key, budget)
             except BlockingIOError:  # (on the loop, not in the OS page cache: a worker thread's read)
                 return None
             if whole is not None:
-                return [(whole, 0, len(whole))], page_cache.span(layout.page_bounds(mark)), mark + 1
+                return [(whole, 0, len(whole))], page_cache.span(bounds), mark + 1
         page: Page | None
-        if budget is None:
+        if rendered is not None:
+            page, cost = rendered, 0
+        elif budget is None:
             page, cost = self.page(layout, mark), 0
         else:
             page, cost = self._page_now(layout, mark, budget)
@@ -280,20 +278,19 @@ class LayoutPages:
     def _render_whole(
         self, layout: SegmentLayout, mark: int, key: tuple[object, ...], budget: int | None
     ) -> bytes | None:
-        """A complete page not rendered ahead (the reader caught up with the render-ahead
+        """A complete page the cache does not have (the reader caught up with the render-ahead
         thread, a read that is not sequential, a worker thread's read of a page the thread did
-        not render) rendered by one call of the core, and kept with the pages rendered ahead:
-        batch by batch it cost several times more, most of it in Python. None when the page is
-        not complete, costs more than `budget` (a read on the event loop), is rendered batch by
-        batch already, or is one the core does not render (then neither is the rest of its
-        segment: the caller renders it batch by batch, which says what is wrong). With a
-        `budget`, BlockingIOError when its bytes are not all in the OS page cache."""
+        not render) rendered by one call of the core, and kept: batch by batch it cost several
+        times more, most of it in Python. None when the page is not complete, costs more than
+        `budget` (a read on the event loop), or is one the core does not render (then neither is
+        the rest of its segment: the caller renders it batch by batch, which says what is
+        wrong). With a `budget`, BlockingIOError when its bytes are not all in the OS page
+        cache."""
         complete = layout.complete_pages
-        too_dear = budget is not None and page_cache.span(layout.page_bounds(mark)) > budget
+        bounds = layout.page_bounds(mark)
+        too_dear = budget is not None and page_cache.span(bounds) > budget
         if mark >= complete or too_dear or page_cache.AHEAD.declined(self, layout):
             return None
-        if self._cached_page(layout, mark) is not None:
-            return None  # (rendered batch by batch already, to find an offset: the caller takes that)
         try:
             pages = self.render_run(layout, [mark], nowait=budget is not None)
         except BlockingIOError:
@@ -308,7 +305,8 @@ class LayoutPages:
             page_cache.AHEAD.decline(self, layout)
             return None
         data = pages[0][0]
-        page_cache.AHEAD.keep(key, mark, data)
+        page_cache.PAGES.put(key, bounds, RenderedSpan(data, 0, len(data), len(data), mark))
+        page_cache.AHEAD.take(key)  # (a run that has not started leaves it out)
         return data
 
     def render_run(

@@ -1,7 +1,8 @@
-"""Rendered pages of views: the cache every layout shares (`PAGES`), and the thread that renders
-the pages after a sequential reader's last read ahead of it (`AHEAD`), many pages a call of the
-engine's core, which reads, checks and renders them with the GIL released: the rendering runs on
-another core while the event loop serves the reads. See fs.views for what a page is.
+"""Rendered pages of views: the one cache every layout's pages are kept in (`PAGES`), however
+they were rendered, and the thread that renders the pages after a sequential reader's last read
+ahead of it (`AHEAD`), many pages a call of the engine's core, which reads, checks and renders
+them with the GIL released: the rendering runs on another core while the event loop serves the
+reads. See fs.views for what a page is, and fs.layout_pages for who renders one when.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from seglogfs.engine.errors import EngineError
@@ -21,75 +23,131 @@ from seglogfs.fs.layout_store import SegmentLayout
 
 logger = logging.getLogger(__name__)
 
-PAGE_CACHE_BYTES = 32 << 20  # rendered pages kept, for all layouts together
+# Rendered pages kept, for all layouts together: two sequential readers' pages asked ahead and
+# the runs they are reading (64 MiB), and the pages rendered batch by batch (32 MiB).
+PAGE_CACHE_BYTES = 96 << 20
 
 
+# A page rendered batch by batch: each batch's rendering, with where each record's text starts
+# (what finding an offset in a view needs).
 Page = list[tuple[BatchHeader, RenderedBatch]]
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedSpan:
+    """A complete page rendered whole by one call of the core, alone or in a run of pages: the
+    page is `data[start:end]`; the run goes on to `run_end`, where its last page, `last_mark`,
+    ends (a reader takes the pages it reads of a run as one piece)."""
+
+    data: bytes
+    start: int
+    end: int
+    run_end: int
+    last_mark: int
+
+
+Rendering = Page | RenderedSpan
+
+
 class PageCache:
-    """Recently rendered pages of every layout, bounded in bytes: an open, a stat and the reads of
-    one place share them. Keys hold the layout and segment objects themselves (not their ids,
-    which a later object may reuse). Thread-safe."""
+    """Recently rendered pages of every layout, bounded in bytes, by `page_key`: a page rendered
+    batch by batch (`Page`) or whole by the core (`RenderedSpan`), with the bounds it was
+    rendered for (a growing segment's last page grows: a rendering of other bounds is not the
+    page). One entry a page: a page rendered batch by batch serves every reader, so a rendering
+    whole never replaces it. An open, a stat and the reads of one place share them. Keys hold
+    the layout and segment objects themselves (not their ids, which a later object may reuse).
+    Thread-safe."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._pages: OrderedDict[tuple[object, ...], tuple[Page, int]] = OrderedDict()
+        self._pages: OrderedDict[tuple[object, ...], tuple[tuple[int, int], Rendering, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self._rendering: dict[tuple[object, ...], threading.Event] = {}
 
-    def get(self, key: tuple[object, ...]) -> Page | None:
+    def get(self, key: tuple[object, ...], bounds: tuple[int, int]) -> Rendering | None:
+        """The page under `key` rendered for `bounds`, however it was rendered."""
         with self._lock:
             entry = self._pages.get(key)
-            if entry is None:
+            if entry is None or entry[0] != bounds:
                 return None
             self._pages.move_to_end(key)
-            return entry[0]
+            return entry[1]
 
-    def render_once(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page:
-        """The page under `key`, rendered by `render` unless it is cached or another thread is
-        rendering it already (then that thread's result: two readers of one place render
-        it once)."""
+    def holds(self, key: tuple[object, ...]) -> bool:
+        """Whether the page under `key` is rendered (a complete page: its bounds never change)."""
+        with self._lock:
+            return key in self._pages
+
+    def batches(self, key: tuple[object, ...], bounds: tuple[int, int]) -> Page | None:
+        """The page under `key` for `bounds` if it was rendered batch by batch."""
+        rendering = self.get(key, bounds)
+        return rendering if isinstance(rendering, list) else None
+
+    def render_once(self, key: tuple[object, ...], bounds: tuple[int, int], render: Callable[[], Page]) -> Page:
+        """The page under `key`, rendered batch by batch by `render` unless it is cached so or
+        another thread is rendering it already (then that thread's result: two readers of one
+        place render it once)."""
+        page = self.batches(key, bounds)
+        if page is not None:
+            return page
         with self._lock:
             waiting = self._rendering.get(key)
             if waiting is None:
                 self._rendering[key] = done = threading.Event()
         if waiting is not None:
             waiting.wait()
-            page = self.get(key)
-            return page if page is not None else render()  # its rendering failed: try ourselves
-        return self._render_claimed(key, done, render)
+            page = self.batches(key, bounds)
+            return page if page is not None else render()  # its rendering failed (or other bounds): ourselves
+        return self._render_claimed(key, bounds, done, render)
 
-    def render_unless_busy(self, key: tuple[object, ...], render: Callable[[], Page]) -> Page | None:
+    def render_unless_busy(
+        self, key: tuple[object, ...], bounds: tuple[int, int], render: Callable[[], Page]
+    ) -> Page | None:
         """`render_once` for the event loop, which must not wait: None when another thread is
         rendering the page."""
+        page = self.batches(key, bounds)
+        if page is not None:
+            return page
         with self._lock:
             if key in self._rendering:
                 return None
             self._rendering[key] = done = threading.Event()
-        return self._render_claimed(key, done, render)
+        return self._render_claimed(key, bounds, done, render)
 
-    def _render_claimed(self, key: tuple[object, ...], done: threading.Event, render: Callable[[], Page]) -> Page:
+    def _render_claimed(
+        self, key: tuple[object, ...], bounds: tuple[int, int], done: threading.Event, render: Callable[[], Page]
+    ) -> Page:
         """Render a page this thread has claimed, keep it, and let whoever waits for it go."""
         try:
             page = render()
-            self.put(key, page)
+            self.put(key, bounds, page)
             return page
         finally:
             with self._lock:
                 del self._rendering[key]
             done.set()
 
-    def put(self, key: tuple[object, ...], page: Page) -> None:
-        weight = sum(len(rendered.data) + 16 * len(rendered.offsets) for _, rendered in page) + 200 * len(page)
+    def put(self, key: tuple[object, ...], bounds: tuple[int, int], rendering: Rendering) -> None:
+        """Keep a page's rendering: over one of other bounds, or one rendered whole (by a run, or
+        alone), never over one rendered batch by batch for these bounds."""
+        if isinstance(rendering, RenderedSpan):
+            weight = rendering.end - rendering.start
+        else:
+            weight = sum(len(rendered.data) + 16 * len(rendered.offsets) for _, rendered in rendering) + 200 * len(
+                rendering
+            )
         with self._lock:
-            if key in self._pages:
-                return
-            self._pages[key] = (page, weight)
+            kept = self._pages.get(key)
+            if kept is not None:
+                if kept[0] == bounds and isinstance(kept[1], list):
+                    return  # (rendered batch by batch: it stays)
+                del self._pages[key]
+                self._bytes -= kept[2]
+            self._pages[key] = (bounds, rendering, weight)
             self._bytes += weight
             while self._bytes > self.capacity_bytes and len(self._pages) > 1:
-                _, (_, dropped) = self._pages.popitem(last=False)
+                _, (_, _, dropped) = self._pages.popitem(last=False)
                 self._bytes -= dropped
 
 
@@ -102,7 +160,6 @@ _AHEAD_DELAY_S = float(os.environ.get(AHEAD_DELAY_ENV, "0") or 0) / 1000
 # A run rendered ahead is a call of the core of at most this many bytes of segment or of rendering
 # (fs.views says how far ahead of a reader).
 AHEAD_CALL_BYTES = 4 << 20
-AHEAD_CACHE_BYTES = 64 << 20  # two readers' pages asked ahead, and the runs they are reading
 _AHEAD_SEGMENTS_KEPT = 1024  # segment layouts whose asks are remembered (the latest)
 _DECLINED = -1
 
@@ -134,18 +191,12 @@ class RenderingAhead(Exception):
 
 class RenderAhead:
     """Pages rendered ahead of sequential readers on a thread of their own, a run of pages a call
-    of the core (`Renderer.render_range`), kept by (layout, segment, serial, mark), bounded in
-    bytes. A page rendered ahead is had as the span from its start to its run's end (one piece
-    for the pages a read takes of the run, not one look-up a page). A run the core does not
-    render (compressed or damaged batches, a file cut short) is left to the readers, who render
-    it page by page and say what is wrong. Thread-safe."""
+    of the core (`Renderer.render_range`), each kept in `PAGES` as its span of the run's
+    rendering (a reader takes the pages it reads of a run as one piece, not one look-up a page).
+    A run the core does not render (compressed or damaged batches, a file cut short) is left to
+    the readers, who render it page by page and say what is wrong. Thread-safe."""
 
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-        # Per page: (its run's rendering, where the page starts in it, where it ends, where the
-        # run ends, the run's last mark).
-        self._pages: OrderedDict[tuple[object, ...], tuple[bytes, int, int, int, int]] = OrderedDict()
-        self._bytes = 0
+    def __init__(self) -> None:
         self._pending: set[tuple[object, ...]] = set()  # asked for, not rendered yet
         # Pending pages a reader caught up with and rendered itself (`take`): a run not started
         # yet drops them and the pages before them, which its reader has passed. (Without this,
@@ -164,25 +215,11 @@ class RenderAhead:
         self._current: tuple[tuple[object, ...], int, int] | None = None  # the run being rendered: segment key, marks
         self._when_done: list[Callable[[], None]] = []  # called once the run being rendered is done
 
-    def get(self, key: tuple[object, ...]) -> tuple[bytes, int, int, int] | None:
-        """If the page under `key` was rendered ahead: (rendering, start, end, last mark), the
-        span of the page and of the pages after it up to `last mark`, rendered in the same run."""
-        with self._lock:
-            return self._get_locked(key)
-
-    def _get_locked(self, key: tuple[object, ...]) -> tuple[bytes, int, int, int] | None:
-        page = self._pages.get(key)
-        if page is None:
-            return None
-        self._pages.move_to_end(key)
-        return page[0], page[1], page[3], page[4]
-
-    def wait(self, key: tuple[object, ...], timeout: float) -> tuple[bytes, int, int, int] | None:
-        """`get`, once the page under `key` is rendered ahead or given up, if it was asked for
-        and is not yet; `timeout` seconds at most (then None when it is still pending)."""
+    def wait(self, key: tuple[object, ...], timeout: float) -> None:
+        """Until the page under `key` is rendered ahead or given up, if it was asked for and is
+        not yet; `timeout` seconds at most."""
         with self._lock:
             self._work.wait_for(lambda: key not in self._pending, timeout)
-            return self._get_locked(key)
 
     def rendering(self, key: tuple[object, ...]) -> bool:
         """Whether the page under `key` is in the run being rendered at this moment."""
@@ -214,15 +251,6 @@ class RenderAhead:
             if key in self._pending:
                 self._taken.add(key)
 
-    def keep(self, key: tuple[object, ...], mark: int, data: bytes) -> None:
-        """`take`, for a complete page a reader rendered whole by a call of the core (`data`): it
-        is kept as a run of that one page (the reader's next read may start inside it)."""
-        with self._lock:
-            if key in self._pending:
-                self._taken.add(key)
-            self._keep_locked(key, (data, 0, len(data), len(data), mark))
-            self._evict_locked()
-
     def declined(self, layout: Layout, segment_layout: SegmentLayout) -> bool:
         """Whether the core did not render a run of the segment layout whole (then it is not
         asked to again)."""
@@ -234,18 +262,6 @@ class RenderAhead:
         any more (its readers render it page by page)."""
         with self._lock:
             self._asked[(layout, segment_layout.segment, segment_layout.serial)] = _DECLINED
-
-    def _keep_locked(self, key: tuple[object, ...], page: tuple[bytes, int, int, int, int]) -> None:
-        replaced = self._pages.pop(key, None)
-        if replaced is not None:  # (a reader's page, and then its run's, or the other way round)
-            self._bytes -= replaced[2] - replaced[1]
-        self._pages[key] = page
-        self._bytes += page[2] - page[1]
-
-    def _evict_locked(self) -> None:
-        while self._bytes > self.capacity_bytes and self._pages:
-            _, (_, start, end, _, _) = self._pages.popitem(last=False)
-            self._bytes -= end - start
 
     def ask(self, layout: Layout, segment_layout: SegmentLayout, marks: range, *, whole: bool) -> None:
         """Render the pages `marks` of a segment layout ahead, but those kept or asked for already
@@ -272,7 +288,7 @@ class RenderAhead:
             run_bytes = 0
             for mark in range(first, marks.stop):
                 key = page_key(layout, segment_layout, mark)
-                if key in self._pages or key in self._pending or mark in segment_layout.damage:
+                if key in self._pending or mark in segment_layout.damage or PAGES.holds(key):
                     continue  # (a damaged batch's page is never rendered: it reads as the damage)
                 cost = max(span(segment_layout.page_bounds(mark)), span(segment_layout.view_bounds(mark)))
                 if run and (run[-1] != mark - 1 or run_bytes + cost > AHEAD_CALL_BYTES):
@@ -354,12 +370,15 @@ class RenderAhead:
             if pages:
                 data, run_end, last = pages[0][0], pages[-1][2], run[-1]
                 for mark, (_, start, end) in zip(run, pages, strict=True):
-                    self._keep_locked(page_key(layout, segment_layout, mark), (data, start, end, run_end, last))
+                    PAGES.put(
+                        page_key(layout, segment_layout, mark),
+                        segment_layout.page_bounds(mark),
+                        RenderedSpan(data, start, end, run_end, last),
+                    )
             for mark in run:
                 key = page_key(layout, segment_layout, mark)
                 self._pending.discard(key)
                 self._taken.discard(key)
-            self._evict_locked()
 
     def _untaken_locked(self, layout: Layout, segment_layout: SegmentLayout, run: list[int]) -> list[int]:
         """The marks of a run about to start, but those up to the last page a reader took: those
@@ -382,4 +401,4 @@ def page_key(layout: Layout, segment_layout: SegmentLayout, mark: int) -> tuple[
     return (layout, segment_layout.segment, segment_layout.serial, mark)
 
 
-AHEAD = RenderAhead(AHEAD_CACHE_BYTES)
+AHEAD = RenderAhead()

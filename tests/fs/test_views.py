@@ -1200,7 +1200,7 @@ def test_rendering_ahead_fits_the_cache_and_renders_each_page_once(tmp_path: Pat
     ahead is bounded by rendered bytes too, so it fits the cache, and no page is rendered ahead
     twice (bounded by segment bytes only, pages were evicted before they were read, and asked
     again and again)."""
-    monkeypatch.setattr(page_cache.AHEAD, "capacity_bytes", 40_000)
+    monkeypatch.setattr(page_cache.PAGES, "capacity_bytes", 40_000)
     log = views_log(tmp_path / "t-0", **{"segment.bytes": str(1 << 30)})
     for _ in range(200):
         log.append_records([b"%d" % i for i in range(30)], now_ms=NOW_MS)
@@ -1220,7 +1220,7 @@ def test_two_readers_pages_rendered_ahead_are_not_evicted_before_they_are_read(t
     monkeypatch.setattr(page_cache, "AHEAD_CALL_BYTES", 4096)
     monkeypatch.setattr(layout_pages, "AHEAD_BYTES", int(layout_pages.AHEAD_BYTES * scale))
     monkeypatch.setattr(layout_pages, "AHEAD_AFTER_BYTES", int(layout_pages.AHEAD_AFTER_BYTES * scale))
-    monkeypatch.setattr(page_cache.AHEAD, "capacity_bytes", int(page_cache.AHEAD_CACHE_BYTES * scale))
+    monkeypatch.setattr(page_cache.PAGES, "capacity_bytes", int(page_cache.PAGE_CACHE_BYTES * scale))
     readers = []
     for n in range(2):
         log = views_log(tmp_path / f"t-{n}", **{"segment.bytes": "40000"})
