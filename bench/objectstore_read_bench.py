@@ -11,7 +11,8 @@ timestamps rising 1 ms a record) is backed up to the server. Then:
   their ratio (bucket / local). Each bucket round reads cold (its own local copy: nothing
   fetched before).
 * Spark `startingTimestamp` for the last 1% of the records: the bytes fetched from the server
-  (planning and tasks, as the source counts them), as a share of the bucket's segment bytes.
+  (planning and tasks, as the source counts them), as a share of the bucket's segment bytes, and
+  what planning fetched of them (none: it reads index objects and the catalogue).
 * consume: `seglogfs consume --from-beginning` of partition 0 into a pipe, from the bucket vs
   from the data dir (each run a new process: its own local copy, fetched cold).
 
@@ -125,7 +126,9 @@ def main() -> None:
         late_seconds = drain(
             uri(args.rounds + 1), startingTimestamp=str(start), startingOffsetsByTimestampStrategy="latest"
         )
-        fetched = sum(json.loads(line)["bytes"] for line in (metrics / FETCHES_FILE).read_text().splitlines())
+        entries = [json.loads(line) for line in (metrics / FETCHES_FILE).read_text().splitlines()]
+        fetched = sum(entry["bytes"] for entry in entries)
+        fetched_planning = sum(entry["bytes"] for entry in entries if entry["where"] == "planning")
         spark.stop()
 
         consume_local = consume_bucket = float("inf")
@@ -150,6 +153,7 @@ def main() -> None:
             "spark_ratio_bucket_to_local": round(local / bucket_read, 2),
             "last_1pct_fetched_mib": round(fetched / 2**20, 2),
             "last_1pct_fetched_share": round(fetched / segment_bytes, 4),
+            "last_1pct_fetched_by_planning_bytes": fetched_planning,
             "last_1pct_seconds": round(late_seconds, 2),
             "consume_local_s": round(consume_local, 2),
             "consume_bucket_s": round(consume_bucket, 2),
@@ -167,7 +171,8 @@ def main() -> None:
         )
         print(
             f"startingTimestamp, last 1%: {results['last_1pct_fetched_mib']} MiB fetched, "
-            f"{100 * results['last_1pct_fetched_share']:.2f}% of the segments' bytes, {results['last_1pct_seconds']} s"
+            f"{100 * results['last_1pct_fetched_share']:.2f}% of the segments' bytes "
+            f"({fetched_planning} bytes of it by planning), {results['last_1pct_seconds']} s"
         )
         print(f"load average: {results['load']}")
         RESULTS.mkdir(exist_ok=True)

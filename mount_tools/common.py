@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from seglogfs.engine import BrokerConfig, UnknownTopicOrPartitionError
 from seglogfs.engine.object_store import ObjectStore, is_object_store_uri, parse_location
 from seglogfs.engine.stored.catalogue import catalogue_runs
-from seglogfs.engine.stored.local_copy import LocalCopy, shared_copy
+from seglogfs.engine.stored.local_copy import EVERY_PARTITION, LocalCopy, Partitions, shared_copy
 from seglogfs.mount_tools.mountpoints import mount_containing, real
 
 EXIT_OK = 0
@@ -72,15 +72,17 @@ def add_common(parser: argparse.ArgumentParser, *, long_config: bool = True) -> 
     parser.add_argument("--override", action="append", metavar="KEY=VALUE", help="a broker config setting (repeatable)")
 
 
-def broker_config(args: argparse.Namespace, *, stored: bool = False) -> BrokerConfig:
+def broker_config(
+    args: argparse.Namespace, *, stored: bool = False, partitions: Partitions = EVERY_PARTITION
+) -> BrokerConfig:
     """The broker config of the command's DATADIR (log dirs separated by commas), `-c` and
     `--override`. A seglogfs mount point given as DATADIR is refused in one line: the mount
     point holds topics as directories, not Kafka's layout (read with `MNT/.logdir`, or give the
     data dir the mount serves).
 
     A commands that only reads (`stored`) also takes a backup in object storage as DATADIR
-    (`s3://bucket/prefix`): the config is then of its local copy (`open_stored`); the others
-    refuse one in a line."""
+    (`s3://bucket/prefix`): the config is then of its local copy (`open_stored`, with the
+    `partitions` the command reads laid out); the others refuse one in a line."""
     if is_object_store_uri(args.datadir):
         if not stored:
             try:
@@ -91,7 +93,8 @@ def broker_config(args: argparse.Namespace, *, stored: bool = False) -> BrokerCo
                 f"{shown} is a backup in object storage, which this command does not change: "
                 "`seglogfs restore URI DATADIR` copies it to a disk"
             )
-        return BrokerConfig.load(args.config, args.override or (), log_dirs=open_stored(args.datadir).log_dirs)
+        copy = open_stored(args.datadir, partitions)
+        return BrokerConfig.load(args.config, args.override or (), log_dirs=copy.log_dirs)
     dirs = [Path(part) for part in args.datadir.split(",") if part]
     if not dirs:
         raise UsageError("DATADIR names no directory")
@@ -105,12 +108,13 @@ def broker_config(args: argparse.Namespace, *, stored: bool = False) -> BrokerCo
     return BrokerConfig.load(args.config, args.override or (), log_dirs=dirs)
 
 
-def open_stored(uri: str) -> LocalCopy:
+def open_stored(uri: str, partitions: Partitions = EVERY_PARTITION) -> LocalCopy:
     """The backup at `uri` read where it is: the process's local copy of its newest complete run
-    (engine.stored.local_copy.shared_copy: indexes and checkpoints fetched, each segment's bytes
-    as they are read), removed when the command ends. UsageError for a malformed URI."""
+    (engine.stored.local_copy.shared_copy: of `partitions`, indexes and checkpoints fetched, each
+    segment's bytes as they are read), removed when the command ends. UsageError for a malformed
+    URI."""
     try:
-        return shared_copy(uri)
+        return shared_copy(uri, partitions)
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -47,7 +47,7 @@ from seglogfs.engine.log.transactions import READ_COMMITTED, READ_UNCOMMITTED, T
 from seglogfs.engine.object_store import is_object_store_uri
 from seglogfs.engine.read_ahead import map_ahead, read_ahead
 from seglogfs.engine.record.records import CURRENT_MAGIC, BatchHeader
-from seglogfs.engine.stored.local_copy import FOLLOW_INTERVAL_S
+from seglogfs.engine.stored.local_copy import FOLLOW_INTERVAL_S, Partitions
 from seglogfs.engine.text.console_formats import TextFormat
 from seglogfs.engine.text.renderers import JsonLinesRenderer, TextRenderer
 from seglogfs.engine.text.timestamps import parse_timestamp
@@ -517,7 +517,8 @@ def _tell(line: str) -> None:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
-    config = broker_config(args, stored=True)
+    topic = Partitions(topics=frozenset([args.topic]))  # (of a backup in object storage: nothing else fetched)
+    config = broker_config(args, stored=True, partitions=topic)
     properties = key_values(args.property, "--property")
     text_format = TextFormat.from_properties(properties) if args.format == "text" else None
     if sum(x is not None and x is not False for x in (args.from_beginning or None, args.offset, args.timestamp)) > 1:
@@ -541,7 +542,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
             consumer.flush()
             if follow:
                 if is_object_store_uri(args.datadir):  # (new backup runs appear as a writer's appends)
-                    open_stored(args.datadir).follow(FOLLOW_INTERVAL_S, _tell)
+                    open_stored(args.datadir, topic).follow(FOLLOW_INTERVAL_S, _tell)
                 _Follower(consumer, args.timeout_ms).run()
     except BrokenPipeError:
         quiet_broken_pipe()

@@ -41,7 +41,7 @@ from seglogfs.engine import DataDir, PartitionLog
 from seglogfs.engine.fetched_files import fetched_file
 from seglogfs.engine.log.segment import LogSegment
 from seglogfs.engine.log.transactions import AbortedTransaction, TransactionTracker
-from seglogfs.engine.stored.local_copy import shared_copy
+from seglogfs.engine.stored.local_copy import EVERY_PARTITION, Partitions, shared_copy
 from seglogfs.pipeline.options import (
     EARLIEST,
     LATEST,
@@ -53,6 +53,7 @@ from seglogfs.pipeline.options import (
     OptionError,
     SpecificOffsets,
     SpecificTimestamps,
+    Subscription,
     TopicPartition,
 )
 
@@ -176,12 +177,15 @@ class SegmentSlice:
 
 
 # -- 1. offsets from options ------------------------------------------------------------------------
-def open_read_only(location: Location, settings: EngineSettings, now_ms: int) -> DataDir:
+def open_read_only(
+    location: Location, settings: EngineSettings, now_ms: int, partitions: Partitions = EVERY_PARTITION
+) -> DataDir:
     """`DataDir.open(read_only=True)` over the option's log dirs: no lock, nothing written. A
     log dir that is not a directory is refused by name (a read-only open would see no topics).
-    A backup in object storage is opened as this process's local copy of its newest run."""
+    A backup in object storage is opened as this process's local copy of its newest run, with
+    `partitions` laid out (`subscribed`: a query's; nothing of the others is fetched)."""
     if location.store_uri is not None:
-        copy = shared_copy(location.store_uri)
+        copy = shared_copy(location.store_uri, partitions)
         return DataDir.open(settings.broker_config(tuple(copy.log_dirs)), read_only=True, now_ms=now_ms)
     for log_dir in location.log_dirs:
         if not log_dir.is_dir():
@@ -189,6 +193,16 @@ def open_read_only(location: Location, settings: EngineSettings, now_ms: int) ->
                 f"path {log_dir}: no such directory (expected a data dir, comma-separated log dirs or a seglogfs mount)"
             )
     return DataDir.open(settings.broker_config(location.log_dirs), read_only=True, now_ms=now_ms)
+
+
+def subscribed(subscription: Subscription) -> Partitions:
+    """The partitions of a backup's copy a query over `subscription` reads (those it may gain
+    too: a topic's new partitions, a new topic a pattern finds)."""
+    if subscription.kind == "assign":
+        return Partitions(partitions=frozenset(subscription.assigned))
+    if subscription.kind == "subscribe":
+        return Partitions(topics=frozenset(subscription.topics))
+    return Partitions(patterns=frozenset([subscription.pattern]))
 
 
 class StableOffsets:

@@ -45,7 +45,7 @@ from seglogfs.engine.record.records import (
     Header,
     decode_records,
 )
-from seglogfs.engine.stored.local_copy import stored_segment
+from seglogfs.engine.stored.local_copy import Partitions, stored_segment
 from seglogfs.pipeline.options import EngineSettings, Location, SourceOptions
 from seglogfs.pipeline.planning import DataLossError, RowFilter, SegmentSlice, open_read_only
 
@@ -322,7 +322,12 @@ def _batches_through_log(
     changed since planning). Offsets gone below the log start offset meanwhile are data loss."""
     stats.through_log = True
     if spec.location.store_uri is not None:
-        opened = open_read_only(spec.location, spec.engine, now_ms=0)
+        opened = open_read_only(
+            spec.location,
+            spec.engine,
+            now_ms=0,
+            partitions=Partitions(partitions=frozenset([(piece.topic, piece.partition)])),
+        )
     else:  # (a log dir gone since planning: no topics, and data loss below)
         opened = DataDir.open(spec.engine.broker_config(spec.location.log_dirs), read_only=True, now_ms=0)
     with opened as data_dir:

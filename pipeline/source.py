@@ -74,6 +74,7 @@ from seglogfs.pipeline.planning import (
     plan_pieces,
     plan_slices,
     resolve_ranges,
+    subscribed,
 )
 from seglogfs.pipeline.reading import ReadSpec, counting_fetches, read_slice
 from seglogfs.pipeline.staging import Staged
@@ -162,7 +163,10 @@ class SeglogReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self.options
-        with counting_fetches("planning"), open_read_only(options.location, options.engine, _now_ms()) as data_dir:
+        with (
+            counting_fetches("planning"),
+            open_read_only(options.location, options.engine, _now_ms(), subscribed(options.subscription)) as data_dir,
+        ):
             assigned = options.subscription.partitions(data_dir.topics())
             ranges = resolve_ranges(
                 data_dir,
@@ -193,7 +197,7 @@ class SeglogReader(DataSourceReader):
     def _read(self, piece: ReadPiece | NewPartitions) -> Iterator[pa.RecordBatch]:
         options = self.options
         stable = StableOffsets() if options.read_committed else None
-        with open_read_only(options.location, options.engine, _now_ms()) as data_dir:
+        with open_read_only(options.location, options.engine, _now_ms(), subscribed(options.subscription)) as data_dir:
             pieces: list[ReadPiece] = [piece] if isinstance(piece, ReadPiece) else []
             new = piece if isinstance(piece, NewPartitions) else piece.new_partitions
             if new is not None:
@@ -263,7 +267,9 @@ class SeglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _open(self) -> Iterator[DataDir]:
         with (
             counting_fetches("planning"),
-            open_read_only(self.options.location, self.options.engine, _now_ms()) as data_dir,
+            open_read_only(
+                self.options.location, self.options.engine, _now_ms(), subscribed(self.options.subscription)
+            ) as data_dir,
         ):
             yield data_dir
 

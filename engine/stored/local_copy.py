@@ -13,6 +13,11 @@ rewritten checkpoint) is replaced by a rename; new files appear (a segment's ind
 `.log`) and removed ones go (a segment's `.log` first). A read-only open of the copy follows it as
 it follows a broker writing.
 
+A copy may lay out only some partitions (`Partitions`: a Spark query's subscription): the
+others' directories and files are left out, and nothing of them is fetched; `want` adds more to
+it. The metadata log's partition and the files outside partitions (checkpoints,
+`meta.properties`) are always laid out.
+
 The directory is this process's: a temporary one, removed by `close`.
 """
 
@@ -28,12 +33,13 @@ import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from seglogfs.engine.fetched_files import FetchedFile, register, unregister
 from seglogfs.engine.files import write_all
 from seglogfs.engine.log.file_records import FileRecords
-from seglogfs.engine.log.naming import LOG_SUFFIX
+from seglogfs.engine.log.naming import LOG_SUFFIX, parse_partition_dir
 from seglogfs.engine.object_store import ObjectStore, ObjectStoreError, open_object_store
 from seglogfs.engine.stored.catalogue import (
     Catalogue,
@@ -91,13 +97,60 @@ def _is_log(path: str) -> bool:
     return path.endswith(LOG_SUFFIX) and "/" in path  # (a segment's, in a partition dir)
 
 
+METADATA_TOPIC = "__cluster_metadata"  # (topic configs and ids: every reader of a copy needs it)
+
+
+@dataclass(frozen=True)
+class Partitions:
+    """Which partitions a copy lays out: those of `topics`, of topics a regular expression of
+    `patterns` finds (`re.search`, as Spark's subscribePattern) and `partitions`; every one with
+    `everything`. The metadata log's is always laid out."""
+
+    topics: frozenset[str] = frozenset()
+    patterns: frozenset[str] = frozenset()
+    partitions: frozenset[tuple[str, int]] = frozenset()
+    everything: bool = False
+
+    def wants(self, topic: str, partition: int) -> bool:
+        return (
+            self.everything
+            or topic == METADATA_TOPIC
+            or topic in self.topics
+            or (topic, partition) in self.partitions
+            or any(re.search(pattern, topic) for pattern in self.patterns)
+        )
+
+    def covers(self, other: Partitions) -> bool:
+        """Whether every partition `other` wants is wanted here, whatever the backup holds."""
+        if self.everything:
+            return True
+        return (
+            not other.everything
+            and other.topics <= self.topics
+            and other.patterns <= self.patterns
+            and all(topic in self.topics or (topic, p) in self.partitions for topic, p in other.partitions)
+        )
+
+    def union(self, other: Partitions) -> Partitions:
+        return Partitions(
+            self.topics | other.topics,
+            self.patterns | other.patterns,
+            self.partitions | other.partitions,
+            self.everything or other.everything,
+        )
+
+
+EVERY_PARTITION = Partitions(everything=True)
+
+
 class LocalCopy:
     """The newest complete run of the backup in `store`, laid out below `directory`. See the
     module docstring."""
 
-    def __init__(self, store: ObjectStore, directory: Path) -> None:
+    def __init__(self, store: ObjectStore, directory: Path, partitions: Partitions = EVERY_PARTITION) -> None:
         self.store = store
         self.directory = directory
+        self.partitions = partitions
         self._lock = threading.Lock()
         self.catalogue: Catalogue | None = None
         self._fetched: dict[str, FetchedFile] = {}
@@ -107,11 +160,11 @@ class LocalCopy:
         self._follower: threading.Thread | None = None
 
     @classmethod
-    def open(cls, uri: str) -> LocalCopy:
-        """The backup at `uri`, laid out in a temporary directory of its own. ObjectStoreError
-        when the store fails or holds no complete backup run."""
+    def open(cls, uri: str, partitions: Partitions = EVERY_PARTITION) -> LocalCopy:
+        """The backup at `uri` (its `partitions`), laid out in a temporary directory of its own.
+        ObjectStoreError when the store fails or holds no complete backup run."""
         store = open_object_store(uri)
-        copy = cls(store, private_directory("seglogfs-stored"))
+        copy = cls(store, private_directory("seglogfs-stored"), partitions)
         try:
             if not copy.refresh():
                 raise ObjectStoreError(
@@ -137,7 +190,7 @@ class LocalCopy:
             if not runs or (self.catalogue is not None and runs[-1] == self.catalogue.run):
                 return False
             newest = read_catalogue(self.store, runs[-1])
-            self._apply(self.catalogue, newest)
+            self._apply(self._laid_out(self.catalogue) if self.catalogue is not None else None, self._laid_out(newest))
             self.catalogue = newest
             # Placeholders this run replaced or removed stay readable to those who hold them
             # until the next run (their objects stay in the store as long: see the catalogue).
@@ -145,6 +198,39 @@ class LocalCopy:
                 fetched.forget()
             self._retired, self._retiring = self._retiring, []
             return True
+
+    def want(self, partitions: Partitions) -> None:
+        """Lay out `partitions` too, of the run laid out (their files fetched now), unless the
+        copy has them already. ObjectStoreError when the store fails."""
+        with self._lock:
+            if self.partitions.covers(partitions):
+                return
+            if self.catalogue is None:
+                self.partitions = self.partitions.union(partitions)
+                return
+            before = self._laid_out(self.catalogue)
+            self.partitions = self.partitions.union(partitions)
+            self._apply(before, self._laid_out(self.catalogue))
+
+    def _laid_out(self, catalogue: Catalogue) -> Catalogue:
+        """`catalogue` as far as the copy lays it out: the files and directories of the
+        partitions it wants, and every other."""
+        if self.partitions.everything:
+            return catalogue
+        in_partition = 1 if catalogue.log_dirs > 1 else 0  # (a backup of several: `0/topic-0/…`)
+
+        def wanted(path: str) -> bool:
+            parts = path.split("/")
+            if len(parts) <= in_partition:
+                return True
+            named = parse_partition_dir(parts[in_partition])
+            return named is None or self.partitions.wants(*named)
+
+        return replace(
+            catalogue,
+            files={path: stored for path, stored in catalogue.files.items() if wanted(path)},
+            directories={path: a for path, a in catalogue.directories.items() if not path or wanted(path)},
+        )
 
     def follow(self, interval_s: float, tell: Callable[[str], None]) -> None:
         """Refresh every `interval_s` seconds from a thread of its own until `close`, as new
@@ -306,15 +392,17 @@ _SHARED: dict[str, LocalCopy] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_copy(uri: str) -> LocalCopy:
+def shared_copy(uri: str, partitions: Partitions = EVERY_PARTITION) -> LocalCopy:
     """This process's copy of the backup at `uri` (a Spark driver's or executor's: kept across
-    queries and tasks), moved to the newest complete run first; removed when the process exits."""
+    queries and tasks), moved to the newest complete run first, with `partitions` laid out
+    (and those earlier callers wanted); removed when the process exits."""
     with _SHARED_LOCK:
         copy = _SHARED.get(uri)
         if copy is None:
-            copy = _SHARED[uri] = LocalCopy.open(uri)
+            copy = _SHARED[uri] = LocalCopy.open(uri, partitions)
             atexit.register(copy.close)
             return copy
+    copy.want(partitions)
     copy.refresh()
     return copy
 

@@ -14,12 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.fetched_files import BUDGET
 from seglogfs.engine.log.transactions import TransactionTracker
 from seglogfs.engine.object_store import open_object_store
 from seglogfs.engine.stored.catalogue import CATALOGUE_MAX_BYTES, catalogue_key, catalogue_runs
-from seglogfs.engine.stored.local_copy import LocalCopy
+from seglogfs.engine.stored.local_copy import LocalCopy, Partitions
 from seglogfs.pipeline.options import parse_read_options
 from seglogfs.pipeline.reading import ReadSpec, read_slice
 from tests.cli.support import one_error_line
@@ -193,3 +195,42 @@ def test_a_summary_that_does_not_fit_its_segment_makes_the_catalogue_unreadable(
     store.put(key, json.dumps(catalogue).encode())
     line = one_error_line(run("topics", "describe", s3.uri(), code=1))
     assert key in line and path in line and "does not fit its offsets" in line, line
+
+
+def test_a_copy_lays_out_and_fetches_only_the_partitions_wanted(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query's copy of a backup (a Spark task's, its planning's) fetches the files of the
+    partitions its subscription reads and of no other; wanting more lays those out too, and a
+    newer run keeps to what is wanted (a new topic the subscription does not name stays out)."""
+    data = tmp_path / "data"
+    for topic in ("orders", "payments", "audit"):
+        produce(data, topic, [f"{topic}-{n}" for n in range(300)], "--override", "log.segment.bytes=2048")
+    run("backup", data, s3.uri())
+    fetched: list[str] = []
+    original = LocalCopy._fetch_whole
+    monkeypatch.setattr(
+        LocalCopy, "_fetch_whole", lambda self, path, stored: fetched.append(path) or original(self, path, stored)
+    )
+    with LocalCopy.open(s3.uri(), Partitions(topics=frozenset({"orders"}))) as copy:
+        assert sorted(p.name for p in copy.directory.iterdir() if p.is_dir()) == ["orders-0"]
+        assert fetched and all("/" not in path or path.startswith("orders-0/") for path in fetched), fetched
+        config = BrokerConfig.load(None, [], log_dirs=copy.log_dirs)
+        with DataDir.open(config, read_only=True, now_ms=T0) as data_dir:
+            assert data_dir.topics() == {"orders": [0]}
+            assert [r.value for r in data_dir.partition("orders", 0).records(0)] == [
+                f"orders-{n}".encode() for n in range(300)
+            ]
+        fetched.clear()
+        copy.want(Partitions(patterns=frozenset({"^pay"})))
+        assert fetched and all(path.startswith("payments-0/") for path in fetched), fetched
+        copy.want(Partitions(topics=frozenset({"orders"})))  # (had already: nothing fetched)
+        fetched.clear()
+        produce(data, "refunds", ["r"])
+        produce(data, "payments", ["more"])
+        run("backup", data, s3.uri())
+        assert copy.refresh()
+        assert sorted(p.name for p in copy.directory.iterdir() if p.is_dir()) == ["orders-0", "payments-0"]
+        assert not any(path.startswith(("refunds-0/", "audit-0/")) for path in fetched), fetched
+        with DataDir.open(config, read_only=True, now_ms=T0) as data_dir:
+            assert data_dir.partition("payments", 0).log_end_offset == 301
