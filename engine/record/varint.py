@@ -13,6 +13,8 @@ columns with numpy for the batch encoder.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -66,29 +68,25 @@ def _decode(buf: bytes | bytearray | memoryview, position: int, max_bytes: int, 
     raise ValueError(f"varint longer than {_IN_WORDS[max_bytes]} bytes")
 
 
-def decode_int_at(buf: bytes, position: int) -> tuple[int, int]:
-    """`decode_int` with the one- and two-byte cases done without a loop."""
-    first = buf[position]
-    if first < 0x80:
-        return (first >> 1) ^ -(first & 1), position + 1
-    second = buf[position + 1]
-    if second < 0x80:
-        zigzag = (first & 0x7F) | (second << 7)
-        return (zigzag >> 1) ^ -(zigzag & 1), position + 2
-    return decode_int(buf, position)
-
-
-def decode_at(buf: bytes, position: int) -> tuple[int, int]:
-    """`decode` with the one- and two-byte cases (nearly every varint of a record) done without
+def _short_first(longer: Callable[[bytes, int], tuple[int, int]]) -> Callable[[bytes, int], tuple[int, int]]:
+    """`longer` with the one- and two-byte cases (nearly every varint of a record) done without
     a loop."""
-    first = buf[position]
-    if first < 0x80:
-        return (first >> 1) ^ -(first & 1), position + 1
-    second = buf[position + 1]
-    if second < 0x80:
-        zigzag = (first & 0x7F) | (second << 7)
-        return (zigzag >> 1) ^ -(zigzag & 1), position + 2
-    return decode(buf, position)
+
+    def decode_short_first(buf: bytes, position: int) -> tuple[int, int]:
+        first = buf[position]
+        if first < 0x80:
+            return (first >> 1) ^ -(first & 1), position + 1
+        second = buf[position + 1]
+        if second < 0x80:
+            zigzag = (first & 0x7F) | (second << 7)
+            return (zigzag >> 1) ^ -(zigzag & 1), position + 2
+        return longer(buf, position)
+
+    return decode_short_first
+
+
+decode_int_at = _short_first(decode_int)  # (an int's varint: 5 bytes at most)
+decode_at = _short_first(decode)  # (a long's: 10)
 
 
 def encode_many(
