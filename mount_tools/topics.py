@@ -43,6 +43,7 @@ from seglogfs.engine.config import (
 )
 from seglogfs.engine.errors import ConfigError, InvalidTopicError, TopicExistsError
 from seglogfs.engine.log.naming import refuse_internal_topic, validate_topic
+from seglogfs.engine.stored.local_copy import EVERY_PARTITION, Partitions
 from seglogfs.engine.topic_configs import TOPIC_LEVEL_SOURCES
 from seglogfs.mount_tools.common import (
     EPILOG,
@@ -129,6 +130,18 @@ def _matching(data_dir: DataDir, pattern: str | None, exclude_internal: bool = F
     except re.error as error:
         raise UsageError(f"--topic {pattern!r} is not a regular expression: {error}") from None
     return [topic for topic in names if regex.fullmatch(topic)]
+
+
+def _read_partitions(pattern: str | None) -> Partitions:
+    """What a reader of a backup in object storage lays out of it for `--topic`: the partitions
+    of the topics it may match (every one without it)."""
+    if pattern is None:
+        return EVERY_PARTITION
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise UsageError(f"--topic {pattern!r} is not a regular expression: {error}") from None
+    return Partitions(patterns=frozenset([f"^(?:{pattern})$"]))
 
 
 def _existing(data_dir: DataDir, args: argparse.Namespace) -> list[str]:
@@ -238,7 +251,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 # -- list, describe (readers: no lock) ---------------------------------------------------------------
 def cmd_list(args: argparse.Namespace) -> int:
-    config = broker_config(args, stored=True)
+    config = broker_config(args, stored=True, partitions=_read_partitions(args.topic))
     with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
         topics = _matching(data_dir, args.topic, args.exclude_internal)
     sys.stdout.write("".join(f"{topic}\n" for topic in topics))
@@ -284,7 +297,7 @@ def _partition_document(log: PartitionLog, node: int) -> dict[str, Any]:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    config = broker_config(args, stored=True)
+    config = broker_config(args, stored=True, partitions=_read_partitions(args.topic))
     with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
         document = describe_document(data_dir, _existing(data_dir, args))
     if args.json:

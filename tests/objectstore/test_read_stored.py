@@ -74,6 +74,10 @@ def test_every_reader_prints_over_the_bucket_what_it_prints_over_the_data_dir(
         data, uri, "consume", "DATA", "--topic", user[0], "--from-beginning", "--isolation-level", "read_committed"
     )
     same_output(data, uri, "consume", "DATA", "--topic", user[0], "--offset", "1", "--max-messages", "5")
+    # (a copy of the partitions `--topic` may match)
+    same_output(data, uri, "topics", "describe", "DATA", "--topic", user[0])
+    same_output(data, uri, "topics", "list", "DATA", "--topic", user[0][:2] + ".*")
+    assert "not a regular expression" in one_error_line(run("topics", "describe", uri, "--topic", "(", code=2))
     partition = sorted(p for p in data.iterdir() if p.is_dir() and p.name.startswith(user[0] + "-"))[0]
     for file in sorted(partition.iterdir()):
         if file.suffix in (".log", ".index", ".timeindex", ".snapshot", ".txnindex"):
