@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 from seglogfs.engine import DataDir
+from seglogfs.engine.object_store import is_object_store_uri, parse_location
+from seglogfs.engine.stored.local_copy import Partitions
 from seglogfs.mount_tools.common import EPILOG, EXIT_OK, add_common, broker_config, now_ms, print_json
 
 ACTIONS = ("show",)
@@ -49,9 +52,14 @@ def add_parser(commands: Any) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    config = broker_config(args, stored=True)
+    # (of a backup in object storage, the topic's partitions, or none for the broker's settings)
+    wanted = Partitions(topics=frozenset([args.topic])) if args.topic is not None else Partitions()
+    config = broker_config(args, stored=True, partitions=wanted)
     with DataDir.open(config, read_only=True, now_ms=now_ms()) as data_dir:
         entries = data_dir.config_entries(args.topic)
+    if is_object_store_uri(args.datadir):  # (the backup's log dirs are where they are, not its local copy)
+        shown = parse_location(args.datadir).display
+        entries = [replace(e, value=shown) if e.name == "log.dirs" else e for e in entries]
     if args.json:
         print_json(
             {

@@ -27,6 +27,7 @@ from tests.objectstore.conftest import S3
 from tests.objectstore.test_backup import produce, run
 
 STORED_COPY = re.compile(re.escape(tempfile.gettempdir()) + r"/seglogfs-stored-[^/\s]+")
+LOG_DIRS_LINE = re.compile(r"^(log\.dirs=DATA) +", re.MULTILINE)
 
 
 def same_output(data: Path, uri: str, *args: str) -> str:
@@ -45,7 +46,12 @@ def same_output(data: Path, uri: str, *args: str) -> str:
         assert done.returncode == 0, f"seglogfs {' '.join(args)} over {where} exited {done.returncode}:\n{text[-3000:]}"
         outputs.append(text)
     local, stored = outputs
-    assert STORED_COPY.sub("DATA", stored) == local.replace(str(data), "DATA"), f"seglogfs {' '.join(args)}"
+    # (`config show`'s log.dirs is the URI, padded as its own length has it)
+    stored, local = (
+        LOG_DIRS_LINE.sub(r"\1  ", text)
+        for text in (STORED_COPY.sub("DATA", stored).replace(uri, "DATA"), local.replace(str(data), "DATA"))
+    )
+    assert stored == local, f"seglogfs {' '.join(args)}"
     return local
 
 
@@ -76,6 +82,9 @@ def test_every_reader_prints_over_the_bucket_what_it_prints_over_the_data_dir(
     same_output(data, uri, "consume", "DATA", "--topic", user[0], "--offset", "1", "--max-messages", "5")
     # (a copy of the partitions `--topic` may match)
     same_output(data, uri, "topics", "describe", "DATA", "--topic", user[0])
+    same_output(data, uri, "config", "show", "DATA")  # (the broker's: no partition laid out)
+    shown = run("config", "show", uri).stdout
+    assert f"log.dirs={uri} " in shown and "seglogfs-stored-" not in shown, shown
     same_output(data, uri, "topics", "list", "DATA", "--topic", user[0][:2] + ".*")
     assert "not a regular expression" in one_error_line(run("topics", "describe", uri, "--topic", "(", code=2))
     partition = sorted(p for p in data.iterdir() if p.is_dir() and p.name.startswith(user[0] + "-"))[0]
