@@ -41,6 +41,7 @@ from seglogfs.engine.internal_topics.consumer_offsets import (
     GroupMember,
     read_consumer_groups,
 )
+from seglogfs.engine.stored.local_copy import EVERY_PARTITION, Partitions
 from seglogfs.mount_tools.common import (
     EPILOG,
     EXIT_OK,
@@ -86,10 +87,10 @@ def add_parser(commands: Any) -> None:
     describe.set_defaults(handler=cmd_describe)
 
 
-def _open(args: argparse.Namespace) -> DataDir:
+def _open(args: argparse.Namespace, partitions: Partitions = EVERY_PARTITION) -> DataDir:
     """The data dir named, opened read-only (no lock, nothing written); an error when it does
-    not exist."""
-    config = broker_config(args, stored=True)
+    not exist. Of a backup in object storage, `partitions` are laid out."""
+    config = broker_config(args, stored=True, partitions=partitions)
     require_data_dirs(config)
     return DataDir.open(config, read_only=True, now_ms=now_ms())
 
@@ -110,7 +111,7 @@ def _state(data_dir: DataDir) -> GroupCoordinatorState:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    with _open(args) as data_dir:
+    with _open(args, Partitions(topics=frozenset([CONSUMER_OFFSETS_TOPIC]))) as data_dir:
         state = _state(data_dir)
     sys.stdout.write("".join(f"{group_id}\n" for group_id in state.groups))
     return EXIT_OK
