@@ -19,12 +19,14 @@ from seglogfs.engine.fetched_files import SegmentSummary
 from seglogfs.engine.log.naming import LOG_SUFFIX, parse_segment_file_name
 from seglogfs.engine.object_store import ObjectReader, ObjectStore, ObjectStoreError
 from seglogfs.engine.record.records import (
+    BATCH_HEADER,
     BATCH_OVERHEAD_BYTES,
+    CONTROL_FLAG_MASK,
     CURRENT_MAGIC,
     LOG_OVERHEAD_BYTES,
     MAGIC_OFFSET,
     NO_TIMESTAMP,
-    BatchHeader,
+    TRANSACTIONAL_FLAG_MASK,
 )
 
 CATALOGUE_DIR = ".seglogfs-backup"
@@ -121,38 +123,46 @@ class SegmentSummarizer:
 
     def feed(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
-        at = 0
-        while self._valid and at < len(view):
-            if self._skip:
-                taken = min(self._skip, len(view) - at)
+        at, end = 0, len(view)
+        while self._valid and at < end:
+            if self._skip:  # (the rest of a batch whose header came)
+                taken = min(self._skip, end - at)
                 self._skip -= taken
                 at += taken
-                if not self._skip:
+            elif self._header or end - at < BATCH_OVERHEAD_BYTES:  # (a header across two chunks)
+                taken = min(BATCH_OVERHEAD_BYTES - len(self._header), end - at)
+                self._header += view[at : at + taken]
+                at += taken
+                if len(self._header) == BATCH_OVERHEAD_BYTES:
+                    size = self._batch(bytes(self._header), 0)
                     self._header.clear()
-                continue
-            taken = min(BATCH_OVERHEAD_BYTES - len(self._header), len(view) - at)
-            self._header += view[at : at + taken]
-            at += taken
-            if len(self._header) == BATCH_OVERHEAD_BYTES:
-                self._batch(bytes(self._header))
-        self._position += len(view)
+                    self._skip = max(size - BATCH_OVERHEAD_BYTES, 0)
+            else:  # (headers read where they are in the chunk: no copy, no object a batch)
+                size = self._batch(view, at)
+                if at + size <= end:
+                    at += size
+                else:
+                    self._skip, at = at + size - end, end
+        self._position += end
 
-    def _batch(self, head: bytes) -> None:
-        if head[MAGIC_OFFSET] != CURRENT_MAGIC:
+    def _batch(self, buf: bytes | memoryview, at: int) -> int:
+        """Take in the header at `at` of `buf` (61 bytes there): the batch's size in bytes."""
+        if buf[at + MAGIC_OFFSET] != CURRENT_MAGIC:
             self._valid = False
-            return
-        header = BatchHeader.parse(head, 0, 0)
-        size = LOG_OVERHEAD_BYTES + header.batch_length
-        if size < BATCH_OVERHEAD_BYTES or header.base_offset < self._next_offset:
+            return 0
+        base_offset, batch_length, _, _, _, attributes, last_offset_delta, _, max_timestamp, *_ = (
+            BATCH_HEADER.unpack_from(buf, at)
+        )
+        size = LOG_OVERHEAD_BYTES + batch_length
+        if size < BATCH_OVERHEAD_BYTES or base_offset < self._next_offset:
             self._valid = False
-            return
-        self._next_offset = header.next_offset
-        if header.max_timestamp > self._max[0]:
-            self._max = (header.max_timestamp, header.last_offset)
-        self._transactional = self._transactional or header.is_transactional or header.is_control
-        self._skip = size - BATCH_OVERHEAD_BYTES
-        if not self._skip:
-            self._header.clear()
+            return 0
+        self._next_offset = base_offset + last_offset_delta + 1
+        if max_timestamp > self._max[0]:
+            self._max = (max_timestamp, base_offset + last_offset_delta)
+        if attributes & (TRANSACTIONAL_FLAG_MASK | CONTROL_FLAG_MASK):
+            self._transactional = True
+        return size
 
     def summary(self) -> SegmentSummary | None:
         if not self._valid or self._header or self._skip:
