@@ -201,21 +201,21 @@ class LocalCopy:
 
     def want(self, partitions: Partitions) -> None:
         """Lay out `partitions` too, of the run laid out (their files fetched now), unless the
-        copy has them already. ObjectStoreError when the store fails."""
+        copy has them already. ObjectStoreError when the store fails (the copy wants them only
+        once they are laid out: the next call fetches them again)."""
         with self._lock:
             if self.partitions.covers(partitions):
                 return
-            if self.catalogue is None:
-                self.partitions = self.partitions.union(partitions)
-                return
-            before = self._laid_out(self.catalogue)
-            self.partitions = self.partitions.union(partitions)
-            self._apply(before, self._laid_out(self.catalogue))
+            wider = self.partitions.union(partitions)
+            if self.catalogue is not None:
+                self._apply(self._laid_out(self.catalogue), self._laid_out(self.catalogue, wider))
+            self.partitions = wider
 
-    def _laid_out(self, catalogue: Catalogue) -> Catalogue:
+    def _laid_out(self, catalogue: Catalogue, partitions: Partitions | None = None) -> Catalogue:
         """`catalogue` as far as the copy lays it out: the files and directories of the
-        partitions it wants, and every other."""
-        if self.partitions.everything:
+        partitions it wants (or `partitions`), and every other."""
+        wants = self.partitions if partitions is None else partitions
+        if wants.everything:
             return catalogue
         in_partition = 1 if catalogue.log_dirs > 1 else 0  # (a backup of several: `0/topic-0/…`)
 
@@ -224,7 +224,7 @@ class LocalCopy:
             if len(parts) <= in_partition:
                 return True
             named = parse_partition_dir(parts[in_partition])
-            return named is None or self.partitions.wants(*named)
+            return named is None or wants.wants(*named)
 
         return replace(
             catalogue,

@@ -19,7 +19,7 @@ import pytest
 from seglogfs.engine import BrokerConfig, DataDir
 from seglogfs.engine.fetched_files import BUDGET
 from seglogfs.engine.log.transactions import TransactionTracker
-from seglogfs.engine.object_store import open_object_store
+from seglogfs.engine.object_store import ObjectStoreError, open_object_store
 from seglogfs.engine.stored.catalogue import CATALOGUE_MAX_BYTES, catalogue_key, catalogue_runs
 from seglogfs.engine.stored.local_copy import LocalCopy, Partitions
 from seglogfs.pipeline.options import parse_read_options
@@ -234,3 +234,33 @@ def test_a_copy_lays_out_and_fetches_only_the_partitions_wanted(
         assert not any(path.startswith(("refunds-0/", "audit-0/")) for path in fetched), fetched
         with DataDir.open(config, read_only=True, now_ms=T0) as data_dir:
             assert data_dir.partition("payments", 0).log_end_offset == 301
+
+
+def test_a_want_the_store_failed_is_fetched_again_by_the_next(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    for topic in ("orders", "payments"):
+        produce(data, topic, [f"{topic}-{n}" for n in range(100)], "--override", "log.segment.bytes=1024")
+    run("backup", data, s3.uri())
+    with LocalCopy.open(s3.uri(), Partitions(topics=frozenset({"orders"}))) as copy:
+        original = LocalCopy._fetch_whole
+
+        def failing(self: LocalCopy, path: str, stored: object) -> None:
+            if path.endswith(".timeindex"):
+                raise ObjectStoreError(f"{path}: the store failed")
+            original(self, path, stored)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(LocalCopy, "_fetch_whole", failing)
+        payments = Partitions(topics=frozenset({"payments"}))
+        with pytest.raises(ObjectStoreError):
+            copy.want(payments)
+        monkeypatch.setattr(LocalCopy, "_fetch_whole", original)
+        copy.want(payments)
+        config = BrokerConfig.load(None, [], log_dirs=copy.log_dirs)
+        with DataDir.open(config, read_only=True, now_ms=T0) as data_dir:
+            assert [r.value for r in data_dir.partition("payments", 0).records(0)] == [
+                f"payments-{n}".encode() for n in range(100)
+            ]
+        local = sorted(p.name for p in (data / "payments-0").iterdir())
+        assert sorted(p.name for p in (copy.directory / "payments-0").iterdir()) == local
