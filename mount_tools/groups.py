@@ -41,6 +41,7 @@ from seglogfs.engine.internal_topics.consumer_offsets import (
     GroupMember,
     read_consumer_groups,
 )
+from seglogfs.engine.object_store import is_object_store_uri
 from seglogfs.engine.stored.local_copy import EVERY_PARTITION, Partitions
 from seglogfs.mount_tools.common import (
     EPILOG,
@@ -229,7 +230,10 @@ def _table(group_id: str, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    with _open(args) as data_dir:
+    # Of a backup in object storage: the offsets topic's partitions first, then those the groups
+    # read (their log ends), and no other's.
+    stored = is_object_store_uri(args.datadir)
+    with _open(args, Partitions(topics=frozenset([CONSUMER_OFFSETS_TOPIC])) if stored else EVERY_PARTITION) as data_dir:
         state = _state(data_dir)
         if args.group is not None:
             if args.group not in state.groups:
@@ -242,7 +246,12 @@ def cmd_describe(args: argparse.Namespace) -> int:
             metadata = state.groups[group_id].metadata
             for member in () if metadata is None else metadata.members:
                 wanted.update(member.assigned_partitions)
-        document = describe_document(state, groups, _log_end_offsets(data_dir, wanted))
+        if not stored:
+            log_ends = _log_end_offsets(data_dir, wanted)
+    if stored:
+        with _open(args, Partitions(partitions=frozenset(wanted))) as data_dir:
+            log_ends = _log_end_offsets(data_dir, wanted)
+    document = describe_document(state, groups, log_ends)
     if args.json:
         print_json(document)
         return EXIT_OK
