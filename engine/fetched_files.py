@@ -173,21 +173,9 @@ _REGISTRY: dict[tuple[int, int], FetchedFile] = {}
 _REGISTRY_LOCK = threading.Lock()
 
 
-def register(
-    path: str,
-    file_id: tuple[int, int],
-    store: ObjectStore,
-    pieces: Sequence[tuple[str, int]],
-    name: str,
-    *,
-    summary: SegmentSummary | None = None,
-) -> FetchedFile:
-    """The placeholder of inode `file_id` (device, inode), which has or is about to have the
-    name `path` (a regular file of the pieces' total size, made by the caller), holds the stored
-    file made of `pieces` (object keys and sizes, in order); `name` is what errors call it;
-    `summary`, the backup's of the stored bytes, when it has one. Readers find it by its inode:
-    register it before anything may open it."""
-    fetched = FetchedFile(path, file_id, store, pieces, name, summary=summary)
+def register(fetched: FetchedFile) -> FetchedFile:
+    """Readers find the placeholder by its inode from now on: register it before anything may
+    open it."""
     with _REGISTRY_LOCK:
         _REGISTRY[fetched.file_id] = fetched
     return fetched
@@ -228,7 +216,11 @@ def fetched_file(file_id: tuple[int, int] | None) -> FetchedFile | None:
 
 
 class FetchedFile:
-    """A placeholder and the stored file it stands for. See the module docstring."""
+    """A placeholder and the stored file it stands for (see the module docstring): the
+    placeholder of inode `file_id` (device, inode), which has or is about to have the name
+    `path` (a regular file of the pieces' total size, made by the caller), holds the stored file
+    made of `pieces` (object keys and sizes, in order); `name` is what errors call it; `summary`,
+    the backup's of the stored bytes, when it has one."""
 
     def __init__(
         self,
@@ -496,10 +488,14 @@ class FetchedFile:
     def pin(self) -> None:
         """Fetch every byte, and give none back until as many `unpin`s (a reader that reads the
         file itself, past these hooks)."""
-        self.reading(0, self.size, lambda: None)
         with self._lock:
             self._pins += 1
-            self._fetch(0, self.size)  # (what was given back between the two)
+            try:
+                self._fetch(0, self.size)
+            except BaseException:
+                self._pins -= 1
+                raise
+        self._after_read(self._chunks(0, self.size))  # (counted in the budget: none is given back while pinned)
 
     def unpin(self) -> None:
         with self._lock:

@@ -194,7 +194,7 @@ class LogSegment(FileRecords):
                 self._forget_max_timestamp()
             self._size = size
             return size
-        summary = self.stored_summary(self._size_on_disk())
+        summary = self.stored_summary(self._size_on_disk()) if self._fetched is not None else None
         if summary is not None:  # (a stored segment's end, from its backup: no scan of its tail)
             self._complete_to, self._followed_next_offset = summary.size, summary.next_offset
             self._size = summary.size

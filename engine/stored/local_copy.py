@@ -371,12 +371,14 @@ class LocalCopy:
         finally:
             os.close(fd)
         placed = register(
-            str(target),
-            (status.st_dev, status.st_ino),
-            self.store,
-            stored.pieces,
-            self.store.name(path),
-            summary=stored.summary,
+            FetchedFile(
+                str(target),
+                (status.st_dev, status.st_ino),
+                self.store,
+                stored.pieces,
+                self.store.name(path),
+                summary=stored.summary,
+            )
         )
         if fetched is not None:
             fetched.retire()
@@ -402,8 +404,8 @@ def shared_copy(uri: str, partitions: Partitions = EVERY_PARTITION) -> LocalCopy
             copy = _SHARED[uri] = LocalCopy.open(uri, partitions)
             atexit.register(copy.close)
             return copy
+    copy.refresh()  # (first: what `want` fetches is of the newest run)
     copy.want(partitions)
-    copy.refresh()
     return copy
 
 
@@ -443,6 +445,8 @@ def stored_segment(uri: str, pieces: tuple[tuple[str, int], ...]) -> FileRecords
                 status = os.fstat(fd)
             finally:
                 os.close(fd)
-            fetched = register(str(path), (status.st_dev, status.st_ino), store, pieces, store.name(pieces[0][0]))
+            fetched = register(
+                FetchedFile(str(path), (status.st_dev, status.st_ino), store, pieces, store.name(pieces[0][0]))
+            )
             known = _SEGMENTS[key] = (path, fetched)
     return FileRecords.open_for_reading(known[0], known[1].file_id)
